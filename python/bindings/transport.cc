@@ -1,0 +1,147 @@
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "common.h"
+#include "tandem/transport/allocator.h"
+#include "tandem/transport/comm.h"
+
+namespace tandem_py {
+
+void raise_tandem_error(const tandem::Error& e) {
+  py::object cls = py::module_::import("tandem.errors").attr("TandemError");
+  py::object exc = cls(e.what(), static_cast<int>(e.status()), e.op(), e.rank(), e.peer());
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+}
+
+void check_launch(tandem::Status s, const char* op, int rank) {
+  if (s != tandem::Status::kOk) throw tandem::Error(s, op, rank, -1, "launch rejected");
+}
+
+namespace {
+
+// Bootstrap over any object with set(key: str, value: bytes) and get(key: str) -> bytes, e.g. a
+// torch.distributed Store (TCPStore/FileStore/PrefixStore). Called with the GIL held (setup runs in the
+// constructor's thread).
+class PyStoreBootstrap final : public tandem::Bootstrap {
+ public:
+  PyStoreBootstrap(py::object store, int rank, int world) : store_(std::move(store)), rank_(rank), world_(world) {}
+  ~PyStoreBootstrap() override {
+    py::gil_scoped_acquire gil;
+    store_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  void set(const std::string& key, const std::string& value) override {
+    py::gil_scoped_acquire gil;
+    store_.attr("set")(key, py::bytes(value));
+  }
+  std::string get(const std::string& key) override {
+    py::gil_scoped_acquire gil;
+    try {
+      return store_.attr("get")(key).cast<std::string>();
+    } catch (py::error_already_set& e) {
+      throw tandem::Error(tandem::Status::kBootstrapError, "bootstrap.get", rank_, -1,
+                          "store get(" + key + ") failed: " + std::string(e.what()));
+    }
+  }
+
+ private:
+  py::object store_;
+  int rank_, world_;
+};
+
+}  // namespace
+
+void bind_transport(py::module_& m) {
+  py::enum_<tandem::HeapKind>(m, "HeapKind")
+      .value("AUTO", tandem::HeapKind::kAuto)
+      .value("VMM", tandem::HeapKind::kVmm)
+      .value("IPC", tandem::HeapKind::kIpc);
+
+  py::class_<tandem::RangeAllocator>(m, "RangeAllocator", "The symmetric heap's offset allocator (host logic).")
+      .def(py::init<uint64_t, uint64_t>(), py::arg("begin"), py::arg("end"))
+      .def("allocate", &tandem::RangeAllocator::allocate, py::arg("bytes"), py::arg("align"))
+      .def("release", &tandem::RangeAllocator::release, py::arg("offset"))
+      .def_property_readonly("bytes_in_use", &tandem::RangeAllocator::bytes_in_use)
+      .def_property_readonly("capacity", &tandem::RangeAllocator::capacity)
+      .def_property_readonly("live_allocations", &tandem::RangeAllocator::live_allocations)
+      .def_property_readonly("largest_free", &tandem::RangeAllocator::largest_free);
+
+  m.def(
+      "file_bootstrap_roundtrip",
+      [](const std::string& dir, int rank, int world, const std::string& value) {
+        tandem::FileBootstrap b(dir, rank, world, std::chrono::seconds(30));
+        return b.all_gather("roundtrip", value);
+      },
+      py::arg("directory"), py::arg("rank"), py::arg("world"), py::arg("value"),
+      py::call_guard<py::gil_scoped_release>(),
+      "All-gather `value` over a FileBootstrap (used by tests of the C++ bootstrap).");
+
+  py::class_<tandem::Communicator, std::shared_ptr<tandem::Communicator>>(m, "Communicator")
+      .def(py::init([](py::object store, int rank, int world, uint64_t heap_bytes, double timeout_s, int device,
+                       tandem::HeapKind heap, int ranks_per_node) {
+             tandem::CommOptions o;
+             o.heap_bytes = heap_bytes;
+             o.timeout_s = timeout_s;
+             o.device = device;
+             o.heap = heap;
+             o.ranks_per_node = ranks_per_node;
+             auto b = std::make_shared<PyStoreBootstrap>(std::move(store), rank, world);
+             return std::make_shared<tandem::Communicator>(std::move(b), o);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("heap_bytes"), py::arg("timeout_s"),
+           py::arg("device"), py::arg("heap"), py::arg("ranks_per_node"))
+      .def_property_readonly("rank", &tandem::Communicator::rank)
+      .def_property_readonly("world", &tandem::Communicator::world)
+      .def_property_readonly("node", &tandem::Communicator::node)
+      .def_property_readonly("num_nodes", &tandem::Communicator::num_nodes)
+      .def_property_readonly("local_ranks", &tandem::Communicator::local_ranks)
+      .def_property_readonly("local_rank", &tandem::Communicator::local_rank)
+      .def_property_readonly("device", &tandem::Communicator::device)
+      .def_property_readonly("sm_count", &tandem::Communicator::sm_count)
+      .def_property_readonly("heap_kind", [](const tandem::Communicator& c) { return std::string(c.heap_kind()); })
+      .def_property_readonly("heap_base", [](const tandem::Communicator& c) {
+        return reinterpret_cast<uintptr_t>(c.heap_base());
+      })
+      .def_property_readonly("heap_bytes", &tandem::Communicator::heap_bytes)
+      .def_property_readonly("heap_bytes_in_use", &tandem::Communicator::heap_bytes_in_use)
+      .def_property_readonly("timeout_s", [](const tandem::Communicator& c) { return c.options().timeout_s; })
+      .def(
+          "alloc",
+          [](tandem::Communicator& c, uint64_t bytes, uint64_t align, bool verify) {
+            return reinterpret_cast<uintptr_t>(c.alloc(bytes, align, verify));
+          },
+          py::arg("bytes"), py::arg("align") = 256, py::arg("verify") = true)
+      .def(
+          "free", [](tandem::Communicator& c, uintptr_t p) { c.free(reinterpret_cast<void*>(p)); }, py::arg("ptr"))
+      .def(
+          "peer_ptr",
+          [](const tandem::Communicator& c, uintptr_t sym, int peer) {
+            return reinterpret_cast<uintptr_t>(c.peer_ptr(reinterpret_cast<const void*>(sym), peer));
+          },
+          py::arg("sym"), py::arg("peer"))
+      .def("abort", &tandem::Communicator::abort)
+      .def_property_readonly("aborted", &tandem::Communicator::aborted)
+      .def("async_error",
+           [](const tandem::Communicator& c) -> py::object {
+             auto e = c.async_error();
+             if (!e) return py::none();
+             py::dict d;
+             d["status"] = static_cast<int>(e->status);
+             d["status_name"] = std::string(tandem::status_name(e->status));
+             d["op"] = std::string(tandem::device_op_name(e->op));
+             d["rank"] = e->rank;
+             d["peer"] = e->peer;
+             d["expected"] = e->expected;
+             d["observed"] = e->observed;
+             d["elapsed_ns"] = e->elapsed_ns;
+             d["message"] = e->message();
+             return d;
+           })
+      .def("check", &tandem::Communicator::check)
+      .def("host_barrier", &tandem::Communicator::host_barrier)
+      .def("destroy", &tandem::Communicator::destroy, py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace tandem_py

@@ -1,0 +1,159 @@
+"""Transport benchmark: put bandwidth vs message size and flag round-trip latency, with cudaMemcpy
+device-to-device measured in the same process as the baseline.
+
+Runs in every rank (start it with tandem.launch, or `python -m tandem bench transport -n 2`); rank 0 puts to
+rank 1 (to itself at world 1) and prints the table. Bandwidth counts each byte once (bytes / time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
+
+
+def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bulk_blocks: int):
+    import torch
+
+    from ..transport import Communicator, probe
+    from . import common
+
+    max_size = max(sizes)
+    comm = Communicator(heap_bytes=max_size + (64 << 20), timeout_s=60)
+    rank, world = comm.rank, comm.world_size
+    peer = 1 if world > 1 else 0
+    active = rank == 0
+    dst = comm.empty(max_size, torch.uint8)
+    src = torch.empty(max_size, dtype=torch.uint8, device="cuda").random_(0, 256)
+    local_dst = torch.empty(max_size, dtype=torch.uint8, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    flag = comm.zeros(16, torch.int64)
+    torch.cuda.synchronize()
+    comm.barrier()
+
+    rows, data = [], []
+    for n in sizes:
+        if active:
+            t_block = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="block",
+                                                             status=status), reps=reps)
+            t_bulk = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="bulk",
+                                                            threads=128, status=status), reps=reps)
+            t_bulk_few = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="bulk",
+                                                                blocks=bulk_blocks, threads=128, status=status),
+                                              reps=reps)
+            t_memcpy = common.time_launches(lambda: probe.memcpy_d2d(local_dst, src, n), reps=reps)
+            peer_dst = comm.peer_view(dst, peer)
+            t_memcpy_peer = common.time_launches(lambda: probe.memcpy_d2d(peer_dst, src, n), reps=reps)
+            torch.cuda.synchronize()
+            comm.check()
+            if int(status.item()) != 0:
+                raise RuntimeError(f"put reported status {int(status.item())}")
+            gb = lambda t: n / t / 1e9  # noqa: E731
+            d = dict(bytes=n, put_block_GBps=gb(t_block), put_bulk_GBps=gb(t_bulk),
+                     put_bulk_few_GBps=gb(t_bulk_few), memcpy_GBps=gb(t_memcpy), memcpy_peer_GBps=gb(t_memcpy_peer),
+                     put_block_us=t_block * 1e6)
+            data.append(d)
+            rows.append([common.fmt_bytes(n), f"{d['put_block_GBps']:.1f}", f"{d['put_bulk_GBps']:.1f}",
+                         f"{d['put_bulk_few_GBps']:.1f}", f"{d['memcpy_GBps']:.1f}", f"{d['memcpy_peer_GBps']:.1f}",
+                         f"{d['put_block_GBps'] / d['memcpy_GBps']:.2f}",
+                         f"{max(d['put_block_GBps'], d['put_bulk_GBps']) / d['memcpy_GBps']:.2f}"])
+        comm.barrier()
+
+    # Flag round trip between rank 0 and rank 1: rtt_iters ping-pongs inside one launch, median of 5.
+    rtt_us = None
+    if world > 1 and rank in (0, 1):
+        base = 0
+        times = []
+        for rep in range(6):
+            comm_sync = torch.cuda.synchronize
+            comm_sync()
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            probe.pingpong(comm, flag, peer=1 - rank, iters=rtt_iters, base=base, initiator=rank == 0,
+                           status=status)
+            b.record()
+            b.synchronize()
+            base += rtt_iters
+            if rep > 0:  # the first launch is the warm-up
+                times.append(a.elapsed_time(b) * 1e-3 / rtt_iters)
+        comm.check()
+        times.sort()
+        rtt_us = times[len(times) // 2] * 1e6
+    comm.barrier()
+
+    if rank == 0:
+        meta = common.header(command)
+        meta.update(world=world, sm_count=comm.sm_count, heap=comm.heap_kind, bulk_blocks=bulk_blocks,
+                    peer=peer, mps=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
+        cols = ["size", "put block GB/s", "put bulk GB/s", f"put bulk {bulk_blocks} blk GB/s", "cudaMemcpy D2D GB/s",
+                "cudaMemcpy to peer GB/s", "block/memcpy", "best/memcpy"]
+        table = common.markdown_table(cols, rows)
+        rtt_line = (f"flag round trip rank0<->rank1: {rtt_us:.2f} us (median of 5 launches x {rtt_iters})"
+                    if rtt_us is not None else "flag round trip: n/a at world 1")
+        print(f"# tandem transport bench — {meta['device']}, world {world}, {comm.sm_count} SMs/rank, heap "
+              f"{comm.heap_kind}, commit {meta['commit']}, {meta['date']}")
+        print(table)
+        print(rtt_line)
+        common.write_outputs(out_dir, f"transport_w{world}", meta, table + "\n\n" + rtt_line,
+                             dict(rows=data, rtt_us=rtt_us))
+        if out_dir:
+            plot(os.path.join(out_dir, f"transport_w{world}.png"), data, meta, rtt_us)
+    comm.destroy()
+    return rtt_us
+
+
+def plot(path, data, meta, rtt_us):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    x = [d["bytes"] for d in data]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label in (("put_block_GBps", "put (block, all SMs)"), ("put_bulk_GBps", "put (TMA bulk, all SMs)"),
+                       ("put_bulk_few_GBps", f"put (TMA bulk, {meta['bulk_blocks']} blocks)"),
+                       ("memcpy_GBps", "cudaMemcpy D2D (local)"), ("memcpy_peer_GBps", "cudaMemcpy to peer")):
+        ax.plot(x, [d[key] for d in data], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("GB/s (bytes once)")
+    rtt = f", RTT {rtt_us:.2f} us" if rtt_us else ""
+    ax.set_title(f"tandem put, world {meta['world']}, {meta['device']}{rtt}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tandem bench transport", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--nprocs", type=int, default=None,
+                    help="launch this many ranks (MPS on one GPU); default: run as the current rank")
+    ap.add_argument("--sizes", type=str, default=None, help="comma-separated byte counts")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rtt-iters", type=int, default=10000)
+    ap.add_argument("--bulk-blocks", type=int, default=8, help="blocks of the few-SM TMA put column")
+    ap.add_argument("--out", type=str, default=None, help="folder for .json/.md/.png results")
+    a = ap.parse_args(argv)
+    if a.nprocs is not None and "RANK" not in os.environ:
+        from ..launch import launch
+        from ..errors import TandemError
+
+        cmd = [sys.executable, "-m", "tandem", "bench", "transport"] + [x for x in (argv or sys.argv[3:])]
+        try:
+            res = launch(cmd, a.nprocs)
+        except TandemError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        return 0 if res.ok else 1
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
+    command = "python -m tandem bench transport " + " ".join(argv if argv is not None else sys.argv[3:])
+    run(sizes, a.reps, a.rtt_iters, a.out, command.strip(), a.bulk_blocks)
+    return 0

@@ -1,0 +1,59 @@
+"""`tandem` command line: `tandem bench <name> ...`, `tandem info`, `tandem launch ...`."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: tandem <command> [args]
+
+commands:
+  bench transport [-n N] [--out DIR] ...   put bandwidth and flag latency (N ranks; MPS on one GPU)
+  launch -n N -- CMD ...                   run CMD as N ranks (same as python -m tandem.launch)
+  info                                     GPUs, SM counts, MPS, build
+"""
+
+
+def info() -> int:
+    import tandem
+    from tandem.mps import gpu_count
+
+    print(f"tandem {tandem.__version__}")
+    try:
+        print(f"native module: {tandem.cmake_prefix_path()}")
+    except tandem.TandemError as e:
+        print(f"native module: missing ({e})")
+    n = gpu_count()
+    print(f"GPUs (nvidia-smi): {n}")
+    if n:
+        import torch
+
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            print(f"  {i}: {p.name}, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        if not rest:
+            print(USAGE)
+            return 2
+        if rest[0] == "transport":
+            from .bench.transport import main as bench_transport
+
+            return bench_transport(rest[1:])
+        print(f"unknown benchmark {rest[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    if cmd == "launch":
+        from .launch import main as launch_main
+
+        return launch_main(rest)
+    if cmd == "info":
+        return info()
+    print(f"unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+    return 2

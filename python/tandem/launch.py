@@ -1,0 +1,200 @@
+"""Run N ranks on the GPUs present: `python -m tandem.launch -n 4 -- python my_job.py`.
+
+If there are fewer GPUs than ranks, MPS is started (and stopped afterwards) and every rank gets an equal share
+of its GPU's SMs through CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Each rank gets RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR/MASTER_PORT (torch.distributed TCPStore bootstrap), TANDEM_DEVICE and
+TANDEM_BOOTSTRAP_DIR (for C++ programs using tandem::FileBootstrap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .errors import TandemError
+from .mps import MpsDaemon, gpu_count
+
+
+@dataclass
+class RankPlan:
+    rank: int
+    device: int
+    sm_percent: int | None  # None: the whole GPU
+
+
+@dataclass
+class LaunchResult:
+    returncodes: list
+    elapsed_s: float
+    mps: bool
+    plans: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(rc == 0 for rc in self.returncodes)
+
+
+def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True) -> tuple[list[RankPlan], bool]:
+    """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share."""
+    if nprocs < 1:
+        raise TandemError(f"tandem.launch: need at least one rank, got {nprocs}", 3, "launch")
+    if mps not in ("auto", "on", "off"):
+        raise TandemError(f"tandem.launch: mps must be auto, on or off, got {mps!r}", 3, "launch")
+    if gpus < 1 and not require_gpu:
+        return [RankPlan(r, -1, None) for r in range(nprocs)], False
+    if gpus < 1:
+        raise TandemError(
+            "tandem.launch: no NVIDIA GPU found (nvidia-smi lists none). tandem's jobs run on CUDA GPUs; on a "
+            "machine without one, run the CPU tests: python -m pytest tests", 9, "launch")
+    per_gpu = -(-nprocs // gpus)
+    use_mps = {"on": True, "off": False, "auto": per_gpu > 1}[mps]
+    pct = max(1, 100 // per_gpu) if use_mps and per_gpu > 1 else None
+    return [RankPlan(r, r % gpus, pct) for r in range(nprocs)], use_mps
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cmd: list, nprocs: int, *, mps: str = "auto", timeout_s: float | None = None, env: dict | None = None,
+           on_failure: str = "kill", grace_s: float = 30.0, ranks_per_node: int | None = None,
+           rank_env: dict | None = None, require_gpu: bool = True) -> LaunchResult:
+    """Start `cmd` as `nprocs` ranks and wait for them.
+
+    on_failure: "kill" stops the other ranks `grace_s` after the first one fails (like torchrun); "wait" lets
+    the survivors finish (used by the dead-peer tests). timeout_s kills everything and raises.
+    rank_env: {rank: {VAR: value}} extra variables for single ranks.
+    require_gpu=False lets CPU-only jobs (and the launcher's own tests) run where there is no GPU.
+    """
+    gpus = gpu_count()
+    plans, use_mps = plan(nprocs, gpus, mps, require_gpu)
+    daemon = MpsDaemon() if use_mps else None
+    t0 = time.monotonic()
+    procs = []
+    boot_dir = tempfile.mkdtemp(prefix="tandem-boot-")
+    try:
+        if daemon is not None:
+            daemon.start()
+        port = _free_port()
+        for p in plans:
+            e = dict(os.environ)
+            e.update(env or {})
+            e.update(
+                RANK=str(p.rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(p.rank), LOCAL_WORLD_SIZE=str(nprocs),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TANDEM_BOOTSTRAP_DIR=boot_dir,
+                PYTHONUNBUFFERED="1",
+            )
+            if p.device >= 0:
+                e["TANDEM_DEVICE"] = str(p.device)
+            if ranks_per_node:
+                e["TANDEM_RANKS_PER_NODE"] = str(ranks_per_node)
+            if daemon is not None:
+                e.update(daemon.env())
+                if p.sm_percent is not None:
+                    e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(p.sm_percent)
+            e.update((rank_env or {}).get(p.rank, {}))
+            procs.append(subprocess.Popen(cmd, env=e, start_new_session=True))
+        codes = _wait_all(procs, timeout_s, on_failure, grace_s, t0)
+        return LaunchResult(codes, time.monotonic() - t0, use_mps, plans)
+    finally:
+        for pr in procs:
+            if pr.poll() is None:
+                _kill(pr)
+        if daemon is not None:
+            daemon.stop()
+        import shutil
+
+        shutil.rmtree(boot_dir, ignore_errors=True)
+
+
+def _kill(p: subprocess.Popen):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _wait_all(procs, timeout_s, on_failure, grace_s, t0) -> list:
+    first_failure = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        now = time.monotonic()
+        if first_failure is None and any(c not in (None, 0) for c in codes):
+            first_failure = now
+        if on_failure == "kill" and first_failure is not None and now - first_failure > grace_s:
+            for p in procs:
+                if p.poll() is None:
+                    _kill(p)
+            return [p.poll() for p in procs]
+        if timeout_s is not None and now - t0 > timeout_s:
+            for p in procs:
+                if p.poll() is None:
+                    _kill(p)
+            raise TandemError(f"tandem.launch: ranks still running after {timeout_s:.0f} s; killed", 1, "launch")
+        time.sleep(0.02)
+
+
+def run_function(target: str, nprocs: int, args: dict | None = None, **kw) -> list:
+    """Run `module:function(**args)` in every rank and return the per-rank results (JSON-able values, or
+    {"error": ...} for a rank that raised). Ranks that died return None."""
+    out_dir = tempfile.mkdtemp(prefix="tandem-run-")
+    try:
+        cmd = [sys.executable, "-m", "tandem._rank_entry", target, json.dumps(args or {}), out_dir]
+        res = launch(cmd, nprocs, **kw)
+        results = []
+        for r in range(nprocs):
+            path = os.path.join(out_dir, f"{r}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    results.append(json.load(f))
+            else:
+                results.append(None)
+        return results, res
+    finally:
+        import shutil
+
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tandem.launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    ap.add_argument("--mps", choices=["auto", "on", "off"], default="auto",
+                    help="auto: start MPS when ranks outnumber GPUs")
+    ap.add_argument("--timeout", type=float, default=None, help="kill all ranks after this many seconds")
+    ap.add_argument("--ranks-per-node", type=int, default=None, help="emulate nodes of this many ranks")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
+    a = ap.parse_args(argv)
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    if not cmd:
+        ap.error("no command given (use: -- python script.py ...)")
+    try:
+        res = launch(cmd, a.nprocs, mps=a.mps, timeout_s=a.timeout, ranks_per_node=a.ranks_per_node)
+    except TandemError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    bad = [(r, c) for r, c in enumerate(res.returncodes) if c != 0]
+    for r, c in bad:
+        print(f"tandem.launch: rank {r} exited with {c}", file=sys.stderr)
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""Configure and build tests/consumer against the installed tandem package (find_package(tandem CONFIG))."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build_consumer(build_dir: str) -> str:
+    import tandem
+
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("cmake not on PATH")
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = [cmake, "-S", os.path.join(HERE, "consumer"), "-B", build_dir, *gen,
+           f"-DCMAKE_PREFIX_PATH={tandem.cmake_prefix_path()}", "-DCMAKE_BUILD_TYPE=Release"]
+    for cmd in (cfg, [cmake, "--build", build_dir, "-j", str(os.cpu_count() or 2)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    exe = os.path.join(build_dir, "allgather_epilogue")
+    if not os.path.exists(exe):
+        raise RuntimeError(f"{exe} was not built")
+    return exe

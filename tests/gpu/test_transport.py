@@ -1,0 +1,93 @@
+"""Transport on the GPU: N ranks (MPS on one GPU), world 1, 2 and 4."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+W = "tests.gpu.workers_transport"
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_put_is_bit_exact_for_odd_sizes_and_offsets(run_ranks, world):
+    sizes = [1, 3, 16, 17, 255, 4097, 65_537, (1 << 20) + 5]
+    res = run_ranks(f"{W}:put_exact", world, sizes=sizes, src_offsets=[0, 1, 3, 8], dst_offsets=[0, 5, 16],
+                    modes=["thread", "warp", "block", "bulk"])
+    for r in res:
+        assert r["cases"] == len(sizes) * 4 * 3 * 4
+        assert r["wrong"] == 0, r["failures"]
+        assert r["status"] == 0
+        # a destination outside the heap is refused on the device, recorded, and nothing is written
+        assert r["bad"] is not None and r["bad"]["status"] == 3 and r["bad"]["op"] == "put", r["bad"]
+        assert r["victim_untouched"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_put_signal_data_is_visible_before_flag(run_ranks, world):
+    iters = 100_000
+    res = run_ranks(f"{W}:put_signal_ordering", world, iters=iters, nbytes=4100)
+    receivers = [r for r in res if r["role"] == "receiver"]
+    assert len(receivers) == world // 2
+    for r in res:
+        assert r["errors"] == 0 and r["status"] == 0, r
+    for r in receivers:
+        assert r["final_flag"] == iters
+    for r in res:
+        if r["role"] == "sender":
+            assert r["final_ack"] == iters
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_barrier_10k_times_without_stale_epochs(run_ranks, world):
+    res = run_ranks(f"{W}:barrier_many", world, iters=10_000)
+    for r in res:
+        assert r["first"] == dict(errors=0, status=0, progress=10_000), r
+        assert r["second"] == dict(errors=0, status=0, progress=100), r
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_wait_on_silent_peer_times_out_naming_it(run_ranks, world):
+    res = run_ranks(f"{W}:wait_timeouts", world, comm_timeout_s=1.0)
+    r0 = res[0]
+    assert r0["timeout_form"]["status"] == 1 and not r0["timeout_form"]["recorded"]
+    assert 0.2 < r0["timeout_form"]["elapsed_s"] < 2.0
+    assert r0["satisfied_status"] == 0
+    b = r0["bounded_form"]
+    assert b["raised"] and b["status"] == 1 and b["op"] == "wait_until" and b["rank"] == 0
+    assert b["peer"] == (1 if world > 1 else -1)
+    assert f"peer {b['peer']}" in b["msg"] or world == 1
+    assert 0.9 < b["elapsed_s"] < 3.0 and b["kernel_status"] == 1
+    assert r0["abort"]["status"] == 2 and r0["abort"]["stop_s"] < 1.0
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_killed_rank_makes_survivors_raise_within_timeout(run_ranks, world):
+    timeout_s = 2.0
+    victim = 1
+    with tempfile.TemporaryDirectory() as d:
+        res = run_ranks(f"{W}:kill_peer", world, victim=victim, comm_timeout_s=timeout_s, stamp_dir=d,
+                        on_failure="wait", allow_failures=True)
+        killed_at = float(open(os.path.join(d, "killed_at")).read())
+    assert res[victim] is None  # it died without writing a result
+    survivors = [r for i, r in enumerate(res) if i != victim]
+    for r in survivors:
+        assert r is not None and "error" not in r, r
+        assert r["raised"] and r["status"] == 1, r
+        assert r["peer"] not in (-1, r["rank"]), r
+        assert r["progress"] > 0
+        assert r["raised_at"] - killed_at <= timeout_s + 1.0, (r["raised_at"] - killed_at, r)
+        assert r["gpu_ok"]
+    assert any(r["peer"] == victim for r in survivors)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_symmetric_tensors(run_ranks, world):
+    res = run_ranks(f"{W}:symmetric_tensors", world)
+    assert len({r["off_a"] for r in res}) == 1
+    for r in res:
+        assert r["wrong"] == 0
+        if world > 1:
+            assert r["mismatch"] is not None and r["mismatch"]["op"] == "heap.alloc", r

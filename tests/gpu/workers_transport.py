@@ -1,0 +1,265 @@
+"""Rank-side bodies of the transport GPU tests (run in every rank by tests/conftest.py:run_ranks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+
+from tandem.errors import TandemError
+from tandem.transport import Communicator
+from tandem.transport import probe
+
+GUARD = 64
+POISON = 0xA5
+
+
+def _expected(sender: int, case: int, nbytes: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1_000_003 * (sender + 1) + case)
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+
+
+def put_exact(sizes, src_offsets, dst_offsets, modes):
+    """Every rank puts to (rank+1) % world; bytes must arrive exactly, and nothing outside the range changes."""
+    comm = Communicator(heap_bytes=64 << 20, timeout_s=20)
+    rank, world = comm.rank, comm.world_size
+    peer, src_rank = (rank + 1) % world, (rank - 1) % world
+    cap = max(sizes) + max(dst_offsets) + 2 * GUARD
+    recv = comm.empty(cap, torch.uint8)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    wrong_total, cases, failures = 0, 0, []
+    case = 0
+    for mode in modes:
+        for n in sizes:
+            for so in src_offsets:
+                for do in dst_offsets:
+                    case += 1
+                    recv.fill_(POISON)
+                    src = torch.empty(n + so + 16, dtype=torch.uint8, device="cuda").fill_(0x11)
+                    src[so:so + n] = _expected(rank, case, n).cuda()
+                    torch.cuda.synchronize()
+                    comm.barrier()
+                    probe.put(comm, recv[GUARD + do:], src[so:], n, peer=peer, mode=mode, status=status)
+                    torch.cuda.synchronize()
+                    comm.check()
+                    comm.barrier()
+                    got = recv.cpu()
+                    exp = torch.full((cap,), POISON, dtype=torch.uint8)
+                    exp[GUARD + do:GUARD + do + n] = _expected(src_rank, case, n)
+                    wrong = int((got != exp).sum())
+                    wrong_total += wrong
+                    cases += 1
+                    if wrong and len(failures) < 8:
+                        failures.append(dict(mode=mode, n=n, src_off=so, dst_off=do, wrong=wrong))
+    st = int(status.item())
+    # Bounds check: a put whose destination is not in the symmetric heap is refused on the device and
+    # recorded, and writes nothing.
+    outside = torch.full((256,), 7, dtype=torch.uint8, device="cuda")
+    victim = torch.zeros(256, dtype=torch.uint8, device="cuda")
+    bad_status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    comm.barrier()
+    probe.native().probe.put(comm.native, 0, victim.data_ptr(), outside.data_ptr(), 256, peer, 1, 32, 0,
+                             bad_status.data_ptr(), probe._stream())
+    torch.cuda.synchronize()
+    try:
+        comm.check()
+        bad = None
+    except TandemError as e:
+        bad = dict(status=e.status, op=e.op, peer=e.peer, msg=str(e))
+    victim_untouched = bool((victim == 0).all())
+    comm.destroy()
+    return dict(wrong=wrong_total, cases=cases, failures=failures, status=st, bad=bad,
+                victim_untouched=victim_untouched, heap_kind=comm_kind(comm))
+
+
+def comm_kind(comm):
+    try:
+        return comm.heap_kind
+    except TandemError:
+        return "destroyed"
+
+
+def put_signal_ordering(iters: int, nbytes: int):
+    """Even ranks stream put_signals to rank+1, which checks every word of every round (data before flag)."""
+    comm = Communicator(heap_bytes=32 << 20, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    kind = comm.heap_kind
+    buf = comm.zeros(nbytes, torch.uint8)
+    flag = comm.zeros(16, torch.int64)
+    ack = comm.zeros(16, torch.int64)
+    scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    role = None
+    t0 = time.perf_counter()
+    if rank % 2 == 0 and rank + 1 < world:
+        role = "sender"
+        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=rank + 1, iters=iters, base=0,
+                                sender=True, errors=errors, status=status)
+    elif rank % 2 == 1:
+        role = "receiver"
+        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=rank - 1, iters=iters, base=0,
+                                sender=False, errors=errors, status=status)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    comm.check()
+    out = dict(role=role, errors=int(errors.item()), status=int(status.item()), elapsed_s=elapsed,
+               final_flag=int(flag[0].item()), final_ack=int(ack[0].item()), heap_kind=kind)
+    comm.destroy()
+    return out
+
+
+def barrier_many(iters: int):
+    comm = Communicator(heap_bytes=16 << 20, timeout_s=30)
+    world = comm.world_size
+    slots = comm.zeros(world, torch.int64)
+    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    t0 = time.perf_counter()
+    probe.barrier_loop(comm, slots, iters=iters, base=0, errors=errors, status=status, progress=progress)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    first = dict(errors=int(errors.item()), status=int(status.item()), progress=int(progress.item()))
+    # A second launch continues the counters (no reset between launches).
+    errors.zero_()
+    progress.zero_()
+    probe.barrier_loop(comm, slots, iters=100, base=iters, errors=errors, status=status, progress=progress)
+    torch.cuda.synchronize()
+    comm.check()
+    second = dict(errors=int(errors.item()), status=int(status.item()), progress=int(progress.item()))
+    comm.destroy()
+    return dict(first=first, second=second, elapsed_s=elapsed, us_per_barrier=elapsed / (2 * iters) * 1e6)
+
+
+def wait_timeouts(comm_timeout_s: float):
+    timeout_s = comm_timeout_s
+    """Rank 0 waits on a flag nobody signals: the timeout form returns 'timeout' without recording; the
+    bounded form records an error naming the expected peer; the host abort flag stops an unbounded wait."""
+    comm = Communicator(heap_bytes=8 << 20, timeout_s=timeout_s)
+    rank, world = comm.rank, comm.world_size
+    expected_peer = 1 if world > 1 else -1
+    flag = comm.zeros(16, torch.int64)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    observed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    out = dict(rank=rank)
+    if rank == 0:
+        t0 = time.perf_counter()
+        probe.wait(comm, flag, cmp="ge", value=5, peer=expected_peer, timeout_s=0.25, status=status,
+                   observed=observed)
+        torch.cuda.synchronize()
+        out["timeout_form"] = dict(status=int(status.item()), elapsed_s=time.perf_counter() - t0,
+                                   recorded=comm.async_error() is not None)
+        # A wait that is satisfied returns ok (value already there: 0 >= 0).
+        probe.wait(comm, flag, cmp="ge", value=0, peer=expected_peer, timeout_s=0.25, status=status,
+                   observed=observed)
+        torch.cuda.synchronize()
+        out["satisfied_status"] = int(status.item())
+        t0 = time.perf_counter()
+        probe.wait(comm, flag, cmp="eq", value=3, peer=expected_peer, status=status, observed=observed)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        try:
+            comm.check()
+            out["bounded_form"] = dict(raised=False)
+        except TandemError as e:
+            out["bounded_form"] = dict(raised=True, status=e.status, op=e.op, peer=e.peer, rank=e.rank,
+                                       msg=str(e), elapsed_s=elapsed, kernel_status=int(status.item()))
+    comm.barrier()
+    comm.destroy()
+
+    # Host abort: a wait with no time bound stops when the host raises the flag.
+    comm2 = Communicator(heap_bytes=8 << 20, timeout_s=timeout_s)
+    flag2 = comm2.zeros(16, torch.int64)
+    torch.cuda.synchronize()
+    comm2.barrier()
+    if comm2.rank == 0:
+        status.zero_()
+        probe.wait(comm2, flag2, cmp="ge", value=1, peer=expected_peer, timeout_s=0, status=status,
+                   observed=observed)
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        comm2.abort()
+        torch.cuda.synchronize()
+        out["abort"] = dict(status=int(status.item()), stop_s=time.perf_counter() - t0)
+    comm2.barrier()
+    comm2.destroy()
+    return out
+
+
+def kill_peer(victim: int, comm_timeout_s: float, stamp_dir: str):
+    timeout_s = comm_timeout_s
+    """Everyone runs an endless barrier loop; `victim` kills itself with SIGKILL. Survivors must raise a
+    TandemError within timeout + 1 s and keep a usable GPU."""
+    comm = Communicator(heap_bytes=8 << 20, timeout_s=timeout_s)
+    rank, world = comm.rank, comm.world_size
+    slots = comm.zeros(world, torch.int64)
+    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    probe.barrier_loop(comm, slots, iters=2_000_000_000, base=0, errors=errors, status=status, progress=progress)
+    if rank == victim:
+        time.sleep(1.0)
+        with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.cuda.synchronize()
+    raised_at = time.time()
+    out = dict(rank=rank, progress=int(progress.item()), errors=int(errors.item()))
+    try:
+        comm.check()
+        out["raised"] = False
+    except TandemError as e:
+        out.update(raised=True, status=e.status, op=e.op, peer=e.peer, err_rank=e.rank, msg=str(e))
+    out["raised_at"] = raised_at
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    out["gpu_ok"] = bool(abs(float((x * 2).sum().item()) - float((1 << 20) * ((1 << 20) - 1))) < 1e6)
+    comm.destroy()
+    return out
+
+
+def symmetric_tensors():
+    """Symmetric allocation: same offsets everywhere, peer views see the peer's data, out-of-step
+    allocation is detected, a freed range is reused."""
+    comm = Communicator(heap_bytes=16 << 20, timeout_s=20)
+    rank, world = comm.rank, comm.world_size
+    a = comm.empty((1000, 37), torch.float32)
+    b = comm.empty(4097, torch.bfloat16)
+    rows = torch.arange(1000, device="cuda").view(-1, 1).float()
+    cols = torch.arange(37, device="cuda").view(1, -1).float()
+    a.copy_(rank * 100000 + rows * 37 + cols)
+    b.copy_((torch.arange(4097, device="cuda") % 251 + rank).to(torch.bfloat16))
+    torch.cuda.synchronize()
+    comm.barrier()
+    wrong = 0
+    for p in range(world):
+        va = comm.peer_view(a, p)
+        vb = comm.peer_view(b, p)
+        wrong += int((va != p * 100000 + rows * 37 + cols).sum())
+        wrong += int((vb != (torch.arange(4097, device="cuda") % 251 + p).to(torch.bfloat16)).sum())
+    comm.barrier()
+    off_a = comm.offset_of(a)
+    del b
+    c = comm.empty(4097, torch.bfloat16)  # reuses b's range
+    reuse = comm.offset_of(c)
+    mismatch = None
+    if world > 1:
+        if rank == 0:
+            comm.native.alloc(4096, 256, False)  # rank 0 steps out of line
+        try:
+            comm.empty(128, torch.int64)
+        except TandemError as e:
+            mismatch = dict(status=e.status, op=e.op, msg=str(e))
+    comm.barrier()
+    comm.destroy()
+    return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch)

@@ -1,0 +1,43 @@
+// tandem device API — symmetric address translation with bounds checks (implementation detail).
+//
+// The checks are a few integer compares against values already in registers; they turn a wrong offset or
+// rank into a recorded kInvalidArgument instead of a write into someone else's memory. Define
+// TANDEM_DEVICE_UNCHECKED to compile them out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/device/impl/errors.cuh"
+
+namespace tandem::device::impl {
+
+__device__ __forceinline__ uint64_t peer_heap_base(const DeviceComm& comm, int peer) {
+  return __ldg(reinterpret_cast<const unsigned long long*>(comm.peer_heap) + peer);
+}
+
+// Translate [sym, sym + bytes) to `peer`; on failure record the error (op), store its code in *status and
+// return nullptr.
+__device__ __forceinline__ char* checked_peer_ptr(const DeviceComm& comm, const void* sym, size_t bytes,
+                                                  int peer, DeviceOp op, Status* status) {
+  const char* p = static_cast<const char*>(sym);
+#ifndef TANDEM_DEVICE_UNCHECKED
+  const bool in_heap = p >= comm.heap_base && bytes <= comm.heap_bytes &&
+                       static_cast<uint64_t>(p - comm.heap_base) <= comm.heap_bytes - bytes;
+  if (peer < 0 || peer >= comm.world || !in_heap) {
+    report_error(comm, Status::kInvalidArgument, op, peer, static_cast<uint64_t>(bytes),
+                 static_cast<uint64_t>(reinterpret_cast<uintptr_t>(sym)), 0);
+    *status = Status::kInvalidArgument;
+    return nullptr;
+  }
+#endif
+  const uint64_t base = peer_heap_base(comm, peer);
+  if (base == 0) {
+    report_error(comm, Status::kUnreachablePeer, op, peer, 0, 0, 0);
+    *status = Status::kUnreachablePeer;
+    return nullptr;
+  }
+  return reinterpret_cast<char*>(base) + (p - comm.heap_base);
+}
+
+}  // namespace tandem::device::impl

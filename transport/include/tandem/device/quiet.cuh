@@ -1,0 +1,20 @@
+// tandem device API — fence and quiet (contract).
+//
+// fence(comm): orders this thread's earlier puts/signals before its later ones, per peer, as seen by any
+//   observer (fence.acq_rel.sys). Cheap; does not wait for delivery.
+// quiet(comm): returns once every put/signal this thread issued earlier is complete and visible at its
+//   destination (fence.sc.sys over load/store paths, and completion of the bulk-copy groups this thread
+//   committed). Use before reusing a source buffer that a bulk put may still read, or before telling a third
+//   party about the data by a means other than a signal.
+#pragma once
+
+#include "tandem/device/types.cuh"
+
+namespace tandem::device {
+
+__device__ void fence(const DeviceComm& comm);
+__device__ void quiet(const DeviceComm& comm);
+
+}  // namespace tandem::device
+
+#include "tandem/device/impl/quiet_impl.cuh"

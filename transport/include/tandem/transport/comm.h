@@ -1,0 +1,114 @@
+// tandem transport — the host communicator: ranks, topology, symmetric heap, device handle, errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tandem/transport/bootstrap.h"
+#include "tandem/transport/device_comm.h"
+#include "tandem/transport/status.h"
+
+namespace tandem {
+
+enum class HeapKind : int32_t {
+  kAuto = 0,  // cuMem VMM exported as POSIX fds; cudaIpc if the driver cannot
+  kVmm = 1,   // cuMem VMM only
+  kIpc = 2,   // cudaMalloc + cudaIpc handles only
+};
+
+struct CommOptions {
+  uint64_t heap_bytes = 256ull << 20;  // symmetric heap per rank
+  double timeout_s = 30.0;             // default bound of every device wait and of the setup exchanges
+  int device = -1;                     // CUDA device; -1 = the current device
+  HeapKind heap = HeapKind::kAuto;
+  int ranks_per_node = 0;              // >0: emulate nodes of this many consecutive ranks (0 = by host)
+};
+
+// Host-side view of the first device error (a copy of the ErrorRecord).
+struct DeviceError {
+  Status status;
+  DeviceOp op;
+  int rank;
+  int peer;
+  uint64_t expected;
+  uint64_t observed;
+  uint64_t elapsed_ns;
+  int block;
+  int thread;
+  std::string message() const;
+};
+
+class SymmetricHeap;
+
+class Communicator {
+ public:
+  // Collective over all ranks of `bootstrap`.
+  Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptions& options);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  int node() const { return node_; }
+  int num_nodes() const { return num_nodes_; }
+  // Ranks that share this rank's node (load/store reachable), ascending; includes this rank.
+  const std::vector<int>& local_ranks() const { return local_ranks_; }
+  int local_rank() const;
+  int device() const { return device_; }
+  // Multiprocessors this rank's context may use (under MPS the active-thread share, not the chip's count).
+  int sm_count() const { return sm_count_; }
+  const char* heap_kind() const;
+  const CommOptions& options() const { return options_; }
+
+  // Symmetric allocation: collective, same sizes in the same order on every rank; returns the local address.
+  // With `verify`, the ranks compare offsets through the bootstrap and throw if they differ.
+  void* alloc(uint64_t bytes, uint64_t align = 256, bool verify = true);
+  void free(void* ptr);
+  void* heap_base() const;
+  uint64_t heap_bytes() const;
+  uint64_t heap_bytes_in_use() const;
+  // Host-side address of symmetric address `sym` in `peer`'s heap (nullptr if not load/store reachable).
+  void* peer_ptr(const void* sym, int peer) const;
+
+  // Handle for kernels (pass by value).
+  DeviceComm device_comm() const { return device_comm_; }
+
+  // Abort: raise the flag every device spin loop polls. Sticky; the communicator is unusable afterwards.
+  void abort();
+  bool aborted() const;
+  // First device error recorded so far, without synchronizing (kernels may still be running).
+  std::optional<DeviceError> async_error() const;
+  // Throw tandem::Error if a device error was recorded.
+  void check() const;
+
+  // Host-side barrier over the bootstrap (no GPU work).
+  void host_barrier();
+  // Synchronize the device and tear everything down (also done by the destructor). Safe after abort.
+  void destroy();
+
+ private:
+  void detect_topology();
+  std::string next_tag(const char* what);
+
+  std::shared_ptr<Bootstrap> bootstrap_;
+  CommOptions options_;
+  int rank_ = 0, world_ = 1, node_ = 0, num_nodes_ = 1, device_ = 0, sm_count_ = 0;
+  uint64_t tag_counter_ = 0;
+  std::string prefix_;
+  std::vector<int> local_ranks_;
+  std::unique_ptr<SymmetricHeap> heap_;
+  std::unique_ptr<class RangeAllocator> allocator_;
+  uint64_t* peer_heap_dev_ = nullptr;
+  std::vector<uint64_t> peer_heap_host_;
+  int32_t* abort_host_ = nullptr;
+  ErrorRecord* error_host_ = nullptr;
+  DeviceComm device_comm_{};
+  bool destroyed_ = false;
+};
+
+}  // namespace tandem

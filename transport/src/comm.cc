@@ -1,0 +1,277 @@
+#include "tandem/transport/comm.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "heap.h"
+#include "tandem/transport/allocator.h"
+
+namespace tandem {
+
+namespace {
+
+std::atomic<uint64_t> g_comm_counter{0};
+
+std::string host_identity() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+
+std::string format_seconds(uint64_t ns) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(ns) * 1e-9 << " s";
+  return os.str();
+}
+
+}  // namespace
+
+std::string DeviceError::message() const {
+  std::ostringstream os;
+  switch (status) {
+    case Status::kTimeout:
+      os << "waited " << format_seconds(elapsed_ns) << " for a flag to reach " << expected << ", last saw "
+         << observed;
+      break;
+    case Status::kInvalidArgument:
+      os << "symmetric address 0x" << std::hex << observed << std::dec << " (+" << expected
+         << " bytes) or rank out of range";
+      break;
+    case Status::kUnreachablePeer:
+      os << "no load/store path to the peer (another node; the proxy path is not enabled)";
+      break;
+    default:
+      break;
+  }
+  os << " (block " << block << ", thread " << thread << ")";
+  return os.str();
+}
+
+Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptions& options)
+    : bootstrap_(std::move(bootstrap)), options_(options) {
+  if (!bootstrap_) throw Error(Status::kInvalidArgument, "communicator.init", -1, -1, "no bootstrap");
+  rank_ = bootstrap_->rank();
+  world_ = bootstrap_->world();
+  if (world_ <= 0 || rank_ < 0 || rank_ >= world_)
+    throw Error(Status::kInvalidArgument, "communicator.init", rank_, -1, "bad rank/world");
+  if (options_.heap_bytes < ReservedLayout::bytes(world_) + 4096)
+    throw Error(Status::kInvalidArgument, "communicator.init", rank_, -1, "heap_bytes too small");
+  if (options_.timeout_s <= 0)
+    throw Error(Status::kInvalidArgument, "communicator.init", rank_, -1, "timeout_s must be positive");
+  prefix_ = "tandem/comm" + std::to_string(g_comm_counter.fetch_add(1));
+
+  if (options_.device >= 0) TANDEM_CUDA_CHECK(cudaSetDevice(options_.device), "communicator.init", rank_);
+  TANDEM_CUDA_CHECK(cudaGetDevice(&device_), "communicator.init", rank_);
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
+                    "communicator.init", rank_);
+
+  detect_topology();
+
+  // Heap backend: chosen collectively so that every rank of a node runs the same exchange.
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
+  bool want_vmm = options_.heap != HeapKind::kIpc && vmm_heap_supported(device_);
+  if (options_.heap == HeapKind::kVmm && !want_vmm)
+    throw Error(Status::kUnsupported, "heap.vmm", rank_, -1,
+                "cuMem VMM with POSIX fd handles is not available on this device/driver");
+  const auto votes = bootstrap_->all_gather(next_tag("heapkind"), want_vmm ? "1" : "0");
+  for (const auto& v : votes) want_vmm = want_vmm && v == "1";
+  HeapSetup setup{bootstrap_.get(), next_tag("heap"), rank_, world_, local_ranks_, device_,
+                  options_.heap_bytes, timeout};
+  heap_ = want_vmm ? make_vmm_heap(setup) : make_ipc_heap(setup);
+
+  const uint64_t reserved = ReservedLayout::bytes(world_);
+  allocator_ = std::make_unique<RangeAllocator>(reserved, heap_->bytes());
+
+  peer_heap_host_.assign(world_, 0);
+  for (int r = 0; r < world_; ++r) peer_heap_host_[r] = reinterpret_cast<uint64_t>(heap_->peer_base(r));
+  TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer_heap_dev_), sizeof(uint64_t) * world_), "communicator.init", rank_);
+  TANDEM_CUDA_CHECK(cudaMemcpy(peer_heap_dev_, peer_heap_host_.data(), sizeof(uint64_t) * world_,
+                               cudaMemcpyHostToDevice),
+                    "communicator.init", rank_);
+
+  TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&abort_host_), sizeof(int32_t), cudaHostAllocMapped),
+                    "communicator.init", rank_);
+  TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host_), sizeof(ErrorRecord), cudaHostAllocMapped),
+                    "communicator.init", rank_);
+  *abort_host_ = 0;
+  std::memset(error_host_, 0, sizeof(ErrorRecord));
+  void* abort_dev = nullptr;
+  void* error_dev = nullptr;
+  TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&abort_dev, abort_host_, 0), "communicator.init", rank_);
+  TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&error_dev, error_host_, 0), "communicator.init", rank_);
+
+  device_comm_.rank = rank_;
+  device_comm_.world = world_;
+  device_comm_.heap_base = heap_->local_base();
+  device_comm_.heap_bytes = heap_->bytes();
+  device_comm_.peer_heap = peer_heap_dev_;
+  device_comm_.abort_flag = static_cast<volatile int32_t*>(abort_dev);
+  device_comm_.error = static_cast<ErrorRecord*>(error_dev);
+  device_comm_.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
+
+  // Every heap is zeroed and mapped before any rank may write into a peer's.
+  host_barrier();
+}
+
+Communicator::~Communicator() {
+  try {
+    destroy();
+  } catch (...) {
+  }
+}
+
+std::string Communicator::next_tag(const char* what) {
+  return prefix_ + "/" + what + std::to_string(tag_counter_++);
+}
+
+void Communicator::detect_topology() {
+  const auto hosts = bootstrap_->all_gather(next_tag("host"), host_identity());
+  std::map<std::string, int> node_of_host;
+  std::vector<int> node(world_);
+  for (int r = 0; r < world_; ++r) {
+    auto it = node_of_host.emplace(hosts[r], static_cast<int>(node_of_host.size())).first;
+    node[r] = it->second;
+  }
+  if (options_.ranks_per_node > 0) {
+    const int rpn = options_.ranks_per_node;
+    if (world_ % rpn != 0)
+      throw Error(Status::kInvalidArgument, "communicator.topology", rank_, -1,
+                  "world " + std::to_string(world_) + " is not a multiple of ranks_per_node " + std::to_string(rpn));
+    for (int r = 0; r < world_; ++r) {
+      if (hosts[r] != hosts[r / rpn * rpn])
+        throw Error(Status::kInvalidArgument, "communicator.topology", rank_, r,
+                    "emulated node groups ranks of different hosts");
+    }
+    for (int r = 0; r < world_; ++r) node[r] = r / rpn;
+  }
+  node_ = node[rank_];
+  num_nodes_ = 1 + *std::max_element(node.begin(), node.end());
+  local_ranks_.clear();
+  for (int r = 0; r < world_; ++r)
+    if (node[r] == node_) local_ranks_.push_back(r);
+}
+
+int Communicator::local_rank() const {
+  for (size_t i = 0; i < local_ranks_.size(); ++i)
+    if (local_ranks_[i] == rank_) return static_cast<int>(i);
+  return -1;
+}
+
+const char* Communicator::heap_kind() const { return heap_ ? heap_->kind() : "none"; }
+void* Communicator::heap_base() const { return heap_ ? heap_->local_base() : nullptr; }
+uint64_t Communicator::heap_bytes() const { return heap_ ? heap_->bytes() : 0; }
+uint64_t Communicator::heap_bytes_in_use() const { return allocator_ ? allocator_->bytes_in_use() : 0; }
+
+void* Communicator::alloc(uint64_t bytes, uint64_t align, bool verify) {
+  if (destroyed_) throw Error(Status::kInvalidArgument, "heap.alloc", rank_, -1, "communicator destroyed");
+  if (align < 16 || (align & (align - 1)) != 0)
+    throw Error(Status::kInvalidArgument, "heap.alloc", rank_, -1, "align must be a power of two >= 16");
+  const auto off = allocator_->allocate(bytes, align);
+  if (!off)
+    throw Error(Status::kOutOfMemory, "heap.alloc", rank_, -1,
+                "symmetric heap exhausted: asked " + std::to_string(bytes) + " bytes, largest free range " +
+                    std::to_string(allocator_->largest_free()) + " of " + std::to_string(heap_->bytes()) +
+                    " (raise heap_bytes)");
+  if (verify && world_ > 1) {
+    const auto offsets = bootstrap_->all_gather(next_tag("alloc"), std::to_string(*off));
+    for (int r = 0; r < world_; ++r) {
+      if (offsets[r] != std::to_string(*off)) {
+        allocator_->release(*off);
+        throw Error(Status::kInvalidArgument, "heap.alloc", rank_, r,
+                    "symmetric allocation at offset " + std::to_string(*off) + " here but " + offsets[r] +
+                        " on rank " + std::to_string(r) + ": ranks allocated or freed out of step");
+      }
+    }
+  }
+  return heap_->local_base() + *off;
+}
+
+void Communicator::free(void* ptr) {
+  if (ptr == nullptr || destroyed_) return;
+  const char* p = static_cast<const char*>(ptr);
+  const char* base = heap_->local_base();
+  if (p < base || p >= base + heap_->bytes() ||
+      !allocator_->release(static_cast<uint64_t>(p - base)))
+    throw Error(Status::kInvalidArgument, "heap.free", rank_, -1, "pointer is not a live symmetric allocation");
+}
+
+void* Communicator::peer_ptr(const void* sym, int peer) const {
+  if (peer < 0 || peer >= world_) throw Error(Status::kInvalidArgument, "peer_ptr", rank_, peer, "no such rank");
+  const char* p = static_cast<const char*>(sym);
+  const char* base = heap_->local_base();
+  if (p < base || p >= base + heap_->bytes())
+    throw Error(Status::kInvalidArgument, "peer_ptr", rank_, peer, "address is not in the symmetric heap");
+  char* pb = heap_->peer_base(peer);
+  return pb == nullptr ? nullptr : pb + (p - base);
+}
+
+void Communicator::abort() {
+  if (abort_host_ != nullptr) {
+    *reinterpret_cast<volatile int32_t*>(abort_host_) = 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+bool Communicator::aborted() const {
+  return abort_host_ != nullptr && *reinterpret_cast<volatile int32_t*>(abort_host_) != 0;
+}
+
+std::optional<DeviceError> Communicator::async_error() const {
+  if (error_host_ == nullptr) return std::nullopt;
+  const int32_t status = error_host_->status;
+  if (status == 0) return std::nullopt;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  DeviceError e{static_cast<Status>(status),
+                static_cast<DeviceOp>(error_host_->op),
+                error_host_->rank,
+                error_host_->peer,
+                error_host_->expected,
+                error_host_->observed,
+                error_host_->elapsed_ns,
+                error_host_->block,
+                error_host_->thread};
+  return e;
+}
+
+void Communicator::check() const {
+  if (auto e = async_error()) throw Error(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
+  if (aborted()) throw Error(Status::kAborted, "communicator", rank_, -1, "the communicator was aborted");
+}
+
+void Communicator::host_barrier() { bootstrap_->barrier(next_tag("barrier")); }
+
+void Communicator::destroy() {
+  if (destroyed_) return;
+  destroyed_ = true;
+  cudaDeviceSynchronize();  // every wait is bounded, so this returns
+  // Peers may still write into our heap until they are done: meet them first, unless something already
+  // failed (then a peer may be gone and the bootstrap wait would only delay teardown).
+  if (!aborted() && !async_error()) {
+    try {
+      host_barrier();
+    } catch (...) {
+    }
+  }
+  heap_.reset();
+  allocator_.reset();
+  if (peer_heap_dev_ != nullptr) cudaFree(peer_heap_dev_);
+  if (abort_host_ != nullptr) cudaFreeHost(abort_host_);
+  if (error_host_ != nullptr) cudaFreeHost(error_host_);
+  peer_heap_dev_ = nullptr;
+  abort_host_ = nullptr;
+  error_host_ = nullptr;
+  device_comm_ = DeviceComm{};
+}
+
+}  // namespace tandem
