@@ -75,9 +75,10 @@ def run_ranks(mps_session):
     """run_ranks(target, world, **args) -> per-rank results; raises with every rank's error on failure."""
     from tandem.launch import run_function
 
-    def run(target: str, world: int, *, timeout_s: float = 240, on_failure: str = "kill", allow_failures=False,
+    def run(target: str, world: int, *, timeout_s: float = 150, on_failure: str = "kill", allow_failures=False,
             rank_env=None, **args):
-        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "TANDEM_RANK_DUMP_AFTER_S": str(timeout_s - 10)}
         results, res = run_function(target, world, args, timeout_s=timeout_s, on_failure=on_failure, env=env,
                                     rank_env=rank_env)
         if not allow_failures:

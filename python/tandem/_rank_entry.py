@@ -1,5 +1,6 @@
 """Child entry of tandem.launch.run_function: run module:function(**args), write the result as JSON."""
 
+import faulthandler
 import importlib
 import json
 import os
@@ -11,6 +12,9 @@ def main():
     target, args, out_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     mod_name, fn_name = target.split(":")
     rank = int(os.environ.get("RANK", "0"))
+    hang = float(os.environ.get("TANDEM_RANK_DUMP_AFTER_S", "0"))
+    if hang > 0:  # a rank still running then prints every thread's stack (the launcher kills it later)
+        faulthandler.dump_traceback_later(hang, exit=False)
     try:
         fn = getattr(importlib.import_module(mod_name), fn_name)
         result = fn(**args)

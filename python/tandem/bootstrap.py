@@ -23,6 +23,9 @@ def _env_int(name: str) -> int | None:
         raise invalid(f"environment variable {name}={v!r} is not an integer", "bootstrap") from None
 
 
+_env_stores: dict = {}
+
+
 def resolve(store=None, rank: int | None = None, world_size: int | None = None, timeout_s: float = 300.0):
     """Return (store, rank, world_size)."""
     try:
@@ -58,12 +61,17 @@ def resolve(store=None, rank: int | None = None, world_size: int | None = None, 
                     "bootstrap",
                     rank,
                 )
-            store = dist.TCPStore(
-                addr,
-                port,
-                world_size,
-                is_master=(rank == 0),
-                timeout=datetime.timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-            )
+            # One TCPStore per process and address: a second communicator must not start a second server on
+            # the same port.
+            key = (addr, port, world_size, rank)
+            if key not in _env_stores:
+                _env_stores[key] = dist.TCPStore(
+                    addr,
+                    port,
+                    world_size,
+                    is_master=(rank == 0),
+                    timeout=datetime.timedelta(seconds=timeout_s),
+                    wait_for_workers=False,
+                )
+            store = _env_stores[key]
     return store, rank, world_size

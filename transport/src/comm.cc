@@ -94,7 +94,12 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   allocator_ = std::make_unique<RangeAllocator>(reserved, heap_->bytes());
 
   peer_heap_host_.assign(world_, 0);
-  for (int r = 0; r < world_; ++r) peer_heap_host_[r] = reinterpret_cast<uint64_t>(heap_->peer_base(r));
+  for (int r = 0; r < world_; ++r) {
+    peer_heap_host_[r] = reinterpret_cast<uint64_t>(heap_->peer_base(r));
+    if (peer_heap_host_[r] & kPeerSameDeviceBit)
+      throw Error(Status::kInternal, "communicator.init", rank_, r, "peer heap not aligned");
+    if (peer_heap_host_[r] != 0 && same_device_[r]) peer_heap_host_[r] |= kPeerSameDeviceBit;
+  }
   TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&peer_heap_dev_), sizeof(uint64_t) * world_), "communicator.init", rank_);
   TANDEM_CUDA_CHECK(cudaMemcpy(peer_heap_dev_, peer_heap_host_.data(), sizeof(uint64_t) * world_,
                                cudaMemcpyHostToDevice),
@@ -136,7 +141,14 @@ std::string Communicator::next_tag(const char* what) {
 }
 
 void Communicator::detect_topology() {
-  const auto hosts = bootstrap_->all_gather(next_tag("host"), host_identity());
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_), "communicator.topology", rank_);
+  const std::string uuid(reinterpret_cast<const char*>(prop.uuid.bytes), sizeof(prop.uuid.bytes));
+  const std::string me = host_identity();
+  const auto hosts = bootstrap_->all_gather(next_tag("host"), me);
+  const auto gpus = bootstrap_->all_gather(next_tag("gpu"), uuid);
+  same_device_.assign(world_, false);
+  for (int r = 0; r < world_; ++r) same_device_[r] = hosts[r] == me && gpus[r] == uuid;
   std::map<std::string, int> node_of_host;
   std::vector<int> node(world_);
   for (int r = 0; r < world_; ++r) {
@@ -255,9 +267,11 @@ void Communicator::destroy() {
   if (destroyed_) return;
   destroyed_ = true;
   cudaDeviceSynchronize();  // every wait is bounded, so this returns
-  // Peers may still write into our heap until they are done: meet them first, unless something already
-  // failed (then a peer may be gone and the bootstrap wait would only delay teardown).
-  if (!aborted() && !async_error()) {
+  // With VMM every importer holds its own reference to our physical memory, so releasing ours can neither
+  // fault a peer nor hand the memory to someone else while a peer still writes: no collective teardown.
+  // A cudaIpc export, in contrast, dies with cudaFree; meet the peers first unless something already failed
+  // (then a peer may be gone). Non-collective destroy keeps ranks that fail differently from deadlocking.
+  if (std::string(heap_kind()) == "ipc" && !aborted() && !async_error()) {
     try {
       host_barrier();
     } catch (...) {

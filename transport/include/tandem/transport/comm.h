@@ -72,6 +72,8 @@ class Communicator {
   void* heap_base() const;
   uint64_t heap_bytes() const;
   uint64_t heap_bytes_in_use() const;
+  // True if `peer` runs on this rank's GPU (several ranks per GPU under MPS).
+  bool peer_on_same_device(int peer) const { return peer >= 0 && peer < world_ && same_device_[peer]; }
   // Host-side address of symmetric address `sym` in `peer`'s heap (nullptr if not load/store reachable).
   void* peer_ptr(const void* sym, int peer) const;
 
@@ -105,6 +107,7 @@ class Communicator {
   std::unique_ptr<class RangeAllocator> allocator_;
   uint64_t* peer_heap_dev_ = nullptr;
   std::vector<uint64_t> peer_heap_host_;
+  std::vector<bool> same_device_;  // peer r runs on this process's GPU (MPS)
   int32_t* abort_host_ = nullptr;
   ErrorRecord* error_host_ = nullptr;
   DeviceComm device_comm_{};

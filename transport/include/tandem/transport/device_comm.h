@@ -70,13 +70,17 @@ struct ReservedLayout {
 };
 
 // Everything a kernel needs to reach the other ranks. Trivially copyable; pass by value.
+constexpr uint64_t kPeerSameDeviceBit = 1;
+
 struct DeviceComm {
   int32_t rank = 0;
   int32_t world = 1;
   char* heap_base = nullptr;               // this rank's heap, local address
   uint64_t heap_bytes = 0;                 // bytes per rank (same on every rank)
   const uint64_t* peer_heap = nullptr;     // device array [world]: local address of each peer's heap, 0 = no
-                                           // load/store path (the peer is on another node)
+                                           // load/store path (the peer is on another node). Bit 0 set: the
+                                           // peer runs on this same GPU (MPS), so .gpu-scope ordering suffices
+                                           // (heaps are 2 MiB aligned, the bit is free).
   volatile int32_t* abort_flag = nullptr;  // host-mapped; nonzero stops every spin loop
   ErrorRecord* error = nullptr;            // host-mapped
   uint64_t timeout_ns = 0;                 // default bound of every wait; 0 = wait forever (still abortable)

@@ -9,11 +9,33 @@
 #include <cstdint>
 
 #include "tandem/device/impl/errors.cuh"
+#include "tandem/device/impl/ptx.cuh"
 
 namespace tandem::device::impl {
 
-__device__ __forceinline__ uint64_t peer_heap_base(const DeviceComm& comm, int peer) {
+__device__ __forceinline__ uint64_t peer_heap_entry(const DeviceComm& comm, int peer) {
   return __ldg(reinterpret_cast<const unsigned long long*>(comm.peer_heap) + peer);
+}
+
+__device__ __forceinline__ uint64_t peer_heap_base(const DeviceComm& comm, int peer) {
+  return peer_heap_entry(comm, peer) & ~tandem::kPeerSameDeviceBit;
+}
+
+// True if `peer` runs on this GPU: a release at .gpu scope then orders everything the peer can observe, which
+// is cheaper than .sys (no wait for system-wide visibility).
+__device__ __forceinline__ bool peer_on_same_device(const DeviceComm& comm, int peer) {
+  return (peer_heap_entry(comm, peer) & tandem::kPeerSameDeviceBit) != 0;
+}
+
+// Release store / add to a peer's flag at the narrowest scope that still includes the peer.
+__device__ __forceinline__ void release_store(uint64_t* remote, uint64_t v, bool same_device) {
+  if (same_device) st_release_gpu(remote, v);
+  else st_release_sys(remote, v);
+}
+
+__device__ __forceinline__ void release_add(uint64_t* remote, uint64_t v, bool same_device) {
+  if (same_device) red_release_gpu_add(remote, v);
+  else red_release_sys_add(remote, v);
 }
 
 // Translate [sym, sym + bytes) to `peer`; on failure record the error (op), store its code in *status and

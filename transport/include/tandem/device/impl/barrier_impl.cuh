@@ -29,7 +29,7 @@ __device__ inline Status barrier_block(const DeviceComm& comm, const Team& team)
     auto* remote = reinterpret_cast<uint64_t*>(
         impl::checked_peer_ptr(comm, recv + comm.rank, sizeof(uint64_t), p, DeviceOp::kBarrier, &st));
     if (remote == nullptr) continue;
-    impl::st_release_sys(remote, n);
+    impl::release_store(remote, n, impl::peer_on_same_device(comm, p));
   }
   for (int i = tid; i < team.size && st == Status::kOk; i += nthr) {
     const int p = team.member(i);

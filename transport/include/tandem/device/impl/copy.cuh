@@ -21,7 +21,7 @@ __device__ __forceinline__ void copy_words_strided(uint32_t* dst, const uint32_t
   for (size_t i = lane; i < n; i += nthr) dst[i] = src[i];
 }
 
-template <int kUnroll = 4>
+template <int kUnroll = 8>
 __device__ __forceinline__ void copy_vec16_strided(Vec16* dst, const Vec16* src, size_t n, int lane, int nthr) {
   size_t i = lane;
   const size_t step = static_cast<size_t>(nthr);

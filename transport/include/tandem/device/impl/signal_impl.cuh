@@ -13,10 +13,11 @@ __device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, 
   auto* remote = reinterpret_cast<uint64_t*>(
       impl::checked_peer_ptr(comm, sig, sizeof(uint64_t), peer, DeviceOp::kSignal, &status));
   if (remote == nullptr) return status;
+  const bool same_device = impl::peer_on_same_device(comm, peer);
   if (op == SignalOp::kSet) {
-    impl::st_release_sys(remote, value);
+    impl::release_store(remote, value, same_device);
   } else {
-    impl::red_release_sys_add(remote, value);
+    impl::release_add(remote, value, same_device);
   }
   return Status::kOk;
 }

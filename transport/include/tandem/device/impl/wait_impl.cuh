@@ -1,8 +1,9 @@
 // tandem device API — wait_until (implementation).
 //
-// Spins with relaxed system-scope loads and upgrades the successful load to acquire with a fence, which is
-// cheaper than an acquire load per iteration. The abort flag (host-mapped, so a PCIe read) and the clock are
-// checked every kCheckInterval spins only, keeping the flag round trip at the load latency.
+// Spins with acquire loads at system scope: an acquire needs no memory barrier (only the signaller's release
+// does), so the flag round trip stays at the load latency. The abort flag (host-mapped, so a PCIe read) and
+// the clock are checked every kCheckInterval spins only; the clock starts at the first check, so a timeout
+// is measured from a few microseconds after the wait began.
 #pragma once
 
 #include "tandem/device/impl/errors.cuh"
@@ -30,24 +31,19 @@ __device__ __forceinline__ bool compare(uint64_t v, Cmp cmp, uint64_t x) {
 
 __device__ __forceinline__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
                                                      uint64_t value, uint64_t timeout_ns, uint64_t* observed) {
-  uint64_t v = impl::ld_relaxed_sys(flag);
-  if (impl::compare(v, cmp, value)) {
-    impl::fence_acq_rel_sys();
-    if (observed != nullptr) *observed = v;
-    return Status::kOk;
-  }
-  const uint64_t start = impl::globaltimer_ns();
+  uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
-    v = impl::ld_relaxed_sys(flag);
+    const uint64_t v = impl::ld_acquire_sys(flag);
     if (impl::compare(v, cmp, value)) {
-      impl::fence_acq_rel_sys();
       if (observed != nullptr) *observed = v;
       return Status::kOk;
     }
     if (spins % impl::kCheckInterval == 0) {
       if (observed != nullptr) *observed = v;
       if (impl::aborted(comm)) return Status::kAborted;
-      if (timeout_ns != 0 && impl::globaltimer_ns() - start > timeout_ns) return Status::kTimeout;
+      const uint64_t now = impl::globaltimer_ns();
+      if (start == 0) start = now;
+      if (timeout_ns != 0 && now - start > timeout_ns) return Status::kTimeout;
     }
   }
 }
