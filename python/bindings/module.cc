@@ -30,6 +30,12 @@ PYBIND11_MODULE(_C, m) {
       tandem_py::raise_tandem_error(e);
     }
   });
+  m.def(
+      "_raise_error_for_test",
+      [](int status, const std::string& op, int rank, int peer) {
+        throw tandem::Error(static_cast<tandem::Status>(status), op, rank, peer, "raised for a test");
+      },
+      "Throw tandem::Error through the exception translator (tests the C++ -> Python error mapping).");
   tandem_py::bind_transport(m);
   tandem_py::bind_probe(m);
 }

@@ -12,6 +12,7 @@ def main():
     target, args, out_dir = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     mod_name, fn_name = target.split(":")
     rank = int(os.environ.get("RANK", "0"))
+    faulthandler.enable()  # a crash prints the Python stack of every thread to stderr
     hang = float(os.environ.get("TANDEM_RANK_DUMP_AFTER_S", "0"))
     if hang > 0:  # a rank still running then prints every thread's stack (the launcher kills it later)
         faulthandler.dump_traceback_later(hang, exit=False)

@@ -91,3 +91,17 @@ def test_symmetric_tensors(run_ranks, world):
         assert r["wrong"] == 0
         if world > 1:
             assert r["mismatch"] is not None and r["mismatch"]["op"] == "heap.alloc", r
+
+
+@pytest.mark.parametrize("world", [2])
+def test_killed_rank_while_survivors_wait(run_ranks, world):
+    with tempfile.TemporaryDirectory() as d:
+        res = run_ranks(f"{W}:kill_peer_waiting", world, victim=1, comm_timeout_s=2.0, stamp_dir=d,
+                        on_failure="wait", allow_failures=True)
+        killed_at = float(open(os.path.join(d, "killed_at")).read())
+    assert res[1] is None
+    r = res[0]
+    assert r is not None and "error" not in r, r
+    assert r["raised"] and r["status"] == 1 and r["peer"] == 1 and r["op"] == "wait_until", r
+    assert r["raised_at"] - killed_at <= 2.0 + 1.0
+    assert r["gpu_ok"]

@@ -265,3 +265,31 @@ def symmetric_tensors():
     comm.barrier()
     comm.destroy()
     return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch)
+
+
+def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):
+    """Like kill_peer, but the survivors only wait for a flag the victim would set (no stores to it)."""
+    comm = Communicator(heap_bytes=8 << 20, timeout_s=comm_timeout_s)
+    rank = comm.rank
+    flag = comm.zeros(16, torch.int64)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    observed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    if rank == victim:
+        time.sleep(1.0)
+        with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    probe.wait(comm, flag, cmp="ge", value=1, peer=victim, status=status, observed=observed)
+    torch.cuda.synchronize()
+    out = dict(rank=rank, raised_at=time.time())
+    try:
+        comm.check()
+        out["raised"] = False
+    except TandemError as e:
+        out.update(raised=True, status=e.status, op=e.op, peer=e.peer, msg=str(e))
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    out["gpu_ok"] = bool(abs(float((x * 2).sum().item()) - float((1 << 20) * ((1 << 20) - 1))) < 1e6)
+    comm.destroy()
+    return out
