@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # The H200 session in one call: build, GPU tests (MPS ranks at world 1/2/4), benchmarks. Logs go to $OUT.
-#   usage: tools/device_suite.sh [pytest selection...]     (OUT defaults to ./_out)
+#   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TANDEM_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export TANDEM_COMMIT=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi -L
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
 t0=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-sel=${*:-tests}
-python3 -m pytest $sel -v -rs --timeout=600 2>&1 | tee "$OUT/pytest.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Error" | tail -60
+python3 -X faulthandler -c "
+import torch, tandem._native as n
+try:
+    n.native()._raise_error_for_test(1, 'selftest', 0, 1)
+except Exception as e:
+    print('error mapping ok:', type(e).__name__, e.status, e.op, e.peer)"
+python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" \
+  | grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" | head -120
+if [ "${TANDEM_BENCH:-1}" = 1 ]; then
+  for n in 1 2 4; do
+    timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -14
+  done
+fi

@@ -19,7 +19,8 @@ PYBIND11_MODULE(_C, m) {
       .value("BOOTSTRAP_ERROR", tandem::Status::kBootstrapError)
       .value("OUT_OF_MEMORY", tandem::Status::kOutOfMemory)
       .value("UNSUPPORTED", tandem::Status::kUnsupported)
-      .value("INTERNAL", tandem::Status::kInternal);
+      .value("INTERNAL", tandem::Status::kInternal)
+      .value("PEER_EXITED", tandem::Status::kPeerExited);
   m.def("status_name", [](int s) { return std::string(tandem::status_name(static_cast<tandem::Status>(s))); });
 
   // tandem::Error -> tandem.errors.TandemError(message, status, op, rank, peer)

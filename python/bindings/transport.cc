@@ -5,6 +5,7 @@
 #include "common.h"
 #include "tandem/transport/allocator.h"
 #include "tandem/transport/comm.h"
+#include "peer_monitor.h"
 
 namespace tandem_py {
 
@@ -78,6 +79,27 @@ void bind_transport(py::module_& m) {
       py::call_guard<py::gil_scoped_release>(),
       "All-gather `value` over a FileBootstrap (used by tests of the C++ bootstrap).");
 
+  // The node-local peer monitor on its own, over a FileBootstrap: lets CPU tests kill processes and watch.
+  struct MonitorForTest {
+    std::unique_ptr<tandem::FileBootstrap> boot;
+    std::unique_ptr<tandem::detail::PeerMonitor> mon;
+  };
+  py::class_<MonitorForTest>(m, "_PeerMonitorForTest")
+      .def(py::init([](const std::string& dir, int rank, int world, double timeout_s) {
+             auto t = std::make_unique<MonitorForTest>();
+             t->boot = std::make_unique<tandem::FileBootstrap>(dir, rank, world, std::chrono::seconds(60));
+             std::vector<int> ranks(world);
+             for (int r = 0; r < world; ++r) ranks[r] = r;
+             t->mon = std::make_unique<tandem::detail::PeerMonitor>(
+                 *t->boot, "monitor", rank, ranks, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+                 nullptr);
+             return t;
+           }),
+           py::arg("directory"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("exited_peer", [](const MonitorForTest& t) { return t.mon->exited_peer(); })
+      .def("close", [](MonitorForTest& t) { t.mon.reset(); });
+
   py::class_<tandem::Communicator, std::shared_ptr<tandem::Communicator>>(m, "Communicator")
       .def(py::init([](py::object store, int rank, int world, uint64_t heap_bytes, double timeout_s, int device,
                        tandem::HeapKind heap, int ranks_per_node) {
@@ -140,6 +162,25 @@ void bind_transport(py::module_& m) {
              return d;
            })
       .def("check", &tandem::Communicator::check)
+      .def(
+          "error_info",
+          [](const tandem::Communicator& c) -> py::object {
+            // check() as data: lets Python raise TandemError itself on the hot path of every op.
+            try {
+              c.check();
+            } catch (const tandem::Error& e) {
+              py::dict d;
+              d["message"] = std::string(e.what());
+              d["status"] = static_cast<int>(e.status());
+              d["op"] = e.op();
+              d["rank"] = e.rank();
+              d["peer"] = e.peer();
+              return d;
+            }
+            return py::none();
+          },
+          "None, or the error check() would raise, as a dict (message, status, op, rank, peer).")
+      .def_property_readonly("exited_peer", &tandem::Communicator::exited_peer)
       .def("host_barrier", &tandem::Communicator::host_barrier)
       .def("destroy", &tandem::Communicator::destroy, py::call_guard<py::gil_scoped_release>());
 }

@@ -14,12 +14,14 @@ _STATUS_NAMES = {
     8: "out of memory",
     9: "unsupported",
     10: "internal error",
+    11: "peer exited",
 }
 
 TIMEOUT = 1
 ABORTED = 2
 INVALID_ARGUMENT = 3
 UNREACHABLE_PEER = 4
+PEER_EXITED = 11
 
 
 class TandemError(RuntimeError):

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "heap.h"
+#include "peer_monitor.h"
 #include "tandem/transport/allocator.h"
 
 namespace tandem {
@@ -124,6 +125,11 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   device_comm_.abort_flag = static_cast<volatile int32_t*>(abort_dev);
   device_comm_.error = static_cast<ErrorRecord*>(error_dev);
   device_comm_.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
+
+  // A local peer that dies raises our abort flag at once: no device wait has to run into its timeout, and no
+  // kernel of ours goes on storing into memory its death may have released (MPS frees a dead client's).
+  monitor_ = std::make_unique<detail::PeerMonitor>(*bootstrap_, next_tag("monitor"), rank_, local_ranks_, timeout,
+                                                   [this](int) { abort(); });
 
   // Every heap is zeroed and mapped before any rank may write into a peer's.
   host_barrier();
@@ -256,7 +262,12 @@ std::optional<DeviceError> Communicator::async_error() const {
   return e;
 }
 
+int Communicator::exited_peer() const { return monitor_ ? monitor_->exited_peer() : -1; }
+
 void Communicator::check() const {
+  if (const int p = exited_peer(); p >= 0)
+    throw Error(Status::kPeerExited, "peer_exit", rank_, p,
+                "peer process exited without destroying its communicator; device waits were aborted");
   if (auto e = async_error()) throw Error(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
   if (aborted()) throw Error(Status::kAborted, "communicator", rank_, -1, "the communicator was aborted");
 }
@@ -277,6 +288,7 @@ void Communicator::destroy() {
     } catch (...) {
     }
   }
+  monitor_.reset();  // says goodbye: peers do not mistake this for a crash
   heap_.reset();
   allocator_.reset();
   if (peer_heap_dev_ != nullptr) cudaFree(peer_heap_dev_);

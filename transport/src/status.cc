@@ -20,6 +20,7 @@ const char* status_name(Status status) {
     case Status::kOutOfMemory: return "out of memory";
     case Status::kUnsupported: return "unsupported";
     case Status::kInternal: return "internal error";
+    case Status::kPeerExited: return "peer exited";
   }
   return "unknown status";
 }

@@ -189,8 +189,11 @@ class Communicator:
 
     # ---- errors, teardown -------------------------------------------------------------------------------
     def check(self):
-        """Raise TandemError if a device-side error (timeout, bad address) was recorded."""
-        self.native.check()
+        """Raise TandemError if a device-side error (timeout, bad address) was recorded, a local peer process
+        died (status PEER_EXITED, naming it), or the communicator was aborted."""
+        err = self.native.error_info()
+        if err is not None:
+            raise TandemError(err["message"], err["status"], err["op"], err["rank"], err["peer"])
 
     def async_error(self):
         """The first recorded device error as a dict, or None; does not synchronize."""
@@ -199,7 +202,7 @@ class Communicator:
     def synchronize(self):
         """Wait for this rank's device work, then raise any recorded device error."""
         self._torch.cuda.synchronize(self.device)
-        self.native.check()
+        self.check()
 
     def abort(self):
         """Stop every device wait of this communicator now (they return 'aborted'); sticky."""

@@ -43,6 +43,9 @@ struct DeviceError {
 };
 
 class SymmetricHeap;
+namespace detail {
+class PeerMonitor;
+}
 
 class Communicator {
  public:
@@ -85,8 +88,11 @@ class Communicator {
   bool aborted() const;
   // First device error recorded so far, without synchronizing (kernels may still be running).
   std::optional<DeviceError> async_error() const;
-  // Throw tandem::Error if a device error was recorded.
+  // Throw tandem::Error if a device error was recorded or a peer process of this node died (kPeerExited:
+  // its death raised the abort flag, so every device wait of this rank stopped).
   void check() const;
+  // Rank of the first local peer seen dying, or -1.
+  int exited_peer() const;
 
   // Host-side barrier over the bootstrap (no GPU work).
   void host_barrier();
@@ -104,6 +110,7 @@ class Communicator {
   std::string prefix_;
   std::vector<int> local_ranks_;
   std::unique_ptr<SymmetricHeap> heap_;
+  std::unique_ptr<detail::PeerMonitor> monitor_;
   std::unique_ptr<class RangeAllocator> allocator_;
   uint64_t* peer_heap_dev_ = nullptr;
   std::vector<uint64_t> peer_heap_host_;

@@ -30,6 +30,7 @@ enum class Status : int32_t {
   kOutOfMemory = 8,
   kUnsupported = 9,
   kInternal = 10,
+  kPeerExited = 11,     // a peer process of this node died (seen by the host's peer monitor)
 };
 
 // Which primitive reported a device-side error (recorded in ErrorRecord::op).
