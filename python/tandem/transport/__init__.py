@@ -241,7 +241,7 @@ class _PeerBuffer:
         self._comm = comm  # keep the mapping alive
         self.__cuda_array_interface__ = {
             "shape": tuple(shape),
-            "typestr": {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}[itemsize],
+            "typestr": {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}[itemsize],  # reinterpreted by .view(dtype)
             "data": (ptr, False),
             "strides": None,
             "version": 3,
@@ -253,7 +253,7 @@ def _typestr(torch, dtype) -> str:
         torch.float32: "<f4",
         torch.float64: "<f8",
         torch.float16: "<f2",
-        torch.bfloat16: "<u2",
+        torch.bfloat16: "<i2",  # no typestr for bf16: allocated as int16 and reinterpreted
         torch.int8: "|i1",
         torch.uint8: "|u1",
         torch.int16: "<i2",
@@ -261,8 +261,6 @@ def _typestr(torch, dtype) -> str:
         torch.int64: "<i8",
         torch.bool: "|b1",
     }
-    if hasattr(torch, "uint64"):
-        table[torch.uint64] = "<u8"
     if dtype not in table:
         raise invalid(f"dtype {dtype} is not supported in the symmetric heap", "heap.alloc")
     return table[dtype]
