@@ -9,7 +9,7 @@ c++ --version | head -1
 ext=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 c++ -O2 -shared -fPIC $(python3 -m pybind11 --includes) throw_probe.cc -o /tmp/throw_probe$ext && \
 for pre in "" "import torch;"; do
-  python3 -X faulthandler -c "import sys; sys.path.insert(0, '/tmp'); $pre import throw_probe as t; print('caught in C++:', t.throw_caught())
+  python3 -X faulthandler -c "import sys; sys.path.insert(0, '/tmp'); ${pre}import throw_probe as t; print('caught in C++:', t.throw_caught())
 try:
     t.throw_runtime()
 except RuntimeError as e: print('bare pybind11 throw ok [$pre]', e)" 2>&1 | tail -2
@@ -20,7 +20,7 @@ for static in ON OFF; do
   so=$(python3 -c "import tandem._C as c; print(c.__file__)")
   echo "cudart static=$static: $(ldd $so | grep -E 'cudart|stdc|gcc_s' | tr -s ' ' | tr '\n' ';')"
   for pre in "" "import torch;"; do
-    python3 -X faulthandler -c "$pre import tandem._native as n
+    python3 -X faulthandler -c "${pre}import tandem._native as n
 try:
     n.native()._raise_error_for_test(1, 'selftest', 0, 1)
 except Exception as e: print('tandem throw ok [static=$static $pre]', type(e).__name__)" 2>&1 | grep -E "ok|Fatal" | head -1
