@@ -53,17 +53,39 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
   record(status_out, s);
 }
 
+// variant 0: the public API (signal + wait_until). 1: relaxed spin + one acquire fence after it. 2: volatile
+// store and volatile spin with no ordering at all: not a synchronization primitive, only the hardware's flag
+// latency floor, measured so that the cost of the ordering in variants 0/1 is known.
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
-                                int32_t* status_out) {
+                                int variant, int32_t* status_out) {
+  volatile uint64_t* remote = reinterpret_cast<volatile uint64_t*>(device::peer_ptr(comm, flag, peer));
+  const volatile uint64_t* local = reinterpret_cast<const volatile uint64_t*>(flag);
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (initiator) {
-      s = device::signal(comm, flag, v, SignalOp::kSet, peer);
-      if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
+    if (variant == 0) {
+      if (initiator) {
+        s = device::signal(comm, flag, v, SignalOp::kSet, peer);
+        if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
+      } else {
+        s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
+        if (s == Status::kOk) s = device::signal(comm, flag, v, SignalOp::kSet, peer);
+      }
     } else {
-      s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
-      if (s == Status::kOk) s = device::signal(comm, flag, v, SignalOp::kSet, peer);
+      if (remote == nullptr) {
+        record(status_out, Status::kUnreachablePeer);
+        return;
+      }
+      if (initiator) *remote = v;
+      uint32_t spins = 0;
+      while (*local < v) {
+        if (++spins == (1u << 26)) {
+          record(status_out, Status::kTimeout);
+          return;
+        }
+      }
+      if (variant == 1) device::impl::fence_acq_rel_sys();
+      if (!initiator) *remote = v;
     }
     if (s != Status::kOk) {
       record(status_out, s);
@@ -215,9 +237,9 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 }
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
-                int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0) return Status::kInvalidArgument;
-  pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, status_out);
+                int variant, int32_t* status_out, cudaStream_t stream) {
+  if (iters < 0 || variant < 0 || variant > 2) return Status::kInvalidArgument;
+  pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }
 

@@ -36,14 +36,14 @@ void bind_probe(py::module_& m) {
       "Launch a put; returns the number of blocks used (each adds 1 to `sig` when set).");
   p.def(
       "pingpong",
-      [](const Comm& c, uintptr_t flag, int peer, int iters, uint64_t base, bool initiator, uintptr_t status,
-         uintptr_t s) {
-        check_launch(probe::pingpong(c.device_comm(), ptr<uint64_t>(flag), peer, iters, base, initiator,
+      [](const Comm& c, uintptr_t flag, int peer, int iters, uint64_t base, bool initiator, int variant,
+         uintptr_t status, uintptr_t s) {
+        check_launch(probe::pingpong(c.device_comm(), ptr<uint64_t>(flag), peer, iters, base, initiator, variant,
                                      ptr<int32_t>(status), stream(s)),
                      "probe.pingpong", c.rank());
       },
       py::arg("comm"), py::arg("flag"), py::arg("peer"), py::arg("iters"), py::arg("base"), py::arg("initiator"),
-      py::arg("status"), py::arg("stream"));
+      py::arg("variant"), py::arg("status"), py::arg("stream"));
   p.def(
       "put_signal_stream",
       [](const Comm& c, uintptr_t buf, uintptr_t scratch, size_t bytes, uintptr_t flag, uintptr_t ack, int peer,

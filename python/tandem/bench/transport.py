@@ -61,27 +61,44 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
                          f"{max(d['put_block_GBps'], d['put_bulk_GBps']) / d['memcpy_GBps']:.2f}"])
         comm.barrier()
 
-    # Flag round trip between rank 0 and rank 1: rtt_iters ping-pongs inside one launch, median of 5.
-    rtt_us = None
+    # Flag round trip between rank 0 and rank 1: rtt_iters ping-pongs inside one launch, median of 5 launches,
+    # for the public API and two reference variants (see probe.pingpong).
+    rtt = {}
+    base = 0
     if world > 1 and rank in (0, 1):
-        base = 0
-        times = []
-        for rep in range(6):
-            comm_sync = torch.cuda.synchronize
-            comm_sync()
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            probe.pingpong(comm, flag, peer=1 - rank, iters=rtt_iters, base=base, initiator=rank == 0,
-                           status=status)
-            b.record()
-            b.synchronize()
-            base += rtt_iters
-            if rep > 0:  # the first launch is the warm-up
-                times.append(a.elapsed_time(b) * 1e-3 / rtt_iters)
+        for variant in ("api", "relaxed+fence", "unordered"):
+            times = []
+            for rep in range(6):
+                torch.cuda.synchronize()
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                probe.pingpong(comm, flag, peer=1 - rank, iters=rtt_iters, base=base, initiator=rank == 0,
+                               status=status, variant=variant)
+                b.record()
+                b.synchronize()
+                base += rtt_iters
+                if rep > 0:  # the first launch is the warm-up
+                    times.append(a.elapsed_time(b) * 1e-3 / rtt_iters)
+            comm.check()
+            if int(status.item()) != 0:
+                raise RuntimeError(f"pingpong {variant} reported status {int(status.item())}")
+            times.sort()
+            rtt[variant] = times[len(times) // 2] * 1e6
+    rtt_us = rtt.get("api")
+    comm.barrier()
+
+    # Copy-loop occupancy sweep at the largest size: blocks per SM x threads per block.
+    sweep = []
+    if active:
+        n = max_size
+        for per_sm in (1, 2, 4):
+            for threads in (256, 512, 1024):
+                t = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="block",
+                                                           blocks=per_sm * comm.sm_count, threads=threads,
+                                                           status=status), reps=reps)
+                sweep.append(dict(blocks_per_sm=per_sm, threads=threads, GBps=n / t / 1e9))
         comm.check()
-        times.sort()
-        rtt_us = times[len(times) // 2] * 1e6
     comm.barrier()
 
     if rank == 0:
@@ -91,14 +108,19 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
         cols = ["size", "put block GB/s", "put bulk GB/s", f"put bulk {bulk_blocks} blk GB/s", "cudaMemcpy D2D GB/s",
                 "cudaMemcpy to peer GB/s", "block/memcpy", "best/memcpy"]
         table = common.markdown_table(cols, rows)
-        rtt_line = (f"flag round trip rank0<->rank1: {rtt_us:.2f} us (median of 5 launches x {rtt_iters})"
-                    if rtt_us is not None else "flag round trip: n/a at world 1")
+        rtt_line = ("flag round trip rank0<->rank1 (median of 5 launches x {}): ".format(rtt_iters) +
+                    ", ".join(f"{k} {v:.2f} us" for k, v in rtt.items())) if rtt else "flag round trip: n/a at world 1"
+        best = max(sweep, key=lambda r: r["GBps"])
+        sweep_line = (f"put block at {common.fmt_bytes(max_size)} by blocks/SM x threads: " +
+                      ", ".join(f"{r['blocks_per_sm']}x{r['threads']} {r['GBps']:.0f}" for r in sweep) +
+                      f" GB/s (best {best['GBps'] / max(data, key=lambda d: d['bytes'])['memcpy_GBps']:.2f}x cudaMemcpy)")
         print(f"# tandem transport bench — {meta['device']}, world {world}, {comm.sm_count} SMs/rank, heap "
               f"{comm.heap_kind}, commit {meta['commit']}, {meta['date']}")
         print(table)
         print(rtt_line)
-        common.write_outputs(out_dir, f"transport_w{world}", meta, table + "\n\n" + rtt_line,
-                             dict(rows=data, rtt_us=rtt_us))
+        print(sweep_line)
+        common.write_outputs(out_dir, f"transport_w{world}", meta, table + "\n\n" + rtt_line + "\n\n" + sweep_line,
+                             dict(rows=data, rtt_us=rtt, sweep=sweep))
         if out_dir:
             plot(os.path.join(out_dir, f"transport_w{world}.png"), data, meta, rtt_us)
     comm.destroy()

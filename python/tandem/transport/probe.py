@@ -61,13 +61,19 @@ def put(comm, dst, src, nbytes: int | None = None, *, peer: int, mode: str = "bl
                               st, _stream())
 
 
-def pingpong(comm, flag, *, peer: int, iters: int, base: int, initiator: bool, status=None):
+PINGPONG_VARIANTS = {"api": 0, "relaxed+fence": 1, "unordered": 2}
+
+
+def pingpong(comm, flag, *, peer: int, iters: int, base: int, initiator: bool, status=None, variant: str = "api"):
     import torch
 
     _check_peer(comm, peer)
+    if variant not in PINGPONG_VARIANTS:
+        raise invalid(f"variant must be one of {sorted(PINGPONG_VARIANTS)}", "probe.pingpong", comm.rank)
     f = _ptr(flag, "flag", comm, symmetric=True, dtype=torch.int64)
     st = _ptr(status, "status", dtype=torch.int32) if status is not None else 0
-    native().probe.pingpong(comm.native, f, peer, int(iters), int(base), bool(initiator), st, _stream())
+    native().probe.pingpong(comm.native, f, peer, int(iters), int(base), bool(initiator), PINGPONG_VARIANTS[variant],
+                            st, _stream())
 
 
 def put_signal_stream(comm, buf, scratch, nbytes, flag, ack, *, peer, iters, base, sender, errors, status,

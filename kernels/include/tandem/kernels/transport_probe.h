@@ -26,8 +26,10 @@ int put_blocks(PutMode mode, size_t bytes, int blocks, int sm_count);
 
 // Flag ping-pong with `peer` over the symmetric flag `flag`: the initiator sets the peer's flag to base+i and
 // waits for its own to reach base+i; the responder mirrors it. `iters` round trips in one launch.
+// variant 0 uses the public API; 1 a relaxed spin with one fence; 2 unordered volatile accesses (the hardware
+// latency floor, for comparison only).
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
-                int32_t* status_out, cudaStream_t stream);
+                int variant, int32_t* status_out, cudaStream_t stream);
 
 // put_signal ordering check: the sender writes pattern(base+i) into `scratch` (local), put_signals it to `buf`
 // on the peer with flag = base+i, and waits for the peer's ack before the next round; the receiver waits for
