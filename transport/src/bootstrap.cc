@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
+#include <cstdio>
 #include <thread>
 
 #include "tandem/transport/status.h"
@@ -61,11 +61,13 @@ std::string FileBootstrap::get(const std::string& key) {
   const std::string path = path_for(key);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (;;) {
-    std::ifstream f(path, std::ios::binary);
-    if (f) {
-      std::ostringstream os;
-      os << f.rdbuf();
-      return os.str();
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::string value;
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) value.append(buf, n);
+      std::fclose(f);
+      return value;
     }
     if (std::chrono::steady_clock::now() > deadline)
       throw Error(Status::kBootstrapError, "bootstrap.get", rank_, -1, "timed out waiting for key " + key);

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
+#include <cstdio>
 
 #include "heap.h"
 #include "peer_monitor.h"
@@ -30,33 +30,35 @@ std::string host_identity() {
 }
 
 std::string format_seconds(uint64_t ns) {
-  std::ostringstream os;
-  os.precision(3);
-  os << static_cast<double>(ns) * 1e-9 << " s";
-  return os.str();
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g s", static_cast<double>(ns) * 1e-9);
+  return buf;
 }
 
 }  // namespace
 
 std::string DeviceError::message() const {
-  std::ostringstream os;
+  std::string s;
   switch (status) {
     case Status::kTimeout:
-      os << "waited " << format_seconds(elapsed_ns) << " for a flag to reach " << expected << ", last saw "
-         << observed;
+      s = "waited " + format_seconds(elapsed_ns) + " for a flag to reach " + std::to_string(expected) +
+          ", last saw " + std::to_string(observed);
       break;
-    case Status::kInvalidArgument:
-      os << "symmetric address 0x" << std::hex << observed << std::dec << " (+" << expected
-         << " bytes) or rank out of range";
+    case Status::kInvalidArgument: {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(observed));
+      s = std::string("symmetric address ") + buf + " (+" + std::to_string(expected) +
+          " bytes) or rank out of range";
       break;
+    }
     case Status::kUnreachablePeer:
-      os << "no load/store path to the peer (another node; the proxy path is not enabled)";
+      s = "no load/store path to the peer (another node; the proxy path is not enabled)";
       break;
     default:
       break;
   }
-  os << " (block " << block << ", thread " << thread << ")";
-  return os.str();
+  s += " (block " + std::to_string(block) + ", thread " + std::to_string(thread) + ")";
+  return s;
 }
 
 Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptions& options)

@@ -3,7 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#include <sstream>
+#include <string>
 
 namespace tandem {
 
@@ -37,14 +37,15 @@ const char* device_op_name(DeviceOp op) {
   return "unknown op";
 }
 
+// Plain string building (no iostreams): error paths should depend on as little of the C++ runtime as they can.
 static std::string format_error(Status status, const std::string& op, int rank, int peer,
                                 const std::string& detail) {
-  std::ostringstream os;
-  os << "tandem: rank " << rank << ": " << op;
-  if (peer >= 0) os << " (peer " << peer << ")";
-  os << ": " << status_name(status);
-  if (!detail.empty()) os << ": " << detail;
-  return os.str();
+  std::string s = "tandem: rank " + std::to_string(rank) + ": " + op;
+  if (peer >= 0) s += " (peer " + std::to_string(peer) + ")";
+  s += ": ";
+  s += status_name(status);
+  if (!detail.empty()) s += ": " + detail;
+  return s;
 }
 
 Error::Error(Status status, std::string op, int rank, int peer, const std::string& detail)
@@ -56,19 +57,16 @@ Error::Error(Status status, std::string op, int rank, int peer, const std::strin
 
 void throw_cuda_error(int cuda_error, const char* expr, const char* op, int rank, int peer) {
   const auto e = static_cast<cudaError_t>(cuda_error);
-  std::ostringstream os;
-  os << cudaGetErrorName(e) << " (" << cudaGetErrorString(e) << ") in " << expr;
-  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError, op, rank, peer,
-              os.str());
+  const std::string detail = std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ") in " + expr;
+  throw Error(e == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kCudaError, op, rank, peer, detail);
 }
 
 void throw_cu_error(int cu_result, const char* expr, const char* op, int rank, int peer) {
-  std::ostringstream os;
-  os << "CUresult " << cu_result << " in " << expr;
+  const std::string detail = "CUresult " + std::to_string(cu_result) + " in " + expr;
   const Status s = cu_result == CUDA_ERROR_OUT_OF_MEMORY ? Status::kOutOfMemory
                    : cu_result == CUDA_ERROR_NOT_SUPPORTED ? Status::kUnsupported
                                                            : Status::kCudaError;
-  throw Error(s, op, rank, peer, os.str());
+  throw Error(s, op, rank, peer, detail);
 }
 
 }  // namespace tandem
