@@ -39,4 +39,5 @@ PYBIND11_MODULE(_C, m) {
       "Throw tandem::Error through the exception translator (tests the C++ -> Python error mapping).");
   tandem_py::bind_transport(m);
   tandem_py::bind_probe(m);
+  tandem_py::bind_proxy(m);
 }

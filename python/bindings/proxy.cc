@@ -1,0 +1,196 @@
+// Bindings of the host-side proxy path (command queue + proxy thread + TCP backend) over host memory: what the
+// CPU tests drive between processes in separate network namespaces.
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "common.h"
+#include "tandem/transport/proxy.h"
+
+namespace tandem_py {
+
+namespace {
+
+using namespace tandem::proxy;
+
+class ProxyEndpoint {
+ public:
+  ProxyEndpoint(const std::string& dir, int rank, int world, const std::string& host, py::buffer heap,
+                uint32_t capacity, double timeout_s)
+      : rank_(rank), timeout_(static_cast<int64_t>(timeout_s * 1000)) {
+    py::buffer_info info = heap.request(true);
+    heap_ref_ = heap;
+    base_ = static_cast<char*>(info.ptr);
+    bytes_ = static_cast<uint64_t>(info.size * info.itemsize);
+    py::gil_scoped_release nogil;
+    boot_ = std::make_unique<tandem::FileBootstrap>(dir, rank, world, std::chrono::milliseconds(timeout_ * 6));
+    domain_ = std::make_unique<HostMemoryDomain>(base_, bytes_);
+    queue_ = std::make_unique<CommandQueue>(capacity, rank);
+    proxy_ = std::make_unique<Proxy>(rank, *queue_, *domain_);
+    std::vector<int> peers(world);
+    for (int r = 0; r < world; ++r) peers[r] = r;
+    TcpOptions o;
+    o.listen_host = host;
+    o.timeout = timeout_;
+    backend_ = std::make_unique<TcpBackend>(*boot_, "proxy", rank, peers, *domain_, o,
+                                            [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
+    proxy_->start(backend_.get());
+  }
+  ~ProxyEndpoint() { close(); }
+
+  uint64_t push(CommandOp op, int peer, uint64_t src, uint64_t dst, uint64_t n, uint64_t sig, uint64_t value,
+                uint32_t sop) {
+    Command c{};
+    c.op = static_cast<uint32_t>(op);
+    c.peer = peer;
+    c.src_offset = src;
+    c.dst_offset = dst;
+    c.bytes = n;
+    c.sig_offset = sig;
+    c.sig_value = value;
+    c.signal_op = sop;
+    py::gil_scoped_release nogil;
+    return queue_->push(c, timeout_);
+  }
+
+  void quiet() {
+    py::gil_scoped_release nogil;
+    queue_->wait_retired(queue_->tail(), timeout_);
+  }
+
+  // Host-side wait on a flag of this rank's heap (acquire), bounded by `timeout_s`. Returns the value seen.
+  uint64_t wait_ge(uint64_t off, uint64_t value, double timeout_s) {
+    py::gil_scoped_release nogil;
+    auto& f = *reinterpret_cast<uint64_t*>(base_ + off);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    for (uint32_t i = 0;; ++i) {
+      const uint64_t v = std::atomic_ref<uint64_t>(f).load(std::memory_order_acquire);
+      if (v >= value) return v;
+      if ((i & 1023) == 0) {
+        backend_->check();
+        if (std::chrono::steady_clock::now() > deadline)
+          throw tandem::Error(tandem::Status::kTimeout, "proxy.wait", rank_, -1,
+                              "flag at " + std::to_string(off) + " is " + std::to_string(v) + ", waited for " +
+                                  std::to_string(value));
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  // Sender side of the ordering test: `count` put_signals of one 8-byte log entry each (entry j = j + 1 at
+  // log_off + 8 j), every one adding 1 to the peer's counter.
+  void stream_log(int peer, uint64_t log_off, uint64_t counter_off, uint64_t count) {
+    py::gil_scoped_release nogil;
+    for (uint64_t j = 0; j < count; ++j) {
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base_ + log_off + 8 * j)).store(j + 1);
+      Command c{};
+      c.op = static_cast<uint32_t>(CommandOp::kPutSignal);
+      c.peer = peer;
+      c.src_offset = c.dst_offset = log_off + 8 * j;
+      c.bytes = 8;
+      c.sig_offset = counter_off;
+      c.sig_value = 1;
+      c.signal_op = 1;
+      queue_->push(c, timeout_);
+    }
+  }
+
+  // Receiver side: poll the counter until it reaches `count`; every time it reads c, the first c log entries
+  // must all be there (in-order delivery, data before flag). Returns (violations, polls).
+  std::pair<uint64_t, uint64_t> verify_log(uint64_t log_off, uint64_t counter_off, uint64_t count) {
+    py::gil_scoped_release nogil;
+    auto* log = reinterpret_cast<uint64_t*>(base_ + log_off);
+    auto& counter = *reinterpret_cast<uint64_t*>(base_ + counter_off);
+    uint64_t checked = 0, violations = 0, polls = 0;
+    auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (checked < count) {
+      const uint64_t c = std::atomic_ref<uint64_t>(counter).load(std::memory_order_acquire);
+      ++polls;
+      if (c > checked) {
+        for (uint64_t j = checked; j < c && j < count; ++j)
+          violations += std::atomic_ref<uint64_t>(log[j]).load(std::memory_order_relaxed) != j + 1;
+        checked = c;
+        deadline = std::chrono::steady_clock::now() + timeout_;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        throw tandem::Error(tandem::Status::kTimeout, "proxy.verify", rank_, -1,
+                            "counter stuck at " + std::to_string(c) + " of " + std::to_string(count));
+      } else {
+        backend_->check();
+      }
+    }
+    return {violations, polls};
+  }
+
+  void check() {
+    backend_->check();  // the root cause (a lost link) if there is one
+    int peer = -1;
+    std::string what;
+    const auto s = proxy_->status(&peer, &what);
+    if (s != tandem::Status::kOk) throw tandem::Error(s, "proxy", rank_, peer, "proxy stopped: " + what);
+  }
+
+  void close() {
+    py::gil_scoped_release nogil;
+    if (proxy_) proxy_->stop();
+    if (backend_) backend_->shutdown();
+    proxy_.reset();
+    backend_.reset();
+  }
+
+  uint64_t retired() const { return queue_->retired(); }
+  uint64_t tail() const { return queue_->tail(); }
+
+ private:
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  py::object heap_ref_;
+  char* base_ = nullptr;
+  uint64_t bytes_ = 0;
+  std::unique_ptr<tandem::FileBootstrap> boot_;
+  std::unique_ptr<HostMemoryDomain> domain_;
+  std::unique_ptr<CommandQueue> queue_;
+  std::unique_ptr<Proxy> proxy_;
+  std::unique_ptr<TcpBackend> backend_;
+};
+
+}  // namespace
+
+void bind_proxy(py::module_& m) {
+  py::class_<ProxyEndpoint>(m, "ProxyEndpoint",
+                            "One rank of the proxy path over host memory (tests, CPU-only ranks).")
+      .def(py::init<const std::string&, int, int, const std::string&, py::buffer, uint32_t, double>(),
+           py::arg("bootstrap_dir"), py::arg("rank"), py::arg("world"), py::arg("host"), py::arg("heap"),
+           py::arg("capacity") = 1024, py::arg("timeout_s") = 10.0)
+      .def(
+          "put",
+          [](ProxyEndpoint& e, int peer, uint64_t src, uint64_t dst, uint64_t n) {
+            return e.push(CommandOp::kPut, peer, src, dst, n, 0, 0, 0);
+          },
+          py::arg("peer"), py::arg("src"), py::arg("dst"), py::arg("nbytes"))
+      .def(
+          "put_signal",
+          [](ProxyEndpoint& e, int peer, uint64_t src, uint64_t dst, uint64_t n, uint64_t sig, uint64_t value,
+             uint32_t op) { return e.push(CommandOp::kPutSignal, peer, src, dst, n, sig, value, op); },
+          py::arg("peer"), py::arg("src"), py::arg("dst"), py::arg("nbytes"), py::arg("sig"), py::arg("value"),
+          py::arg("op") = 0)
+      .def(
+          "signal",
+          [](ProxyEndpoint& e, int peer, uint64_t sig, uint64_t value, uint32_t op) {
+            return e.push(CommandOp::kSignal, peer, 0, 0, 0, sig, value, op);
+          },
+          py::arg("peer"), py::arg("sig"), py::arg("value"), py::arg("op") = 0)
+      .def("quiet", &ProxyEndpoint::quiet)
+      .def("wait_ge", &ProxyEndpoint::wait_ge, py::arg("offset"), py::arg("value"), py::arg("timeout_s"))
+      .def("stream_log", &ProxyEndpoint::stream_log, py::arg("peer"), py::arg("log_offset"),
+           py::arg("counter_offset"), py::arg("count"))
+      .def("verify_log", &ProxyEndpoint::verify_log, py::arg("log_offset"), py::arg("counter_offset"),
+           py::arg("count"))
+      .def("check", &ProxyEndpoint::check)
+      .def("close", &ProxyEndpoint::close)
+      .def_property_readonly("retired", &ProxyEndpoint::retired)
+      .def_property_readonly("tail", &ProxyEndpoint::tail);
+}
+
+}  // namespace tandem_py

@@ -1,0 +1,88 @@
+"""One rank of the proxy-path tests (run inside a network namespace by test_proxy_tcp.py).
+
+usage: python -m tests.cpu.proxy_worker MODE BOOTSTRAP_DIR RANK HOST [JSON_ARGS]; prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from tandem._native import native
+from tandem.errors import TandemError
+
+MiB = 1 << 20
+
+
+def main():
+    mode, d, rank, host = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    args = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+    heap = np.zeros(args.get("heap_mib", 16) * MiB, dtype=np.uint8)
+    flags = 4096  # flag area at the start of the heap (offsets 0..4095)
+    out = dict(rank=rank, mode=mode)
+    t0 = time.monotonic()
+    ep = native().ProxyEndpoint(d, rank, 2, host, heap, args.get("capacity", 1024), args.get("timeout_s", 10.0))
+    peer = 1 - rank
+    try:
+        if mode == "ordered":
+            n = args["count"]
+            log = flags
+            if rank == 0:
+                ep.stream_log(peer, log, 0, n)
+                ep.quiet()
+                out.update(retired=ep.retired, tail=ep.tail)
+            else:
+                violations, polls = ep.verify_log(log, 0, n)
+                out.update(violations=violations, polls=polls)
+        elif mode == "bulk":
+            rounds, size = args["rounds"], args["round_mib"] * MiB
+            data = flags
+            wrong = 0
+            for r in range(1, rounds + 1):
+                if rank == 0:
+                    heap[data:data + size] = np.random.default_rng(r).integers(0, 256, size, dtype=np.uint8)
+                    ep.put_signal(peer, data, data, size, 0, r, 0)  # flag 0 on the peer := r, after the data
+                    ep.wait_ge(8, r, args.get("timeout_s", 10.0) * 3)  # the peer checked round r
+                else:
+                    ep.wait_ge(0, r, args.get("timeout_s", 10.0) * 3)
+                    exp = np.random.default_rng(r).integers(0, 256, size, dtype=np.uint8)
+                    wrong += int(np.count_nonzero(heap[data:data + size] != exp))
+                    ep.signal(peer, 8, r, 0)
+            ep.quiet()
+            out.update(wrong=wrong, bytes=rounds * size)
+        elif mode == "cut":
+            # Rank 0 streams large puts until something fails; rank 1 waits for a flag that never comes. The
+            # test cuts the link meanwhile; both must raise within the timeout.
+            size = args["put_mib"] * MiB
+            try:
+                if rank == 0:
+                    for i in range(10_000):
+                        ep.put(peer, flags, flags, size)
+                        if i % 4 == 3:
+                            ep.quiet()
+                    out["raised"] = False
+                else:
+                    ep.wait_ge(0, 1, 600)
+                    out["raised"] = False
+            except TandemError as e:
+                out.update(raised=True, status=e.status, op=e.op, peer=e.peer, msg=str(e), at=time.time())
+        else:
+            raise ValueError(mode)
+        if mode != "cut":
+            ep.check()
+    finally:
+        if mode != "cut":
+            ep.close()
+    out["elapsed_s"] = time.monotonic() - t0
+    print(json.dumps(out), flush=True)
+    if mode == "cut":
+        import os
+
+        os._exit(0)  # the link is gone: no orderly goodbye is possible
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+// tandem transport — the inter-node path on the host: command queue, proxy thread, backends.
+//
+//   GPU/host producers --(CommandQueue, host memory)--> Proxy thread --(Backend: TCP | verbs)--> peer's Proxy
+//   --> peer's MemoryDomain (its symmetric heap: GPU memory through CUDA copies, or host memory in tests)
+//
+// The remote side applies each command's data before its signal, so a waiter that sees the signal sees the
+// data. Completion (the destination applied the command) comes back as an ack and advances `retired`.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tandem/transport/bootstrap.h"
+#include "tandem/transport/proxy_command.h"
+#include "tandem/transport/status.h"
+
+namespace tandem::proxy {
+
+// Where a rank's symmetric heap lives, as seen by its proxy.
+class MemoryDomain {
+ public:
+  virtual ~MemoryDomain() = default;
+  virtual uint64_t bytes() const = 0;
+  virtual void read(uint64_t offset, void* dst, uint64_t n) = 0;         // heap -> host buffer
+  virtual void write(uint64_t offset, const void* src, uint64_t n) = 0;  // host buffer -> heap, complete on return
+  // Signal after every earlier write is visible (release): set or add a 64-bit flag.
+  virtual void signal(uint64_t offset, uint64_t value, uint32_t op) = 0;
+};
+
+// Host memory (tests, CPU-only ranks): plain copies, flags with release atomics.
+class HostMemoryDomain final : public MemoryDomain {
+ public:
+  HostMemoryDomain(void* base, uint64_t bytes) : base_(static_cast<char*>(base)), bytes_(bytes) {}
+  uint64_t bytes() const override { return bytes_; }
+  void read(uint64_t offset, void* dst, uint64_t n) override;
+  void write(uint64_t offset, const void* src, uint64_t n) override;
+  void signal(uint64_t offset, uint64_t value, uint32_t op) override;
+
+ private:
+  void check(uint64_t offset, uint64_t n) const;
+  char* base_;
+  uint64_t bytes_;
+};
+
+// Ring of commands in host memory (pinned and device-mapped when GPU producers use it).
+class CommandQueue {
+ public:
+  // `capacity` a power of two. With `slots`/`control` null the queue allocates ordinary host memory.
+  CommandQueue(uint32_t capacity, int rank = -1, Command* slots = nullptr, QueueControl* control = nullptr);
+  ~CommandQueue();
+  uint32_t capacity() const { return capacity_; }
+  Command* slots() const { return slots_; }
+  QueueControl* control() const { return control_; }
+
+  // Host producer: take a ticket, wait for room (back-pressure, bounded by `timeout`), publish. Returns the
+  // ticket. Throws kTimeout if the ring stays full, kAborted if the proxy stopped on an error.
+  uint64_t push(const Command& c, std::chrono::milliseconds timeout);
+  // Consumer (the proxy): the command of ticket `head` if published.
+  bool peek(uint64_t ticket, Command* out) const;
+  void release_until(uint64_t head);  // slots below `head` may be reused
+  void retire_until(uint64_t retired);
+  uint64_t retired() const;
+  uint64_t tail() const;
+  // Host-side quiet: wait until every command pushed so far is complete at its destination.
+  void wait_retired(uint64_t ticket_end, std::chrono::milliseconds timeout) const;
+
+ private:
+  uint32_t capacity_;
+  int rank_;
+  Command* slots_;
+  QueueControl* control_;
+  bool owns_ = false;
+};
+
+// A transport between this rank's proxy and its peers' proxies.
+class Backend {
+ public:
+  using Ack = std::function<void(int peer, uint64_t ticket)>;
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Send one command with its payload (`data` holds cmd.bytes bytes for puts). May block for flow control.
+  virtual void send(const Command& cmd, uint64_t ticket, const void* data) = 0;
+  // Raise the first failure seen by the backend's threads (link lost, peer silent), if any.
+  virtual void check() = 0;
+  virtual void shutdown() = 0;
+};
+
+struct TcpOptions {
+  std::string listen_host = "127.0.0.1";  // this rank's address (an interface the peers can reach)
+  uint16_t listen_port = 0;               // 0 = any
+  std::chrono::milliseconds timeout{10000};  // link dead after this long without traffic or progress
+};
+
+// TCP: one persistent connection per peer pair (the lower rank connects). Frames: a Command header, then its
+// payload; the receiver applies data, then the signal, then acks. Heartbeats every timeout/4 keep an idle link
+// distinguishable from a dead one; TCP_USER_TIMEOUT bounds a blocked send.
+class TcpBackend final : public Backend {
+ public:
+  TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
+             MemoryDomain& local, const TcpOptions& options, Ack on_ack);
+  ~TcpBackend() override;
+  const char* name() const override { return "tcp"; }
+  void send(const Command& cmd, uint64_t ticket, const void* data) override;
+  void check() override;
+  void shutdown() override;
+
+ private:
+  struct Link;
+  void receive_loop(Link* link);
+  void heartbeat_loop();
+  void fail(const Error& e);
+  Link* link_for(int peer);
+
+  int rank_;
+  MemoryDomain& local_;
+  TcpOptions options_;
+  Ack on_ack_;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopping_{false};
+  std::mutex error_mu_;
+  std::unique_ptr<Error> error_;  // first failure, rethrown by check()
+};
+
+// The proxy: drains one queue in ticket order, reads each command's payload from the local memory domain,
+// hands it to the backend, and advances `retired` as acks come back (in ticket order).
+class Proxy {
+ public:
+  Proxy(int rank, CommandQueue& queue, MemoryDomain& local);
+  ~Proxy();
+  void start(Backend* backend);
+  void stop();
+  // Called by the backend when `peer` acknowledged `ticket`.
+  void on_ack(int peer, uint64_t ticket);
+  // First error (status, peer, message) or kOk.
+  Status status(int* peer = nullptr, std::string* what = nullptr) const;
+  uint64_t retired() const { return queue_.retired(); }
+
+ private:
+  void run();
+  int rank_;
+  CommandQueue& queue_;
+  MemoryDomain& local_;
+  Backend* backend_ = nullptr;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<uint64_t> acked_;  // bitmap-free window: ticket -> acked flag, indexed mod capacity
+  uint64_t retired_ = 0;
+  Status error_ = Status::kOk;
+  int error_peer_ = -1;
+  std::string error_what_;
+};
+
+}  // namespace tandem::proxy

@@ -1,0 +1,99 @@
+// The proxy thread: queue -> backend, acks -> retired watermark.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "tandem/transport/proxy.h"
+
+namespace tandem::proxy {
+
+namespace {
+constexpr uint64_t kChunkBytes = 4ull << 20;  // large puts leave as 4 MiB frames; the last one carries the signal
+}
+
+Proxy::Proxy(int rank, CommandQueue& queue, MemoryDomain& local) : rank_(rank), queue_(queue), local_(local) {
+  acked_.assign(queue_.capacity(), 0);
+}
+
+Proxy::~Proxy() { stop(); }
+
+void Proxy::start(Backend* backend) {
+  backend_ = backend;
+  thread_ = std::thread([this] { run(); });
+}
+
+void Proxy::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Proxy::on_ack(int, uint64_t ticket) {
+  std::lock_guard<std::mutex> g(mu_);
+  acked_[ticket & (acked_.size() - 1)] = ticket + 1;
+  uint64_t r = retired_;
+  while (acked_[r & (acked_.size() - 1)] == r + 1) ++r;
+  if (r != retired_) {
+    retired_ = r;
+    queue_.retire_until(r);
+  }
+}
+
+Status Proxy::status(int* peer, std::string* what) const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (peer) *peer = error_peer_;
+  if (what) *what = error_what_;
+  return error_;
+}
+
+void Proxy::run() {
+  std::vector<char> staging;
+  uint64_t next = 0;
+  const uint64_t window = queue_.capacity();
+  uint32_t idle = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    Command cmd{};
+    try {
+      // Unacked commands are bounded by the ring's capacity (the ack window above has that many entries).
+      if (next - queue_.retired() >= window || !queue_.peek(next, &cmd)) {
+        if ((++idle & 255) == 0) backend_->check();  // a receive thread may have lost its link
+        std::this_thread::yield();
+        continue;
+      }
+      idle = 0;
+      const auto op = static_cast<CommandOp>(cmd.op);
+      if (op == CommandOp::kSignal || cmd.bytes == 0) {
+        Command c = cmd;
+        c.op = static_cast<uint32_t>(op == CommandOp::kPut ? CommandOp::kPut : CommandOp::kSignal);
+        c.flags = kFlagAck;
+        backend_->send(c, next, nullptr);
+      } else {
+        for (uint64_t off = 0; off < cmd.bytes; off += kChunkBytes) {
+          const uint64_t n = std::min(kChunkBytes, cmd.bytes - off);
+          const bool last = off + n == cmd.bytes;
+          staging.resize(n);
+          local_.read(cmd.src_offset + off, staging.data(), n);
+          Command c = cmd;
+          c.src_offset += off;
+          c.dst_offset += off;
+          c.bytes = n;
+          c.op = static_cast<uint32_t>(last ? op : CommandOp::kPut);
+          c.flags = last ? kFlagAck : 0;
+          backend_->send(c, next, staging.data());
+        }
+      }
+      ++next;
+      queue_.release_until(next);
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> g(mu_);
+      error_ = e.status();
+      error_peer_ = e.peer() >= 0 ? e.peer() : cmd.peer;
+      error_what_ = e.what();
+      std::atomic_ref<int32_t>(queue_.control()->error_peer).store(error_peer_);
+      std::atomic_ref<int32_t>(queue_.control()->error).store(static_cast<int32_t>(error_), std::memory_order_release);
+      return;
+    }
+  }
+}
+
+}  // namespace tandem::proxy

@@ -1,0 +1,321 @@
+// TCP backend of the proxy path.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "tandem/transport/proxy.h"
+
+namespace tandem::proxy {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x746e6450;  // "Pdnt"
+enum FrameKind : uint32_t { kData = 1, kAck = 2, kHeartbeat = 3, kBye = 4, kHello = 5 };
+
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t ticket;
+  Command cmd;
+};
+
+[[noreturn]] void sys_fail(const char* what, int rank, int peer) {
+  throw Error(errno == ETIMEDOUT || errno == EAGAIN ? Status::kTimeout : Status::kSystemError, "proxy.tcp", rank,
+              peer, std::string(what) + ": " + std::strerror(errno));
+}
+
+void set_socket_options(int fd, std::chrono::milliseconds timeout) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  // A send blocked on a dead link fails after this long instead of hanging (data unacknowledged by the peer).
+  unsigned int user_timeout = static_cast<unsigned int>(timeout.count());
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int buf = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+void write_all(int fd, const void* p, size_t n, int rank, int peer) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("send", rank, peer);
+    }
+    c += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+// Read exactly n bytes; between bytes, give up after `timeout` without progress. Returns false on orderly EOF
+// before the first byte.
+bool read_all(int fd, void* p, size_t n, std::chrono::milliseconds timeout, int rank, int peer,
+              const std::atomic<bool>& stopping) {
+  char* c = static_cast<char*>(p);
+  size_t got = 0;
+  while (got < n) {
+    pollfd pf{fd, POLLIN, 0};
+    const int r = ::poll(&pf, 1, static_cast<int>(timeout.count()));
+    if (stopping.load()) throw Error(Status::kAborted, "proxy.tcp", rank, peer, "shutting down");
+    if (r == 0) throw Error(Status::kTimeout, "proxy.tcp", rank, peer,
+                            "no traffic from peer for " + std::to_string(timeout.count()) + " ms (link lost?)");
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("poll", rank, peer);
+    }
+    const ssize_t k = ::recv(fd, c + got, n - got, 0);
+    if (k == 0) {
+      if (got == 0) return false;
+      throw Error(Status::kSystemError, "proxy.tcp", rank, peer, "connection closed mid-frame");
+    }
+    if (k < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      sys_fail("recv", rank, peer);
+    }
+    got += static_cast<size_t>(k);
+  }
+  return true;
+}
+
+std::pair<std::string, uint16_t> split_address(const std::string& a) {
+  const auto colon = a.rfind(':');
+  return {a.substr(0, colon), static_cast<uint16_t>(std::stoi(a.substr(colon + 1)))};
+}
+
+}  // namespace
+
+struct TcpBackend::Link {
+  int peer = -1;
+  int fd = -1;
+  std::mutex send_mu;
+  std::atomic<int64_t> last_send_ns{0};
+  std::atomic<bool> closed{false};
+};
+
+TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
+                       MemoryDomain& local, const TcpOptions& options, Ack on_ack)
+    : rank_(rank), local_(local), options_(options), on_ack_(std::move(on_ack)) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0) sys_fail("socket", rank, -1);
+  int one = 1;
+  ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(options_.listen_port);
+  if (::inet_pton(AF_INET, options_.listen_host.c_str(), &addr.sin_addr) != 1) {
+    ::close(lfd);
+    throw Error(Status::kInvalidArgument, "proxy.tcp", rank, -1, "listen_host must be an IPv4 address");
+  }
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(lfd, 128) != 0) {
+    const int e = errno;
+    ::close(lfd);
+    errno = e;
+    sys_fail("bind/listen", rank, -1);
+  }
+  socklen_t alen = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &alen);
+  bootstrap.set(tag + "/tcp/" + std::to_string(rank), options_.listen_host + ":" + std::to_string(ntohs(addr.sin_port)));
+
+  // The lower rank of each pair connects; the higher accepts.
+  int expect_accepts = 0;
+  for (int p : peers) {
+    if (p == rank) continue;
+    auto link = std::make_unique<Link>();
+    link->peer = p;
+    if (p < rank) ++expect_accepts;
+    links_.push_back(std::move(link));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  try {
+    for (auto& link : links_) {
+      if (link->peer < rank) continue;
+      const auto [host, port] = split_address(bootstrap.get(tag + "/tcp/" + std::to_string(link->peer)));
+      sockaddr_in pa{};
+      pa.sin_family = AF_INET;
+      pa.sin_port = htons(port);
+      ::inet_pton(AF_INET, host.c_str(), &pa.sin_addr);
+      for (;;) {
+        const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (s < 0) sys_fail("socket", rank, link->peer);
+        if (::connect(s, reinterpret_cast<sockaddr*>(&pa), sizeof(pa)) == 0) {
+          link->fd = s;
+          break;
+        }
+        ::close(s);
+        if (std::chrono::steady_clock::now() > deadline)
+          throw Error(Status::kTimeout, "proxy.tcp.connect", rank, link->peer, "cannot connect to " + host);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      set_socket_options(link->fd, options_.timeout);
+      FrameHeader hello{kMagic, kHello, static_cast<uint64_t>(rank), {}};
+      write_all(link->fd, &hello, sizeof(hello), rank, link->peer);
+    }
+    for (int i = 0; i < expect_accepts; ++i) {
+      pollfd pf{lfd, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || ::poll(&pf, 1, static_cast<int>(left.count())) <= 0)
+        throw Error(Status::kTimeout, "proxy.tcp.accept", rank, -1, "peers did not connect in time");
+      const int s = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (s < 0) sys_fail("accept", rank, -1);
+      set_socket_options(s, options_.timeout);
+      FrameHeader hello{};
+      std::atomic<bool> never{false};
+      if (!read_all(s, &hello, sizeof(hello), options_.timeout, rank, -1, never) || hello.magic != kMagic ||
+          hello.kind != kHello) {
+        ::close(s);
+        throw Error(Status::kSystemError, "proxy.tcp.accept", rank, -1, "bad hello");
+      }
+      Link* link = link_for(static_cast<int>(hello.ticket));
+      if (link == nullptr || link->fd >= 0) {
+        ::close(s);
+        throw Error(Status::kSystemError, "proxy.tcp.accept", rank, static_cast<int>(hello.ticket), "unexpected peer");
+      }
+      link->fd = s;
+    }
+  } catch (...) {
+    ::close(lfd);
+    for (auto& l : links_)
+      if (l->fd >= 0) ::close(l->fd);
+    throw;
+  }
+  ::close(lfd);
+  for (auto& l : links_) threads_.emplace_back([this, link = l.get()] { receive_loop(link); });
+  threads_.emplace_back([this] { heartbeat_loop(); });
+}
+
+TcpBackend::~TcpBackend() { shutdown(); }
+
+TcpBackend::Link* TcpBackend::link_for(int peer) {
+  for (auto& l : links_)
+    if (l->peer == peer) return l.get();
+  return nullptr;
+}
+
+void TcpBackend::fail(const Error& e) {
+  std::lock_guard<std::mutex> g(error_mu_);
+  if (!error_) error_ = std::make_unique<Error>(e);
+}
+
+void TcpBackend::check() {
+  std::lock_guard<std::mutex> g(error_mu_);
+  if (error_) throw Error(*error_);
+}
+
+void TcpBackend::send(const Command& cmd, uint64_t ticket, const void* data) {
+  check();
+  Link* link = link_for(cmd.peer);
+  if (link == nullptr || link->fd < 0)
+    throw Error(Status::kUnreachablePeer, "proxy.tcp.send", rank_, cmd.peer, "no connection to this peer");
+  FrameHeader h{kMagic, kData, ticket, cmd};
+  std::lock_guard<std::mutex> g(link->send_mu);
+  try {
+    write_all(link->fd, &h, sizeof(h), rank_, cmd.peer);
+    if (data != nullptr && cmd.bytes > 0) write_all(link->fd, data, cmd.bytes, rank_, cmd.peer);
+  } catch (const Error& e) {
+    fail(e);
+    throw;
+  }
+  link->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+void TcpBackend::receive_loop(Link* link) {
+  std::vector<char> buf;
+  try {
+    for (;;) {
+      FrameHeader h{};
+      if (!read_all(link->fd, &h, sizeof(h), options_.timeout, rank_, link->peer, stopping_)) {
+        if (!link->closed.load() && !stopping_.load())
+          throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "peer closed the connection without bye");
+        return;
+      }
+      if (h.magic != kMagic) throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "corrupt frame");
+      switch (h.kind) {
+        case kData: {
+          const Command& c = h.cmd;
+          if (c.bytes > 0 && static_cast<CommandOp>(c.op) != CommandOp::kSignal) {
+            buf.resize(c.bytes);
+            if (!read_all(link->fd, buf.data(), c.bytes, options_.timeout, rank_, link->peer, stopping_))
+              throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "connection closed mid-frame");
+            local_.write(c.dst_offset, buf.data(), c.bytes);  // data first ...
+          }
+          const auto op = static_cast<CommandOp>(c.op);
+          if (op == CommandOp::kPutSignal || op == CommandOp::kSignal)
+            local_.signal(c.sig_offset, c.sig_value, c.signal_op);  // ... then the flag (release)
+          if (c.flags & kFlagAck) {
+            FrameHeader ack{kMagic, kAck, h.ticket, {}};
+            std::lock_guard<std::mutex> g(link->send_mu);
+            write_all(link->fd, &ack, sizeof(ack), rank_, link->peer);
+            link->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+          }
+          break;
+        }
+        case kAck:
+          if (on_ack_) on_ack_(link->peer, h.ticket);
+          break;
+        case kHeartbeat:
+          break;
+        case kBye:
+          link->closed.store(true);
+          return;
+        default:
+          throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "unknown frame kind");
+      }
+    }
+  } catch (const Error& e) {
+    if (!stopping_.load()) fail(e);
+  }
+}
+
+void TcpBackend::heartbeat_loop() {
+  const auto period = std::max(std::chrono::milliseconds(10), options_.timeout / 4);
+  while (!stopping_.load()) {
+    std::this_thread::sleep_for(std::min(period, std::chrono::milliseconds(50)));
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    for (auto& l : links_) {
+      if (l->closed.load() || now - l->last_send_ns.load() < std::chrono::nanoseconds(period).count()) continue;
+      std::unique_lock<std::mutex> g(l->send_mu, std::try_to_lock);
+      if (!g.owns_lock()) continue;  // a data send is in progress: that is traffic too
+      FrameHeader hb{kMagic, kHeartbeat, 0, {}};
+      try {
+        write_all(l->fd, &hb, sizeof(hb), rank_, l->peer);
+        l->last_send_ns.store(now);
+      } catch (const Error& e) {
+        fail(e);
+      }
+    }
+  }
+}
+
+void TcpBackend::shutdown() {
+  if (stopping_.exchange(true)) return;
+  for (auto& l : links_) {
+    if (l->fd < 0) continue;
+    std::lock_guard<std::mutex> g(l->send_mu);
+    FrameHeader bye{kMagic, kBye, 0, {}};
+    try {
+      write_all(l->fd, &bye, sizeof(bye), rank_, l->peer);
+    } catch (...) {
+    }
+  }
+  for (auto& l : links_)
+    if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  for (auto& l : links_)
+    if (l->fd >= 0) ::close(l->fd);
+}
+
+}  // namespace tandem::proxy
