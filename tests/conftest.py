@@ -76,11 +76,11 @@ def run_ranks(mps_session):
     from tandem.launch import run_function
 
     def run(target: str, world: int, *, timeout_s: float = 150, on_failure: str = "kill", allow_failures=False,
-            rank_env=None, **args):
+            rank_env=None, ranks_per_node=None, **args):
         env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "TANDEM_RANK_DUMP_AFTER_S": str(timeout_s - 10)}
         results, res = run_function(target, world, args, timeout_s=timeout_s, on_failure=on_failure, env=env,
-                                    rank_env=rank_env)
+                                    rank_env=rank_env, ranks_per_node=ranks_per_node)
         if not allow_failures:
             errors = [(r, x) for r, x in enumerate(results) if x is None or (isinstance(x, dict) and "error" in x)]
             if errors:

@@ -181,6 +181,8 @@ __global__ void wait_kernel(DeviceComm comm, const uint64_t* flag, Cmp cmp, uint
   if (observed_out != nullptr) *observed_out = observed;
 }
 
+__global__ void quiet_kernel(DeviceComm comm, int32_t* status_out) { record(status_out, device::quiet(comm)); }
+
 __global__ void signal_kernel(DeviceComm comm, uint64_t* flag, uint64_t value, SignalOp op, int peer,
                               int32_t* status_out) {
   record(status_out, device::signal(comm, flag, value, op, peer));
@@ -266,6 +268,11 @@ Status wait(const DeviceComm& comm, const uint64_t* flag, int cmp, uint64_t valu
   if (cmp < 0 || cmp > static_cast<int>(Cmp::kLt)) return Status::kInvalidArgument;
   wait_kernel<<<1, 1, 0, stream>>>(comm, flag, static_cast<Cmp>(cmp), value, peer, timeout_ns, bounded_form,
                                    status_out, observed_out);
+  return launched();
+}
+
+Status quiet(const DeviceComm& comm, int32_t* status_out, cudaStream_t stream) {
+  quiet_kernel<<<1, 1, 0, stream>>>(comm, status_out);
   return launched();
 }
 

@@ -88,6 +88,12 @@ void bind_probe(py::module_& m) {
       py::arg("comm"), py::arg("flag"), py::arg("value"), py::arg("op"), py::arg("peer"), py::arg("status"),
       py::arg("stream"));
   p.def(
+      "quiet",
+      [](const Comm& c, uintptr_t status, uintptr_t s) {
+        check_launch(probe::quiet(c.device_comm(), ptr<int32_t>(status), stream(s)), "probe.quiet", c.rank());
+      },
+      py::arg("comm"), py::arg("status"), py::arg("stream"));
+  p.def(
       "memcpy_d2d",
       [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t s) {
         const cudaError_t e = cudaMemcpyAsync(ptr<void>(dst), ptr<const void>(src), bytes, cudaMemcpyDeviceToDevice,

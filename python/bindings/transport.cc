@@ -181,6 +181,9 @@ void bind_transport(py::module_& m) {
           },
           "None, or the error check() would raise, as a dict (message, status, op, rank, peer).")
       .def_property_readonly("exited_peer", &tandem::Communicator::exited_peer)
+      .def_property_readonly("has_proxy", &tandem::Communicator::has_proxy)
+      .def_property_readonly("proxy_backend",
+                             [](const tandem::Communicator& c) { return std::string(c.proxy_backend()); })
       .def("host_barrier", &tandem::Communicator::host_barrier)
       .def("destroy", &tandem::Communicator::destroy, py::call_guard<py::gil_scoped_release>());
 }

@@ -21,7 +21,7 @@ def test_put_is_bit_exact_for_odd_sizes_and_offsets(run_ranks, world):
         assert r["wrong"] == 0, r["failures"]
         assert r["status"] == 0
         # a destination outside the heap is refused on the device, recorded, and nothing is written
-        assert r["bad"] is not None and r["bad"]["status"] == 3 and r["bad"]["op"] == "put", r["bad"]
+        assert r["bad"] is not None and r["bad"]["status"] == 3 and r["bad"]["op"] in ("put", "proxy"), r["bad"]
         assert r["victim_untouched"]
 
 
@@ -108,3 +108,29 @@ def test_killed_rank_while_survivors_wait(run_ranks, world):
     assert r["raised"] and r["status"] == 11 and r["peer"] == 1 and r["op"] == "peer_exit", r
     assert r["raised_at"] - killed_at <= 2.0 + 1.0
     assert r["gpu_ok"]
+
+
+# ---- 2 emulated nodes x 2 ranks: intra-node over the heap mappings, inter-node through the proxy (TCP) ----
+
+def test_emulated_nodes_put_is_bit_exact(run_ranks):
+    res = run_ranks(f"{W}:put_exact", 4, ranks_per_node=2, sizes=[1, 17, 4097, 65_537, (1 << 20) + 5],
+                    src_offsets=[0, 3], dst_offsets=[0, 5], modes=["warp", "block", "bulk"])
+    assert any(r["remote_peer"] for r in res)  # rank 1 -> 2 and 3 -> 0 cross nodes
+    for r in res:
+        assert r["wrong"] == 0 and r["status"] == 0, r
+
+
+def test_emulated_nodes_put_signal_ordering(run_ranks):
+    # 0 -> 2 and 1 -> 3: every round crosses the emulated nodes through the proxy
+    res = run_ranks(f"{W}:put_signal_ordering", 4, ranks_per_node=2, iters=20_000, nbytes=4100, cross=True)
+    assert [r["role"] for r in res] == ["sender", "sender", "receiver", "receiver"]
+    for r in res:
+        assert r["errors"] == 0 and r["status"] == 0, r
+    for r in res[2:]:
+        assert r["final_flag"] == 20_000
+
+
+def test_emulated_nodes_barrier(run_ranks):
+    res = run_ranks(f"{W}:barrier_many", 4, ranks_per_node=2, iters=2_000)
+    for r in res:
+        assert r["first"] == dict(errors=0, status=0, progress=2_000), r

@@ -26,8 +26,10 @@ def put_exact(sizes, src_offsets, dst_offsets, modes):
     comm = Communicator(heap_bytes=64 << 20, timeout_s=20)
     rank, world = comm.rank, comm.world_size
     peer, src_rank = (rank + 1) % world, (rank - 1) % world
+    remote_peer = peer not in comm.local_ranks
     cap = max(sizes) + max(dst_offsets) + 2 * GUARD
     recv = comm.empty(cap, torch.uint8)
+    src_buf = comm.empty(cap, torch.uint8)  # symmetric: the proxy path reads sources by heap offset
     status = torch.zeros(1, dtype=torch.int32, device="cuda")
     wrong_total, cases, failures = 0, 0, []
     case = 0
@@ -39,11 +41,13 @@ def put_exact(sizes, src_offsets, dst_offsets, modes):
                 for do in dst_offsets:
                     case += 1
                     recv.fill_(POISON)
-                    src = torch.empty(n + so + 16, dtype=torch.uint8, device="cuda").fill_(0x11)
+                    src = src_buf[:n + so + 16]
+                    src.fill_(0x11)
                     src[so:so + n] = _expected(rank, case, n).cuda()
                     torch.cuda.synchronize()
                     comm.barrier()
                     probe.put(comm, recv[GUARD + do:], src[so:], n, peer=peer, mode=mode, status=status)
+                    probe.quiet(comm, status)  # proxied puts: complete at the peer
                     torch.cuda.synchronize()
                     comm.check()
                     comm.barrier()
@@ -73,7 +77,7 @@ def put_exact(sizes, src_offsets, dst_offsets, modes):
     victim_untouched = bool((victim == 0).all())
     comm.destroy()
     return dict(wrong=wrong_total, cases=cases, failures=failures, status=st, bad=bad,
-                victim_untouched=victim_untouched, heap_kind=comm_kind(comm))
+                victim_untouched=victim_untouched, heap_kind=comm_kind(comm), remote_peer=remote_peer)
 
 
 def comm_kind(comm):
@@ -83,28 +87,36 @@ def comm_kind(comm):
         return "destroyed"
 
 
-def put_signal_ordering(iters: int, nbytes: int):
-    """Even ranks stream put_signals to rank+1, which checks every word of every round (data before flag)."""
+def put_signal_ordering(iters: int, nbytes: int, cross: bool = False):
+    """Even ranks stream put_signals to rank+1 (cross: ranks of the first half to rank + world/2, i.e. to the
+    other emulated node), which checks every word of every round (data before flag)."""
     comm = Communicator(heap_bytes=32 << 20, timeout_s=30)
     rank, world = comm.rank, comm.world_size
     kind = comm.heap_kind
     buf = comm.zeros(nbytes, torch.uint8)
     flag = comm.zeros(16, torch.int64)
     ack = comm.zeros(16, torch.int64)
-    scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    scratch = comm.empty(nbytes, torch.uint8)  # symmetric, so the proxy path can read it
     errors = torch.zeros(1, dtype=torch.int64, device="cuda")
     status = torch.zeros(1, dtype=torch.int32, device="cuda")
     torch.cuda.synchronize()
     comm.barrier()
     role = None
+    if cross:
+        half = world // 2
+        send_to = rank + half if rank < half else None
+        recv_from = rank - half if rank >= half else None
+    else:
+        send_to = rank + 1 if rank % 2 == 0 and rank + 1 < world else None
+        recv_from = rank - 1 if rank % 2 == 1 else None
     t0 = time.perf_counter()
-    if rank % 2 == 0 and rank + 1 < world:
+    if send_to is not None:
         role = "sender"
-        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=rank + 1, iters=iters, base=0,
+        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=send_to, iters=iters, base=0,
                                 sender=True, errors=errors, status=status)
-    elif rank % 2 == 1:
+    elif recv_from is not None:
         role = "receiver"
-        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=rank - 1, iters=iters, base=0,
+        probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=recv_from, iters=iters, base=0,
                                 sender=False, errors=errors, status=status)
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
@@ -244,7 +256,7 @@ def symmetric_tensors():
     torch.cuda.synchronize()
     comm.barrier()
     wrong = 0
-    for p in range(world):
+    for p in comm.local_ranks:  # load/store views exist for this node's ranks only
         va = comm.peer_view(a, p)
         vb = comm.peer_view(b, p)
         wrong += int((va != p * 100000 + rows * 37 + cols).sum())

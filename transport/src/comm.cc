@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -13,6 +14,7 @@
 #include "heap.h"
 #include "peer_monitor.h"
 #include "tandem/transport/allocator.h"
+#include "tandem/transport/proxy.h"
 
 namespace tandem {
 
@@ -128,6 +130,8 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   device_comm_.error = static_cast<ErrorRecord*>(error_dev);
   device_comm_.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
 
+  if (num_nodes_ > 1) setup_proxy(timeout);
+
   // A local peer that dies raises our abort flag at once: no device wait has to run into its timeout, and no
   // kernel of ours goes on storing into memory its death may have released (MPS frees a dead client's).
   monitor_ = std::make_unique<detail::PeerMonitor>(*bootstrap_, next_tag("monitor"), rank_, local_ranks_, timeout,
@@ -176,6 +180,7 @@ void Communicator::detect_topology() {
     for (int r = 0; r < world_; ++r) node[r] = r / rpn;
   }
   node_ = node[rank_];
+  node_of_rank_ = node;
   num_nodes_ = 1 + *std::max_element(node.begin(), node.end());
   local_ranks_.clear();
   for (int r = 0; r < world_; ++r)
@@ -264,12 +269,77 @@ std::optional<DeviceError> Communicator::async_error() const {
   return e;
 }
 
+void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
+  using namespace proxy;
+  const uint32_t cap = options_.proxy_capacity;
+  if (cap == 0 || (cap & (cap - 1)) != 0)
+    throw Error(Status::kInvalidArgument, "communicator.proxy", rank_, -1, "proxy_capacity must be a power of two");
+  TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring_host_), sizeof(Command) * cap, cudaHostAllocMapped),
+                    "communicator.proxy", rank_);
+  TANDEM_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ctl_host_), sizeof(QueueControl), cudaHostAllocMapped),
+                    "communicator.proxy", rank_);
+  std::memset(static_cast<void*>(ring_host_), 0, sizeof(Command) * cap);
+  std::memset(static_cast<void*>(ctl_host_), 0, sizeof(QueueControl));
+  TANDEM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&tail_dev_), sizeof(unsigned long long)), "communicator.proxy",
+                    rank_);
+  TANDEM_CUDA_CHECK(cudaMemset(tail_dev_, 0, sizeof(unsigned long long)), "communicator.proxy", rank_);
+  void* ring_dev = nullptr;
+  void* ctl_dev = nullptr;
+  TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&ring_dev, ring_host_, 0), "communicator.proxy", rank_);
+  TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&ctl_dev, ctl_host_, 0), "communicator.proxy", rank_);
+
+  queue_ = std::make_unique<CommandQueue>(cap, rank_, ring_host_, ctl_host_);
+  domain_ = std::make_unique<CudaMemoryDomain>(heap_->local_base(), heap_->bytes(), device_);
+  proxy_ = std::make_unique<Proxy>(rank_, *queue_, *domain_);
+  std::vector<int> peers;
+  for (int r = 0; r < world_; ++r)
+    if (r == rank_ || node_of_rank_[r] != node_) peers.push_back(r);
+  TcpOptions o;
+  o.listen_host = options_.proxy_host;
+  if (o.listen_host.empty()) {
+    const char* env = std::getenv("TANDEM_PROXY_HOST");
+    o.listen_host = env != nullptr ? env : "127.0.0.1";
+  }
+  o.timeout = timeout;
+  backend_ = std::make_unique<TcpBackend>(*bootstrap_, next_tag("proxy"), rank_, peers, *domain_, o,
+                                          [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
+  proxy_->start(backend_.get(), [this] { abort(); });
+
+  device_comm_.proxy_slots = static_cast<Command*>(ring_dev);
+  device_comm_.proxy_ctl = static_cast<QueueControl*>(ctl_dev);
+  device_comm_.proxy_tail = tail_dev_;
+  device_comm_.proxy_capacity = cap;
+}
+
+void Communicator::teardown_proxy() {
+  if (proxy_) proxy_->stop();
+  if (backend_) backend_->shutdown();
+  backend_.reset();
+  proxy_.reset();
+  queue_.reset();
+  domain_.reset();
+  if (ring_host_ != nullptr) cudaFreeHost(ring_host_);
+  if (ctl_host_ != nullptr) cudaFreeHost(ctl_host_);
+  if (tail_dev_ != nullptr) cudaFree(tail_dev_);
+  ring_host_ = nullptr;
+  ctl_host_ = nullptr;
+  tail_dev_ = nullptr;
+}
+
+const char* Communicator::proxy_backend() const { return backend_ ? backend_->name() : "none"; }
+
 int Communicator::exited_peer() const { return monitor_ ? monitor_->exited_peer() : -1; }
 
 void Communicator::check() const {
   if (const int p = exited_peer(); p >= 0)
     throw Error(Status::kPeerExited, "peer_exit", rank_, p,
                 "peer process exited without destroying its communicator; device waits were aborted");
+  if (proxy_) {
+    int peer = -1;
+    std::string what;
+    if (const Status s = proxy_->status(&peer, &what); s != Status::kOk)
+      throw Error(s, "proxy", rank_, peer, "the proxy stopped: " + what);
+  }
   if (auto e = async_error()) throw Error(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
   if (aborted()) throw Error(Status::kAborted, "communicator", rank_, -1, "the communicator was aborted");
 }
@@ -284,12 +354,14 @@ void Communicator::destroy() {
   // fault a peer nor hand the memory to someone else while a peer still writes: no collective teardown.
   // A cudaIpc export, in contrast, dies with cudaFree; meet the peers first unless something already failed
   // (then a peer may be gone). Non-collective destroy keeps ranks that fail differently from deadlocking.
-  if (std::string(heap_kind()) == "ipc" && !aborted() && !async_error()) {
+  // Remote peers may still be sending to our proxy: meet them before it stops, unless something failed.
+  if ((proxy_ || std::string(heap_kind()) == "ipc") && !aborted() && !async_error()) {
     try {
       host_barrier();
     } catch (...) {
     }
   }
+  teardown_proxy();
   monitor_.reset();  // says goodbye: peers do not mistake this for a crash
   heap_.reset();
   allocator_.reset();

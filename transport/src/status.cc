@@ -33,6 +33,7 @@ const char* device_op_name(DeviceOp op) {
     case DeviceOp::kPut: return "put";
     case DeviceOp::kSignal: return "signal";
     case DeviceOp::kQuiet: return "quiet";
+    case DeviceOp::kProxy: return "proxy";
   }
   return "unknown op";
 }

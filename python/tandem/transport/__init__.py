@@ -134,6 +134,7 @@ class Communicator:
     sm_count = property(lambda self: self.native.sm_count, doc="SMs this rank may use (its MPS share)")
     heap_kind = property(lambda self: self.native.heap_kind)
     heap_bytes = property(lambda self: self.native.heap_bytes)
+    has_proxy = property(lambda self: self.native.has_proxy, doc="peers on other nodes go through the CPU proxy")
     timeout_s = property(lambda self: self.native.timeout_s)
 
     # ---- symmetric tensors ----------------------------------------------------------------------------

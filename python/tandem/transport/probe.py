@@ -126,3 +126,11 @@ def signal(comm, flag, *, value: int, op: str = "set", peer: int, status=None):
 def memcpy_d2d(dst, src, nbytes: int):
     native().probe.memcpy_d2d(_ptr(dst, "dst", min_bytes=nbytes), _ptr(src, "src", min_bytes=nbytes), int(nbytes),
                               _stream())
+
+
+def quiet(comm, status=None):
+    """One device thread runs quiet(): every proxied command so far is complete at its destination."""
+    import torch
+
+    native().probe.quiet(comm.native, _ptr(status, "status", dtype=torch.int32) if status is not None else 0,
+                         _stream())

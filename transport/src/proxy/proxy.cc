@@ -18,8 +18,9 @@ Proxy::Proxy(int rank, CommandQueue& queue, MemoryDomain& local) : rank_(rank), 
 
 Proxy::~Proxy() { stop(); }
 
-void Proxy::start(Backend* backend) {
+void Proxy::start(Backend* backend, std::function<void()> on_error) {
   backend_ = backend;
+  on_error_ = std::move(on_error);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -91,6 +92,7 @@ void Proxy::run() {
       error_what_ = e.what();
       std::atomic_ref<int32_t>(queue_.control()->error_peer).store(error_peer_);
       std::atomic_ref<int32_t>(queue_.control()->error).store(static_cast<int32_t>(error_), std::memory_order_release);
+      if (on_error_) on_error_();
       return;
     }
   }

@@ -49,6 +49,9 @@ Status barrier_loop(const DeviceComm& comm, uint64_t* slots, int iters, uint64_t
 Status wait(const DeviceComm& comm, const uint64_t* flag, int cmp, uint64_t value, int peer, uint64_t timeout_ns,
             bool bounded_form, int32_t* status_out, uint64_t* observed_out, cudaStream_t stream);
 
+// quiet() by one thread: every command handed to the proxy so far is complete at its destination.
+Status quiet(const DeviceComm& comm, int32_t* status_out, cudaStream_t stream);
+
 // One signal by one thread.
 Status signal(const DeviceComm& comm, uint64_t* flag, uint64_t value, int op, int peer, int32_t* status_out,
               cudaStream_t stream);

@@ -2,7 +2,9 @@
 //
 // Addresses: `dst` and `sig` are *symmetric* addresses, i.e. addresses inside this rank's own symmetric heap;
 // the same offset is used in the peer's heap. `src` is any address this thread can read (local heap, local
-// global memory). A peer with no load/store path (another node) is an error until the proxy path lands.
+// global memory) for load/store peers; for a peer on another node the group's first thread hands the put to
+// the CPU proxy, which reads `src` by heap offset: there `src` must be in the symmetric heap too, and must
+// not be overwritten before a quiet (or the peer's acknowledgement) says the proxy has read it.
 //
 // Ordering (docs/memory-model.md has the full contract):
 //  * put: weak stores. Nothing is promised about when the peer sees them until a later signal/put_signal

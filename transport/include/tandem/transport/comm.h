@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -26,6 +27,10 @@ struct CommOptions {
   int device = -1;                     // CUDA device; -1 = the current device
   HeapKind heap = HeapKind::kAuto;
   int ranks_per_node = 0;              // >0: emulate nodes of this many consecutive ranks (0 = by host)
+  // Proxy path to other nodes (used when there is more than one node).
+  uint32_t proxy_capacity = 4096;      // commands in flight per rank (power of two)
+  std::string proxy_host;              // IPv4 address peers reach this rank's proxy at; empty: TANDEM_PROXY_HOST,
+                                       // else 127.0.0.1 (emulated nodes on one host)
 };
 
 // Host-side view of the first device error (a copy of the ErrorRecord).
@@ -46,6 +51,14 @@ class SymmetricHeap;
 namespace detail {
 class PeerMonitor;
 }
+namespace proxy {
+class CudaMemoryDomain;
+class CommandQueue;
+class Proxy;
+class TcpBackend;
+struct Command;
+struct QueueControl;
+}  // namespace proxy
 
 class Communicator {
  public:
@@ -93,6 +106,9 @@ class Communicator {
   void check() const;
   // Rank of the first local peer seen dying, or -1.
   int exited_peer() const;
+  // True if peers on other nodes are reached through the CPU proxy (name: "tcp").
+  bool has_proxy() const { return proxy_ != nullptr; }
+  const char* proxy_backend() const;
 
   // Host-side barrier over the bootstrap (no GPU work).
   void host_barrier();
@@ -101,6 +117,8 @@ class Communicator {
 
  private:
   void detect_topology();
+  void setup_proxy(std::chrono::milliseconds timeout);
+  void teardown_proxy();
   std::string next_tag(const char* what);
 
   std::shared_ptr<Bootstrap> bootstrap_;
@@ -115,6 +133,15 @@ class Communicator {
   uint64_t* peer_heap_dev_ = nullptr;
   std::vector<uint64_t> peer_heap_host_;
   std::vector<bool> same_device_;  // peer r runs on this process's GPU (MPS)
+  std::vector<int> node_of_rank_;
+  // Proxy path (other nodes).
+  proxy::Command* ring_host_ = nullptr;
+  proxy::QueueControl* ctl_host_ = nullptr;
+  unsigned long long* tail_dev_ = nullptr;
+  std::unique_ptr<proxy::CudaMemoryDomain> domain_;
+  std::unique_ptr<proxy::CommandQueue> queue_;
+  std::unique_ptr<proxy::Proxy> proxy_;
+  std::unique_ptr<proxy::TcpBackend> backend_;
   int32_t* abort_host_ = nullptr;
   ErrorRecord* error_host_ = nullptr;
   DeviceComm device_comm_{};

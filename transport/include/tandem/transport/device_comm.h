@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tandem/transport/proxy_command.h"
+
 // Functions shared by host and device code (the header stays plain C++ for host compilers).
 #if defined(__CUDACC__)
 #define TANDEM_HOST_DEVICE __host__ __device__
@@ -41,6 +43,7 @@ enum class DeviceOp : int32_t {
   kPut = 3,
   kSignal = 4,
   kQuiet = 5,
+  kProxy = 6,  // enqueueing a command for the CPU proxy (ring full for too long, or the proxy failed)
 };
 
 // First device-side error of a communicator. Lives in host-mapped pinned memory so the host can read it while
@@ -85,6 +88,12 @@ struct DeviceComm {
   volatile int32_t* abort_flag = nullptr;  // host-mapped; nonzero stops every spin loop
   ErrorRecord* error = nullptr;            // host-mapped
   uint64_t timeout_ns = 0;                 // default bound of every wait; 0 = wait forever (still abortable)
+
+  // Proxy path to peers with no load/store path (other nodes). All null when the communicator has none.
+  proxy::Command* proxy_slots = nullptr;       // host-mapped ring the CPU proxy drains
+  proxy::QueueControl* proxy_ctl = nullptr;    // host-mapped: head (consumed), retired (complete), error
+  unsigned long long* proxy_tail = nullptr;    // device memory: next ticket (GPU atomics stay on the GPU)
+  uint32_t proxy_capacity = 0;                 // power of two
 };
 
 }  // namespace tandem

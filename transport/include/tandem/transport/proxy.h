@@ -50,6 +50,29 @@ class HostMemoryDomain final : public MemoryDomain {
   uint64_t bytes_;
 };
 
+// GPU memory (a rank's symmetric heap): CUDA copies on a private stream, completed before returning; a set
+// signal is an 8-byte copy after the data, an add a read-modify-write of two 8-byte copies under a lock (no
+// kernel: a persistent kernel waiting on the flag may hold every SM).
+class CudaMemoryDomain final : public MemoryDomain {
+ public:
+  CudaMemoryDomain(void* base, uint64_t bytes, int device);
+  ~CudaMemoryDomain() override;
+  uint64_t bytes() const override { return bytes_; }
+  void read(uint64_t offset, void* dst, uint64_t n) override;
+  void write(uint64_t offset, const void* src, uint64_t n) override;
+  void signal(uint64_t offset, uint64_t value, uint32_t op) override;
+
+ private:
+  void check(uint64_t offset, uint64_t n) const;
+  void* stream();
+  char* base_;
+  uint64_t bytes_;
+  int device_;
+  std::mutex mu_;             // the proxy thread and the receive threads share the stream
+  void* stream_ = nullptr;    // cudaStream_t
+  uint64_t* pinned_ = nullptr;  // staging word for set signals
+};
+
 // Ring of commands in host memory (pinned and device-mapped when GPU producers use it).
 class CommandQueue {
  public:
@@ -136,7 +159,8 @@ class Proxy {
  public:
   Proxy(int rank, CommandQueue& queue, MemoryDomain& local);
   ~Proxy();
-  void start(Backend* backend);
+  // `on_error` runs on the proxy thread when it stops on a failure (the communicator raises its abort flag).
+  void start(Backend* backend, std::function<void()> on_error = nullptr);
   void stop();
   // Called by the backend when `peer` acknowledged `ticket`.
   void on_ack(int peer, uint64_t ticket);
@@ -150,6 +174,7 @@ class Proxy {
   CommandQueue& queue_;
   MemoryDomain& local_;
   Backend* backend_ = nullptr;
+  std::function<void()> on_error_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;

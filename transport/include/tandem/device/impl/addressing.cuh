@@ -27,6 +27,11 @@ __device__ __forceinline__ bool peer_on_same_device(const DeviceComm& comm, int 
   return (peer_heap_entry(comm, peer) & tandem::kPeerSameDeviceBit) != 0;
 }
 
+// True if `peer` is reached through the CPU proxy (another node, and this communicator has a proxy).
+__device__ __forceinline__ bool is_proxy_peer(const DeviceComm& comm, int peer) {
+  return peer >= 0 && peer < comm.world && comm.proxy_slots != nullptr && peer_heap_base(comm, peer) == 0;
+}
+
 // Release store / add to a peer's flag at the narrowest scope that still includes the peer.
 __device__ __forceinline__ void release_store(uint64_t* remote, uint64_t v, bool same_device) {
   if (same_device) st_release_gpu(remote, v);

@@ -7,6 +7,7 @@
 
 #include "tandem/device/barrier.cuh"
 #include "tandem/device/impl/addressing.cuh"
+#include "tandem/device/impl/proxy_impl.cuh"
 #include "tandem/device/impl/ptx.cuh"
 #include "tandem/device/wait.cuh"
 
@@ -26,6 +27,12 @@ __device__ inline Status barrier_block(const DeviceComm& comm, const Team& team)
     if (p == comm.rank) continue;
     const uint64_t n = sent[p] + 1;
     sent[p] = n;
+    if (impl::is_proxy_peer(comm, p)) {  // another node: the proxy stores the count (after our earlier puts)
+      const Status s = impl::proxy_enqueue(comm, proxy::CommandOp::kSignal, p, nullptr, nullptr, 0,
+                                           recv + comm.rank, n, 0);
+      if (s != Status::kOk) st = s;
+      continue;
+    }
     auto* remote = reinterpret_cast<uint64_t*>(
         impl::checked_peer_ptr(comm, recv + comm.rank, sizeof(uint64_t), p, DeviceOp::kBarrier, &st));
     if (remote == nullptr) continue;

@@ -5,6 +5,7 @@
 #include "tandem/device/impl/bulk.cuh"
 #include "tandem/device/impl/copy.cuh"
 #include "tandem/device/impl/group.cuh"
+#include "tandem/device/impl/proxy_impl.cuh"
 #include "tandem/device/put.cuh"
 #include "tandem/device/signal.cuh"
 
@@ -24,6 +25,11 @@ template <Group G>
 __device__ __forceinline__ Status put(const DeviceComm& comm, void* dst, const void* src, size_t bytes,
                                       int peer) {
   if (bytes == 0) return Status::kOk;
+  if (impl::is_proxy_peer(comm, peer)) {  // another node: the group's first thread hands it to the proxy
+    impl::GroupTraits<G>::sync();          // the group's writes to `src` precede the publishing release
+    if (impl::GroupTraits<G>::index() != 0) return Status::kOk;
+    return impl::proxy_enqueue(comm, proxy::CommandOp::kPut, peer, src, dst, bytes, nullptr, 0, 0);
+  }
   Status status = Status::kOk;
   char* remote = impl::checked_peer_ptr(comm, dst, bytes, peer, DeviceOp::kPut, &status);
   if (remote == nullptr) return status;
@@ -34,6 +40,12 @@ __device__ __forceinline__ Status put(const DeviceComm& comm, void* dst, const v
 template <Group G>
 __device__ __forceinline__ Status put_signal(const DeviceComm& comm, void* dst, const void* src, size_t bytes,
                                              uint64_t* sig, uint64_t value, SignalOp op, int peer) {
+  if (impl::is_proxy_peer(comm, peer)) {  // one command: the remote proxy applies the data, then the signal
+    impl::GroupTraits<G>::sync();
+    if (impl::GroupTraits<G>::index() != 0) return Status::kOk;
+    return impl::proxy_enqueue(comm, proxy::CommandOp::kPutSignal, peer, src, dst, bytes, sig, value,
+                               static_cast<uint32_t>(op));
+  }
   Status status = put<G>(comm, dst, src, bytes, peer);
   impl::GroupTraits<G>::sync();  // every thread's stores precede the leader's release below
   if (status == Status::kOk && impl::GroupTraits<G>::index() == 0) status = signal(comm, sig, value, op, peer);
@@ -42,6 +54,11 @@ __device__ __forceinline__ Status put_signal(const DeviceComm& comm, void* dst, 
 
 __device__ inline Status put_bulk_block(const DeviceComm& comm, void* dst, const void* src, size_t bytes,
                                         int peer, void* stage, uint32_t stage_bytes, uint64_t* bar) {
+  if (impl::is_proxy_peer(comm, peer)) {  // the copy engine cannot reach another node: proxy path
+    const Status s = put<Group::kBlock>(comm, dst, src, bytes, peer);
+    __syncthreads();
+    return s;
+  }
   const uint32_t chunk = stage_bytes / kBulkStages / 16 * 16;
   const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15u) == 0 &&
                        (reinterpret_cast<uintptr_t>(stage) & 15u) == 0 && chunk >= 16;

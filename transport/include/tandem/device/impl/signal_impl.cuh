@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tandem/device/impl/addressing.cuh"
+#include "tandem/device/impl/proxy_impl.cuh"
 #include "tandem/device/impl/ptx.cuh"
 #include "tandem/device/signal.cuh"
 
@@ -9,6 +10,9 @@ namespace tandem::device {
 
 __device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, uint64_t value, SignalOp op,
                                          int peer) {
+  if (impl::is_proxy_peer(comm, peer))
+    return impl::proxy_enqueue(comm, proxy::CommandOp::kSignal, peer, nullptr, nullptr, 0, sig, value,
+                               static_cast<uint32_t>(op));
   Status status = Status::kOk;
   auto* remote = reinterpret_cast<uint64_t*>(
       impl::checked_peer_ptr(comm, sig, sizeof(uint64_t), peer, DeviceOp::kSignal, &status));
