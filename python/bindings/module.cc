@@ -40,4 +40,5 @@ PYBIND11_MODULE(_C, m) {
   tandem_py::bind_transport(m);
   tandem_py::bind_probe(m);
   tandem_py::bind_proxy(m);
+  tandem_py::bind_verbs(m);
 }
