@@ -21,12 +21,14 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
     from . import common
 
     max_size = max(sizes)
-    comm = Communicator(heap_bytes=max_size + (64 << 20), timeout_s=60)
+    comm = Communicator(heap_bytes=2 * max_size + (64 << 20), timeout_s=60)
     rank, world = comm.rank, comm.world_size
     peer = 1 if world > 1 else 0
     active = rank == 0
+    remote = peer not in comm.local_ranks  # another (emulated) node: the proxy path
     dst = comm.empty(max_size, torch.uint8)
-    src = torch.empty(max_size, dtype=torch.uint8, device="cuda").random_(0, 256)
+    src = comm.empty(max_size, torch.uint8)  # symmetric: the proxy path reads sources by heap offset
+    src.random_(0, 256)
     local_dst = torch.empty(max_size, dtype=torch.uint8, device="cuda")
     status = torch.zeros(1, dtype=torch.int32, device="cuda")
     flag = comm.zeros(16, torch.int64)
@@ -36,16 +38,22 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
     rows, data = [], []
     for n in sizes:
         if active:
-            t_block = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="block",
-                                                             status=status), reps=reps)
-            t_bulk = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="bulk",
-                                                            threads=128, status=status), reps=reps)
-            t_bulk_few = common.time_launches(lambda: probe.put(comm, dst, src, n, peer=peer, mode="bulk",
-                                                                blocks=bulk_blocks, threads=128, status=status),
-                                              reps=reps)
+            def put(mode, blocks=0, threads=512):
+                def go():
+                    probe.put(comm, dst, src, n, peer=peer, mode=mode, blocks=blocks, threads=threads, status=status)
+                    if remote:
+                        probe.quiet(comm, status)  # time until the data is at the peer
+                return go
+
+            t_block = common.time_launches(put("block"), reps=reps)
+            t_bulk = common.time_launches(put("bulk", threads=128), reps=reps)
+            t_bulk_few = common.time_launches(put("bulk", blocks=bulk_blocks, threads=128), reps=reps)
             t_memcpy = common.time_launches(lambda: probe.memcpy_d2d(local_dst, src, n), reps=reps)
-            peer_dst = comm.peer_view(dst, peer)
-            t_memcpy_peer = common.time_launches(lambda: probe.memcpy_d2d(peer_dst, src, n), reps=reps)
+            if remote:
+                t_memcpy_peer = float("nan")  # no load/store mapping of a peer on another node
+            else:
+                peer_dst = comm.peer_view(dst, peer)
+                t_memcpy_peer = common.time_launches(lambda: probe.memcpy_d2d(peer_dst, src, n), reps=reps)
             torch.cuda.synchronize()
             comm.check()
             if int(status.item()) != 0:
@@ -66,7 +74,7 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
     rtt = {}
     base = 0
     if world > 1 and rank in (0, 1):
-        for variant in ("api", "relaxed+fence", "unordered"):
+        for variant in ("api",) if remote else ("api", "relaxed+fence", "unordered"):
             times = []
             for rep in range(6):
                 torch.cuda.synchronize()
@@ -90,7 +98,7 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
 
     # Copy-loop occupancy sweep at the largest size: blocks per SM x threads per block.
     sweep = []
-    if active:
+    if active and not remote:
         n = max_size
         for per_sm in (1, 2, 4):
             for threads in (256, 512, 1024):
@@ -104,25 +112,30 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
     if rank == 0:
         meta = common.header(command)
         meta.update(world=world, sm_count=comm.sm_count, heap=comm.heap_kind, bulk_blocks=bulk_blocks,
-                    peer=peer, mps=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")))
+                    peer=peer, mps=bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+                    path="proxy:" + comm.native.proxy_backend if remote else "load/store")
         cols = ["size", "put block GB/s", "put bulk GB/s", f"put bulk {bulk_blocks} blk GB/s", "cudaMemcpy D2D GB/s",
                 "cudaMemcpy to peer GB/s", "block/memcpy", "best/memcpy"]
         table = common.markdown_table(cols, rows)
         rtt_line = ("flag round trip rank0<->rank1 (median of 5 launches x {}): ".format(rtt_iters) +
                     ", ".join(f"{k} {v:.2f} us" for k, v in rtt.items())) if rtt else "flag round trip: n/a at world 1"
-        best = max(sweep, key=lambda r: r["GBps"])
-        sweep_line = (f"put block at {common.fmt_bytes(max_size)} by blocks/SM x threads: " +
-                      ", ".join(f"{r['blocks_per_sm']}x{r['threads']} {r['GBps']:.0f}" for r in sweep) +
-                      f" GB/s (best {best['GBps'] / max(data, key=lambda d: d['bytes'])['memcpy_GBps']:.2f}x cudaMemcpy)")
+        sweep_line = "occupancy sweep: n/a on the proxy path"
+        if sweep:
+            best = max(sweep, key=lambda r: r["GBps"])
+            ref = max(data, key=lambda d: d["bytes"])["memcpy_GBps"]
+            sweep_line = (f"put block at {common.fmt_bytes(max_size)} by blocks/SM x threads: " +
+                          ", ".join(f"{r['blocks_per_sm']}x{r['threads']} {r['GBps']:.0f}" for r in sweep) +
+                          f" GB/s (best {best['GBps'] / ref:.2f}x cudaMemcpy)")
         print(f"# tandem transport bench — {meta['device']}, world {world}, {comm.sm_count} SMs/rank, heap "
-              f"{comm.heap_kind}, commit {meta['commit']}, {meta['date']}")
+              f"{comm.heap_kind}, path to rank {peer}: {meta['path']}, commit {meta['commit']}, {meta['date']}")
         print(table)
         print(rtt_line)
         print(sweep_line)
-        common.write_outputs(out_dir, f"transport_w{world}", meta, table + "\n\n" + rtt_line + "\n\n" + sweep_line,
+        name = f"transport_w{world}" + ("_proxy" if remote else "")
+        common.write_outputs(out_dir, name, meta, table + "\n\n" + rtt_line + "\n\n" + sweep_line,
                              dict(rows=data, rtt_us=rtt, sweep=sweep))
         if out_dir:
-            plot(os.path.join(out_dir, f"transport_w{world}.png"), data, meta, rtt_us)
+            plot(os.path.join(out_dir, f"{name}.png"), data, meta, rtt_us)
     comm.destroy()
     return rtt_us
 
@@ -163,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rtt-iters", type=int, default=10000)
     ap.add_argument("--bulk-blocks", type=int, default=8, help="blocks of the few-SM TMA put column")
     ap.add_argument("--out", type=str, default=None, help="folder for .json/.md/.png results")
+    ap.add_argument("--ranks-per-node", type=int, default=None,
+                    help="emulate nodes of this many ranks (1: rank 1 is on another node, the proxy path)")
     a = ap.parse_args(argv)
     if a.nprocs is not None and "RANK" not in os.environ:
         from ..launch import launch
@@ -170,12 +185,14 @@ def main(argv=None) -> int:
 
         cmd = [sys.executable, "-m", "tandem", "bench", "transport"] + [x for x in (argv or sys.argv[3:])]
         try:
-            res = launch(cmd, a.nprocs)
+            res = launch(cmd, a.nprocs, ranks_per_node=a.ranks_per_node)
         except TandemError as e:
             print(str(e), file=sys.stderr)
             return 2
         return 0 if res.ok else 1
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
+    if not a.sizes and (os.environ.get("TANDEM_RANKS_PER_NODE") == "1"):
+        sizes = [s for s in DEFAULT_SIZES if s <= 64 << 20]  # the proxy path over TCP: keep the run short
     command = "python -m tandem bench transport " + " ".join(argv if argv is not None else sys.argv[3:])
     run(sizes, a.reps, a.rtt_iters, a.out, command.strip(), a.bulk_blocks)
     return 0
