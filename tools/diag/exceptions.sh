@@ -15,8 +15,10 @@ try:
 except RuntimeError as e: print('bare pybind11 throw ok [$pre]', e)" 2>&1 | tail -2
 done
 cd ../..
-for static in ON OFF; do
-  python3 -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.TANDEM_CUDART_STATIC=$static > $OUT/build_$static.log 2>&1 || tail -5 $OUT/build_$static.log
+for static in ON OFF CXX; do
+  defs="-Ccmake.define.TANDEM_CUDART_STATIC=$static"
+  [ $static = CXX ] && defs="-Ccmake.define.TANDEM_CUDART_STATIC=ON -Ccmake.define.TANDEM_STATIC_CXX_RUNTIME=ON"
+  python3 -m pip install -q --no-build-isolation --no-deps -e . $defs > $OUT/build_$static.log 2>&1 || tail -5 $OUT/build_$static.log
   so=$(python3 -c "import tandem._C as c; print(c.__file__)")
   echo "cudart static=$static: $(ldd $so | grep -E 'cudart|stdc|gcc_s' | tr -s ' ' | tr '\n' ';')"
   for pre in "" "import torch;"; do
@@ -27,4 +29,11 @@ except Exception as e: print('tandem throw ok [static=$static $pre]', type(e).__
   done
 done
 readelf -lW $so | grep -i eh_frame
-LD_DEBUG=bindings python3 -c "import tandem._C" 2>&1 | grep -E "_Unwind_RaiseException|__cxa_throw" | head -4
+# Who provides the unwinder and __cxa_throw once torch is loaded?
+LD_DEBUG=bindings python3 -c "import torch, tandem._C" 2>&1 | grep -E "tandem.*(_Unwind_RaiseException|__cxa_throw)" | head -4
+for lib in $(python3 -c "import torch, os; d=os.path.join(os.path.dirname(torch.__file__), 'lib'); print(' '.join(os.path.join(d, f) for f in os.listdir(d) if f.endswith('.so')))"); do
+  n=$(nm -D --defined-only $lib 2>/dev/null | grep -cE " (__cxa_throw|_Unwind_RaiseException)$")
+  [ "$n" != 0 ] && echo "exports the C++ runtime: $lib"
+done
+# leave the default build installed
+python3 -m pip install -q --no-build-isolation --no-deps -e . > $OUT/build_default.log 2>&1
