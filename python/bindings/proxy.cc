@@ -133,6 +133,13 @@ class ProxyEndpoint {
 
   void close() {
     py::gil_scoped_release nogil;
+    // Drain first: every command pushed so far reaches its destination before the proxy stops.
+    if (proxy_ && proxy_->status() == tandem::Status::kOk) {
+      try {
+        queue_->wait_retired(queue_->tail(), timeout_);
+      } catch (const tandem::Error&) {
+      }
+    }
     if (proxy_) proxy_->stop();
     if (backend_) backend_->shutdown();
     proxy_.reset();

@@ -354,7 +354,17 @@ void Communicator::destroy() {
   // fault a peer nor hand the memory to someone else while a peer still writes: no collective teardown.
   // A cudaIpc export, in contrast, dies with cudaFree; meet the peers first unless something already failed
   // (then a peer may be gone). Non-collective destroy keeps ranks that fail differently from deadlocking.
-  // Remote peers may still be sending to our proxy: meet them before it stops, unless something failed.
+  // Drain our proxy (commands the GPU enqueued are delivered), then meet the remote peers, who may still be
+  // sending to us, before it stops; unless something failed.
+  if (proxy_ && !aborted() && !async_error() && proxy_->status() == Status::kOk) {
+    unsigned long long issued = 0;
+    if (cudaMemcpy(&issued, tail_dev_, sizeof(issued), cudaMemcpyDeviceToHost) == cudaSuccess) {
+      try {
+        queue_->wait_retired(issued, std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000)));
+      } catch (const Error&) {
+      }
+    }
+  }
   if ((proxy_ || std::string(heap_kind()) == "ipc") && !aborted() && !async_error()) {
     try {
       host_barrier();
