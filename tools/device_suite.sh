@@ -21,6 +21,10 @@ python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovide
   | grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" | head -120
 if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   for n in 1 2 4; do
-    timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -14
+    timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -16
   done
+  # the proxy path: rank 1 on another emulated node (TCP over loopback, CudaMemoryDomain)
+  timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
+  # at most 8 files come back from the device: one archive for all benchmark outputs
+  tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi
