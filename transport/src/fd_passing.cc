@@ -1,4 +1,5 @@
 #include "fd_passing.h"
+#include "unix_socket.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -16,13 +17,7 @@ namespace tandem::detail {
 namespace {
 
 sockaddr_un abstract_address(const std::string& session, int rank, socklen_t* len) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string name = "tandem." + session + "." + std::to_string(rank);
-  // Abstract namespace: leading NUL, no file to clean up, vanishes with the process.
-  std::memcpy(addr.sun_path + 1, name.data(), std::min(name.size(), sizeof(addr.sun_path) - 2));
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  return addr;
+  return abstract_unix_address("tandem." + session + "." + std::to_string(rank), len);
 }
 
 [[noreturn]] void sys_fail(const char* what, int rank, int peer) {

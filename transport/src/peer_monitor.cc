@@ -1,4 +1,5 @@
 #include "peer_monitor.h"
+#include "unix_socket.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,12 +18,7 @@ namespace tandem::detail {
 namespace {
 
 sockaddr_un monitor_address(const std::string& session, int rank, socklen_t* len) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string name = "tandem.mon." + session + "." + std::to_string(rank);
-  std::memcpy(addr.sun_path + 1, name.data(), std::min(name.size(), sizeof(addr.sun_path) - 2));
-  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + std::min(name.size(), sizeof(addr.sun_path) - 2));
-  return addr;
+  return abstract_unix_address("tandem.mon." + session + "." + std::to_string(rank), len);
 }
 
 [[noreturn]] void fail(const char* what, int rank, int peer) {
