@@ -165,19 +165,16 @@ void bind_transport(py::module_& m) {
       .def(
           "error_info",
           [](const tandem::Communicator& c) -> py::object {
-            // check() as data: lets Python raise TandemError itself on the hot path of every op.
-            try {
-              c.check();
-            } catch (const tandem::Error& e) {
-              py::dict d;
-              d["message"] = std::string(e.what());
-              d["status"] = static_cast<int>(e.status());
-              d["op"] = e.op();
-              d["rank"] = e.rank();
-              d["peer"] = e.peer();
-              return d;
-            }
-            return py::none();
+            // check() as data, without C++ unwinding: Python raises TandemError itself.
+            const auto e = c.first_error();
+            if (!e) return py::none();
+            py::dict d;
+            d["message"] = e->message;
+            d["status"] = static_cast<int>(e->status);
+            d["op"] = e->op;
+            d["rank"] = e->rank;
+            d["peer"] = e->peer;
+            return d;
           },
           "None, or the error check() would raise, as a dict (message, status, op, rank, peer).")
       .def_property_readonly("exited_peer", &tandem::Communicator::exited_peer)

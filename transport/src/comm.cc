@@ -330,18 +330,30 @@ const char* Communicator::proxy_backend() const { return backend_ ? backend_->na
 
 int Communicator::exited_peer() const { return monitor_ ? monitor_->exited_peer() : -1; }
 
-void Communicator::check() const {
-  if (const int p = exited_peer(); p >= 0)
-    throw Error(Status::kPeerExited, "peer_exit", rank_, p,
-                "peer process exited without destroying its communicator; device waits were aborted");
-  if (proxy_) {
-    int peer = -1;
-    std::string what;
-    if (const Status s = proxy_->status(&peer, &what); s != Status::kOk)
-      throw Error(s, "proxy", rank_, peer, "the proxy stopped: " + what);
+std::optional<ErrorInfo> Communicator::first_error() const noexcept {
+  try {
+    auto make = [this](Status st, std::string op, int rank, int peer, const std::string& detail) {
+      return ErrorInfo{st, op, rank, peer, detail, format_error_message(st, op, rank, peer, detail)};
+    };
+    if (const int p = exited_peer(); p >= 0)
+      return make(Status::kPeerExited, "peer_exit", rank_, p,
+                  "peer process exited without destroying its communicator; device waits were aborted");
+    if (proxy_) {
+      int peer = -1;
+      std::string what;
+      if (const Status s = proxy_->status(&peer, &what); s != Status::kOk)
+        return make(s, "proxy", rank_, peer, "the proxy stopped: " + what);
+    }
+    if (auto e = async_error()) return make(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
+    if (aborted()) return make(Status::kAborted, "communicator", rank_, -1, "the communicator was aborted");
+  } catch (...) {  // allocation failure while formatting: report without detail
+    return ErrorInfo{Status::kInternal, "check", rank_, -1, "", "tandem: error while reporting an error"};
   }
-  if (auto e = async_error()) throw Error(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
-  if (aborted()) throw Error(Status::kAborted, "communicator", rank_, -1, "the communicator was aborted");
+  return std::nullopt;
+}
+
+void Communicator::check() const {
+  if (auto e = first_error()) throw Error(e->status, e->op, e->rank, e->peer, e->detail);
 }
 
 void Communicator::host_barrier() { bootstrap_->barrier(next_tag("barrier")); }

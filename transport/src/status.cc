@@ -39,8 +39,8 @@ const char* device_op_name(DeviceOp op) {
 }
 
 // Plain string building (no iostreams): error paths should depend on as little of the C++ runtime as they can.
-static std::string format_error(Status status, const std::string& op, int rank, int peer,
-                                const std::string& detail) {
+std::string format_error_message(Status status, const std::string& op, int rank, int peer,
+                                 const std::string& detail) {
   std::string s = "tandem: rank " + std::to_string(rank) + ": " + op;
   if (peer >= 0) s += " (peer " + std::to_string(peer) + ")";
   s += ": ";
@@ -50,7 +50,7 @@ static std::string format_error(Status status, const std::string& op, int rank, 
 }
 
 Error::Error(Status status, std::string op, int rank, int peer, const std::string& detail)
-    : std::runtime_error(format_error(status, op, rank, peer, detail)),
+    : std::runtime_error(format_error_message(status, op, rank, peer, detail)),
       status_(status),
       op_(std::move(op)),
       rank_(rank),

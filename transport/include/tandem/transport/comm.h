@@ -104,6 +104,8 @@ class Communicator {
   // Throw tandem::Error if a device error was recorded or a peer process of this node died (kPeerExited:
   // its death raised the abort flag, so every device wait of this rank stopped).
   void check() const;
+  // What check() would throw, as data (never throws).
+  std::optional<ErrorInfo> first_error() const noexcept;
   // Rank of the first local peer seen dying, or -1.
   int exited_peer() const;
   // True if peers on other nodes are reached through the CPU proxy (name: "tcp").

@@ -9,6 +9,18 @@
 namespace tandem {
 
 const char* status_name(Status status);
+// "tandem: rank R: OP (peer P): STATUS: DETAIL" — the text of Error::what().
+std::string format_error_message(Status status, const std::string& op, int rank, int peer, const std::string& detail);
+
+// An error as plain data (what Error carries), for callers that must not unwind (bindings, C APIs).
+struct ErrorInfo {
+  Status status;
+  std::string op;
+  int rank;
+  int peer;
+  std::string detail;
+  std::string message;  // formatted like Error::what()
+};
 const char* device_op_name(DeviceOp op);
 
 // Every host-side failure of tandem is reported as tandem::Error. `rank` is the rank that observed it, `peer`
