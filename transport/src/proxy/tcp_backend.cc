@@ -5,10 +5,12 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 
 #include "tandem/transport/proxy.h"
 
@@ -60,6 +62,29 @@ void write_all(int fd, const void* p, size_t n, int rank, int peer) {
   }
 }
 
+// Header and payload in as few syscalls as the kernel allows.
+void writev_all(int fd, iovec* iov, int cnt, int rank, int peer) {
+  while (cnt > 0) {
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(cnt);
+    ssize_t k = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("sendmsg", rank, peer);
+    }
+    while (cnt > 0 && static_cast<size_t>(k) >= iov->iov_len) {
+      k -= static_cast<ssize_t>(iov->iov_len);
+      ++iov;
+      --cnt;
+    }
+    if (cnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + k;
+      iov->iov_len -= static_cast<size_t>(k);
+    }
+  }
+}
+
 // Read exactly n bytes; between bytes, give up after `timeout` without progress. Returns false on orderly EOF
 // before the first byte.
 bool read_all(int fd, void* p, size_t n, std::chrono::milliseconds timeout, int rank, int peer,
@@ -90,6 +115,71 @@ bool read_all(int fd, void* p, size_t n, std::chrono::milliseconds timeout, int 
   return true;
 }
 
+// Buffered frame reader: one recv() brings in many small frames; large payloads bypass the buffer.
+class FrameReader {
+ public:
+  FrameReader(int fd, std::chrono::milliseconds timeout, int rank, int peer, const std::atomic<bool>& stopping)
+      : fd_(fd), timeout_(timeout), rank_(rank), peer_(peer), stopping_(stopping), buf_(1 << 20) {}
+  bool buffered() const { return end_ > begin_; }
+  // Exactly n bytes into dst. Returns false only on an orderly EOF before the first byte of a frame.
+  bool read(void* dst, size_t n, bool frame_start) {
+    char* d = static_cast<char*>(dst);
+    while (n > 0) {
+      if (begin_ == end_) {
+        if (n >= buf_.size() / 2) {  // large payload: straight into place
+          if (read_all(fd_, d, n, timeout_, rank_, peer_, stopping_)) return true;
+          if (frame_start) return false;
+          throw Error(Status::kSystemError, "proxy.tcp", rank_, peer_, "connection closed mid-frame");
+        }
+        if (!fill()) {
+          if (frame_start) return false;
+          throw Error(Status::kSystemError, "proxy.tcp", rank_, peer_, "connection closed mid-frame");
+        }
+      }
+      const size_t k = std::min(n, end_ - begin_);
+      std::memcpy(d, buf_.data() + begin_, k);
+      begin_ += k;
+      d += k;
+      n -= k;
+      frame_start = false;
+    }
+    return true;
+  }
+
+ private:
+  bool fill() {
+    begin_ = end_ = 0;
+    pollfd pf{fd_, POLLIN, 0};
+    for (;;) {
+      const int r = ::poll(&pf, 1, static_cast<int>(timeout_.count()));
+      if (stopping_.load()) throw Error(Status::kAborted, "proxy.tcp", rank_, peer_, "shutting down");
+      if (r == 0)
+        throw Error(Status::kTimeout, "proxy.tcp", rank_, peer_,
+                    "no traffic from peer for " + std::to_string(timeout_.count()) + " ms (link lost?)");
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        sys_fail("poll", rank_, peer_);
+      }
+      const ssize_t k = ::recv(fd_, buf_.data(), buf_.size(), 0);
+      if (k == 0) return false;
+      if (k < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        sys_fail("recv", rank_, peer_);
+      }
+      end_ = static_cast<size_t>(k);
+      return true;
+    }
+  }
+  int fd_;
+  std::chrono::milliseconds timeout_;
+  int rank_, peer_;
+  const std::atomic<bool>& stopping_;
+  std::vector<char> buf_;
+  size_t begin_ = 0, end_ = 0;
+};
+
+constexpr uint64_t kMaxPendingAcks = 64;  // acks are cumulative; at most this many frames wait for one
+
 std::pair<std::string, uint16_t> split_address(const std::string& a) {
   const auto colon = a.rfind(':');
   return {a.substr(0, colon), static_cast<uint16_t>(std::stoi(a.substr(colon + 1)))};
@@ -101,6 +191,8 @@ struct TcpBackend::Link {
   int peer = -1;
   int fd = -1;
   std::mutex send_mu;
+  std::mutex ack_mu;
+  std::deque<uint64_t> awaiting_ack;  // tickets of frames sent with kFlagAck, in send order
   std::atomic<int64_t> last_send_ns{0};
   std::atomic<bool> closed{false};
 };
@@ -221,9 +313,13 @@ void TcpBackend::send(const Command& cmd, uint64_t ticket, const void* data) {
     throw Error(Status::kUnreachablePeer, "proxy.tcp.send", rank_, cmd.peer, "no connection to this peer");
   FrameHeader h{kMagic, kData, ticket, cmd};
   std::lock_guard<std::mutex> g(link->send_mu);
+  if (cmd.flags & kFlagAck) {  // registered before the frame leaves, so its ack cannot overtake it
+    std::lock_guard<std::mutex> a(link->ack_mu);
+    link->awaiting_ack.push_back(ticket);
+  }
   try {
-    write_all(link->fd, &h, sizeof(h), rank_, cmd.peer);
-    if (data != nullptr && cmd.bytes > 0) write_all(link->fd, data, cmd.bytes, rank_, cmd.peer);
+    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(data), data != nullptr ? cmd.bytes : 0}};
+    writev_all(link->fd, iov, data != nullptr && cmd.bytes > 0 ? 2 : 1, rank_, cmd.peer);
   } catch (const Error& e) {
     fail(e);
     throw;
@@ -233,10 +329,20 @@ void TcpBackend::send(const Command& cmd, uint64_t ticket, const void* data) {
 
 void TcpBackend::receive_loop(Link* link) {
   std::vector<char> buf;
+  FrameReader reader(link->fd, options_.timeout, rank_, link->peer, stopping_);
+  uint64_t pending_acks = 0;
   try {
     for (;;) {
+      // One cumulative ack once the input is drained (or enough frames wait), not one per frame.
+      if (pending_acks > 0 && (!reader.buffered() || pending_acks >= kMaxPendingAcks)) {
+        FrameHeader ack{kMagic, kAck, pending_acks, {}};
+        std::lock_guard<std::mutex> g(link->send_mu);
+        write_all(link->fd, &ack, sizeof(ack), rank_, link->peer);
+        link->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+        pending_acks = 0;
+      }
       FrameHeader h{};
-      if (!read_all(link->fd, &h, sizeof(h), options_.timeout, rank_, link->peer, stopping_)) {
+      if (!reader.read(&h, sizeof(h), true)) {
         if (!link->closed.load() && !stopping_.load())
           throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "peer closed the connection without bye");
         return;
@@ -245,26 +351,32 @@ void TcpBackend::receive_loop(Link* link) {
       switch (h.kind) {
         case kData: {
           const Command& c = h.cmd;
-          if (c.bytes > 0 && static_cast<CommandOp>(c.op) != CommandOp::kSignal) {
+          const auto op = static_cast<CommandOp>(c.op);
+          if (c.bytes > 0 && op != CommandOp::kSignal) {
             buf.resize(c.bytes);
-            if (!read_all(link->fd, buf.data(), c.bytes, options_.timeout, rank_, link->peer, stopping_))
-              throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "connection closed mid-frame");
+            reader.read(buf.data(), c.bytes, false);
             local_.write(c.dst_offset, buf.data(), c.bytes);  // data first ...
           }
-          const auto op = static_cast<CommandOp>(c.op);
           if (op == CommandOp::kPutSignal || op == CommandOp::kSignal)
             local_.signal(c.sig_offset, c.sig_value, c.signal_op);  // ... then the flag (release)
-          if (c.flags & kFlagAck) {
-            FrameHeader ack{kMagic, kAck, h.ticket, {}};
-            std::lock_guard<std::mutex> g(link->send_mu);
-            write_all(link->fd, &ack, sizeof(ack), rank_, link->peer);
-            link->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
-          }
+          if (c.flags & kFlagAck) ++pending_acks;
           break;
         }
-        case kAck:
-          if (on_ack_) on_ack_(link->peer, h.ticket);
+        case kAck: {
+          std::vector<uint64_t> done;
+          {
+            std::lock_guard<std::mutex> a(link->ack_mu);
+            for (uint64_t i = 0; i < h.ticket; ++i) {
+              if (link->awaiting_ack.empty())
+                throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "ack for a frame never sent");
+              done.push_back(link->awaiting_ack.front());
+              link->awaiting_ack.pop_front();
+            }
+          }
+          if (on_ack_)
+            for (uint64_t t : done) on_ack_(link->peer, t);
           break;
+        }
         case kHeartbeat:
           break;
         case kBye:
