@@ -102,8 +102,11 @@ void bind_transport(py::module_& m) {
 
   py::class_<tandem::Communicator, std::shared_ptr<tandem::Communicator>>(m, "Communicator")
       .def(py::init([](py::object store, int rank, int world, uint64_t heap_bytes, double timeout_s, int device,
-                       tandem::HeapKind heap, int ranks_per_node) {
+                       tandem::HeapKind heap, int ranks_per_node, uint32_t proxy_capacity,
+                       const std::string& proxy_host) {
              tandem::CommOptions o;
+             o.proxy_capacity = proxy_capacity;
+             o.proxy_host = proxy_host;
              o.heap_bytes = heap_bytes;
              o.timeout_s = timeout_s;
              o.device = device;
@@ -113,7 +116,8 @@ void bind_transport(py::module_& m) {
              return std::make_shared<tandem::Communicator>(std::move(b), o);
            }),
            py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("heap_bytes"), py::arg("timeout_s"),
-           py::arg("device"), py::arg("heap"), py::arg("ranks_per_node"))
+           py::arg("device"), py::arg("heap"), py::arg("ranks_per_node"), py::arg("proxy_capacity") = 4096,
+           py::arg("proxy_host") = "")
       .def_property_readonly("rank", &tandem::Communicator::rank)
       .def_property_readonly("world", &tandem::Communicator::world)
       .def_property_readonly("node", &tandem::Communicator::node)

@@ -125,7 +125,7 @@ def test_emulated_nodes_put_signal_ordering(run_ranks):
     res = run_ranks(f"{W}:put_signal_ordering", 4, ranks_per_node=2, iters=20_000, nbytes=4100, cross=True)
     assert [r["role"] for r in res] == ["sender", "sender", "receiver", "receiver"]
     for r in res:
-        assert r["errors"] == 0 and r["status"] == 0, r
+        assert r["errors"] == 0 and r["status"] == 0 and r["has_proxy"], r
     for r in res[2:]:
         assert r["final_flag"] == 20_000
 
@@ -134,3 +134,13 @@ def test_emulated_nodes_barrier(run_ranks):
     res = run_ranks(f"{W}:barrier_many", 4, ranks_per_node=2, iters=2_000)
     for r in res:
         assert r["first"] == dict(errors=0, status=0, progress=2_000), r
+
+
+def test_emulated_nodes_full_device_queue_applies_back_pressure(run_ranks):
+    # A ring of 4 commands: GPU producers must wait for the proxy, and nothing may be lost or reordered.
+    res = run_ranks(f"{W}:put_signal_ordering", 4, ranks_per_node=2, iters=5_000, nbytes=256, cross=True,
+                    proxy_capacity=4)
+    for r in res:
+        assert r["errors"] == 0 and r["status"] == 0, r
+    for r in res[2:]:
+        assert r["final_flag"] == 5_000

@@ -87,10 +87,10 @@ def comm_kind(comm):
         return "destroyed"
 
 
-def put_signal_ordering(iters: int, nbytes: int, cross: bool = False):
+def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capacity: int = 4096):
     """Even ranks stream put_signals to rank+1 (cross: ranks of the first half to rank + world/2, i.e. to the
     other emulated node), which checks every word of every round (data before flag)."""
-    comm = Communicator(heap_bytes=32 << 20, timeout_s=30)
+    comm = Communicator(heap_bytes=32 << 20, timeout_s=30, proxy_capacity=proxy_capacity)
     rank, world = comm.rank, comm.world_size
     kind = comm.heap_kind
     buf = comm.zeros(nbytes, torch.uint8)
@@ -122,6 +122,7 @@ def put_signal_ordering(iters: int, nbytes: int, cross: bool = False):
     elapsed = time.perf_counter() - t0
     comm.check()
     out = dict(role=role, errors=int(errors.item()), status=int(status.item()), elapsed_s=elapsed,
+               has_proxy=comm.has_proxy,
                final_flag=int(flag[0].item()), final_ack=int(ack[0].item()), heap_kind=kind)
     comm.destroy()
     return out

@@ -67,6 +67,9 @@ class Communicator:
         heap: "auto" (cuMem VMM over POSIX fds, cudaIpc if unavailable), "vmm" or "ipc".
         ranks_per_node: group consecutive ranks into emulated nodes of this size (default: by host, or
             TANDEM_RANKS_PER_NODE).
+        proxy_capacity: commands in flight to the CPU proxy (power of two; peers on other nodes only).
+        proxy_host: IPv4 address other nodes reach this rank's proxy at (default TANDEM_PROXY_HOST, else
+            127.0.0.1 for emulated nodes).
     """
 
     def __init__(
@@ -80,6 +83,8 @@ class Communicator:
         device: int | None = None,
         heap: str = "auto",
         ranks_per_node: int | None = None,
+        proxy_capacity: int = 4096,
+        proxy_host: str | None = None,
     ):
         self._native = None
         torch = _torch()
@@ -88,6 +93,8 @@ class Communicator:
             raise invalid(f"heap must be one of {_HEAP_KINDS}, got {heap!r}", "communicator.init")
         if not isinstance(heap_bytes, int) or heap_bytes < (1 << 20):
             raise invalid(f"heap_bytes must be an int >= 1 MiB, got {heap_bytes!r}", "communicator.init")
+        if not isinstance(proxy_capacity, int) or proxy_capacity < 1 or proxy_capacity & (proxy_capacity - 1):
+            raise invalid(f"proxy_capacity must be a power of two, got {proxy_capacity!r}", "communicator.init")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise invalid(f"timeout_s must be a positive number, got {timeout_s!r}", "communicator.init")
         if not torch.cuda.is_available():
@@ -112,7 +119,7 @@ class Communicator:
         kind = {"auto": C.HeapKind.AUTO, "vmm": C.HeapKind.VMM, "ipc": C.HeapKind.IPC}[heap]
         self._native = C.Communicator(
             dist.PrefixStore("tandem", store), rank, world_size, heap_bytes, float(timeout_s), device, kind,
-            ranks_per_node,
+            ranks_per_node, proxy_capacity, proxy_host or "",
         )
         self._torch = torch
 
