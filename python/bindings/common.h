@@ -14,6 +14,7 @@ void bind_transport(py::module_& m);
 void bind_probe(py::module_& m);
 void bind_proxy(py::module_& m);
 void bind_verbs(py::module_& m);
+void bind_kernels(py::module_& m);
 
 // Set the Python error to tandem.errors.TandemError built from `e` (called inside an exception translator).
 void raise_tandem_error(const tandem::Error& e);

@@ -41,4 +41,5 @@ PYBIND11_MODULE(_C, m) {
   tandem_py::bind_probe(m);
   tandem_py::bind_proxy(m);
   tandem_py::bind_verbs(m);
+  tandem_py::bind_kernels(m);
 }

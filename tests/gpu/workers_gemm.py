@@ -1,0 +1,90 @@
+"""Rank-side bodies of the GEMM core tests (a world-1 rank in its own process)."""
+
+from __future__ import annotations
+
+import torch
+
+import tandem.ops  # noqa: F401
+from tandem.errors import TandemError
+
+
+def _structured(m, n, k, dtype):
+    # Small integers / 8: every product and every partial sum is exact in fp32, so the only rounding is the
+    # final one to bf16/fp16 — shared with the reference. A misplaced row, column or K slice changes values.
+    i = torch.arange(m, device="cuda").view(-1, 1)
+    kk = torch.arange(k, device="cuda").view(1, -1)
+    a = (((i * 7 + kk * 3) % 17) - 8).to(dtype) / 8
+    kk2 = torch.arange(k, device="cuda").view(-1, 1)
+    j = torch.arange(n, device="cuda").view(1, -1)
+    b = (((kk2 * 5 + j * 11) % 13) - 6).to(dtype) / 8
+    return a.contiguous(), b.contiguous()
+
+
+def check(shapes, dtypes):
+    out = []
+    for m, n, k in shapes:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            a, b = _structured(m, n, k, dtype)
+            ref = (a.float() @ b.float()).to(dtype)
+            got = torch.ops.tandem.gemm(a, b)
+            torch.cuda.synchronize()
+            wrong = int((got != ref).sum())
+            # random data: relative error against fp64
+            ra = torch.randn(m, k, device="cuda", dtype=dtype)
+            rb = torch.randn(k, n, device="cuda", dtype=dtype)
+            r64 = ra.double() @ rb.double()
+            rel = float((torch.ops.tandem.gemm(ra, rb).double() - r64).norm() / r64.norm())
+            out.append(dict(shape=[m, n, k], dtype=name, wrong=wrong, rel=rel))
+    return out
+
+
+def repeat_and_graph(m, n, k, launches):
+    a, b = _structured(m, n, k, torch.bfloat16)
+    first = torch.ops.tandem.gemm(a, b)
+    same = 0
+    for _ in range(launches):
+        same += int(torch.equal(torch.ops.tandem.gemm(a, b), first))
+    # CUDA-graph capture and replay
+    static_a, static_b = a.clone(), b.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.tandem.gemm(static_a, static_b)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_d = torch.ops.tandem.gemm(static_a, static_b)
+    static_a.copy_(a * 2)
+    g.replay()
+    torch.cuda.synchronize()
+    graph_ok = bool(torch.equal(static_d, ((a * 2).float() @ b.float()).to(torch.bfloat16)))
+    return dict(same=same, launches=launches, graph_ok=graph_ok)
+
+
+def rejects():
+    dev = "cuda"
+    cases = {
+        "cpu tensor": (torch.zeros(16, 16, dtype=torch.bfloat16), torch.zeros(16, 16, dtype=torch.bfloat16, device=dev)),
+        "fp32": (torch.zeros(16, 16, device=dev), torch.zeros(16, 16, device=dev)),
+        "mixed dtypes": (torch.zeros(16, 16, dtype=torch.bfloat16, device=dev),
+                         torch.zeros(16, 16, dtype=torch.float16, device=dev)),
+        "inner mismatch": (torch.zeros(16, 24, dtype=torch.bfloat16, device=dev),
+                           torch.zeros(16, 16, dtype=torch.bfloat16, device=dev)),
+        "N not multiple of 8": (torch.zeros(16, 16, dtype=torch.bfloat16, device=dev),
+                                torch.zeros(16, 12, dtype=torch.bfloat16, device=dev)),
+        "transposed a": (torch.zeros(16, 16, dtype=torch.bfloat16, device=dev).t(),
+                         torch.zeros(16, 16, dtype=torch.bfloat16, device=dev)),
+        "3-D": (torch.zeros(2, 16, 16, dtype=torch.bfloat16, device=dev),
+                torch.zeros(16, 16, dtype=torch.bfloat16, device=dev)),
+    }
+    out = {}
+    for name, (a, b) in cases.items():
+        try:
+            torch.ops.tandem.gemm(a, b)
+            out[name] = "accepted"
+        except TandemError as e:
+            out[name] = e.status
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
