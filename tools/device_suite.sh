@@ -8,6 +8,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export TANDEM_COMMIT=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi -L
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+# CUTLASS headers: the machine has no internet, so the wheel travels in .whl/ (carry it).
+python3 -c "import cutlass_library" 2>/dev/null || python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl
 t0=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -25,6 +27,7 @@ if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   done
   # the proxy path: rank 1 on another emulated node (TCP over loopback, CudaMemoryDomain)
   timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
+  timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
   # at most 8 files come back from the device: one archive for all benchmark outputs
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi
