@@ -16,8 +16,8 @@ namespace tandem::detail {
 
 namespace {
 
-sockaddr_un abstract_address(const std::string& session, int rank, socklen_t* len) {
-  return abstract_unix_address("tandem." + session + "." + std::to_string(rank), len);
+std::string socket_name(const std::string& session, int rank) {
+  return "tandem." + session + "." + std::to_string(rank);
 }
 
 [[noreturn]] void sys_fail(const char* what, int rank, int peer) {
@@ -71,12 +71,8 @@ int recv_fd(int sock, int my_rank, int expected_peer) {
 
 FdExchange::FdExchange(const std::string& session, int rank, std::chrono::milliseconds timeout)
     : session_(session), rank_(rank), timeout_(timeout) {
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) sys_fail("socket", rank, -1);
-  socklen_t len = 0;
-  sockaddr_un addr = abstract_address(session_, rank_, &len);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) sys_fail("bind", rank, -1);
-  if (::listen(listen_fd_, 256) != 0) sys_fail("listen", rank, -1);
+  listen_fd_ = listen_abstract_unix(socket_name(session_, rank_));
+  if (listen_fd_ < 0) sys_fail("listen", rank, -1);
 }
 
 FdExchange::~FdExchange() {
@@ -116,17 +112,10 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
   try {
     for (int peer : local_ranks) {
       if (peer == rank_) continue;
-      socklen_t len = 0;
-      sockaddr_un addr = abstract_address(session_, peer, &len);
-      int s = -1;
-      for (;;) {
-        s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (s < 0) sys_fail("socket", rank_, peer);
-        if (::connect(s, reinterpret_cast<sockaddr*>(&addr), len) == 0) break;
-        ::close(s);
-        if (std::chrono::steady_clock::now() > deadline)
-          throw Error(Status::kTimeout, "heap.fd_exchange", rank_, peer, "cannot connect to peer");
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const int s = connect_abstract_unix(socket_name(session_, peer), deadline);
+      if (s < 0) {
+        if (errno == ETIMEDOUT) throw Error(Status::kTimeout, "heap.fd_exchange", rank_, peer, "cannot connect to peer");
+        sys_fail("connect", rank_, peer);
       }
       set_timeout(s, timeout_);
       try {

@@ -11,6 +11,7 @@
 
 #include "driver_api.h"
 #include "fd_passing.h"
+#include "unix_socket.h"
 #include "tandem/transport/status.h"
 
 namespace tandem {
@@ -20,18 +21,6 @@ namespace {
 using detail::driver_api;
 
 uint64_t round_up(uint64_t n, uint64_t g) { return (n + g - 1) / g * g; }
-
-std::string random_token() {
-  uint64_t v = 0;
-  if (FILE* f = std::fopen("/dev/urandom", "rb")) {
-    if (std::fread(&v, sizeof(v), 1, f) != 1) v = 0;
-    std::fclose(f);
-  }
-  if (v == 0) v = static_cast<uint64_t>(::getpid()) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(::time(nullptr));
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 // Barrier among `ranks` only (ranks of other nodes never touch these keys).
 void node_barrier(Bootstrap& b, const std::string& tag, int rank, const std::vector<int>& ranks) {
@@ -74,15 +63,8 @@ class VmmHeap final : public SymmetricHeap {
       int fd = -1;
       TANDEM_CU_CHECK(api.cuMemExportToShareableHandle(&fd, mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                       "heap.vmm.export", rank_);
-      // Only this node's ranks take part: the node leader names the socket session, the others read it.
-      const std::string session_key = s.tag + "/session/" + std::to_string(slots_[0]);
-      std::string session;
-      if (rank_ == slots_[0]) {
-        session = random_token() + "." + std::to_string(::getpid());
-        s.bootstrap->set(session_key, session);
-      } else {
-        session = s.bootstrap->get(session_key);
-      }
+      // Only this node's ranks take part.
+      const std::string session = detail::node_session(*s.bootstrap, s.tag, rank_, slots_);
       std::map<int, int> fds;
       {
         detail::FdExchange exchange(session, rank_, s.timeout);

@@ -17,8 +17,8 @@ namespace tandem::detail {
 
 namespace {
 
-sockaddr_un monitor_address(const std::string& session, int rank, socklen_t* len) {
-  return abstract_unix_address("tandem.mon." + session + "." + std::to_string(rank), len);
+std::string monitor_name(const std::string& session, int rank) {
+  return "tandem.mon." + session + "." + std::to_string(rank);
 }
 
 [[noreturn]] void fail(const char* what, int rank, int peer) {
@@ -32,44 +32,23 @@ PeerMonitor::PeerMonitor(Bootstrap& bootstrap, const std::string& tag, int rank,
                          std::function<void(int)> on_exit)
     : rank_(rank), on_exit_(std::move(on_exit)) {
   if (local_ranks.size() <= 1) return;
-  // The node leader names the session; every rank listens, then connects to every peer.
-  const std::string key = tag + "/session/" + std::to_string(local_ranks[0]);
-  std::string session;
-  if (rank == local_ranks[0]) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%d.%llx", static_cast<int>(::getpid()),
-                  static_cast<unsigned long long>(std::chrono::steady_clock::now().time_since_epoch().count()));
-    session = buf;
-    bootstrap.set(key, session);
-  } else {
-    session = bootstrap.get(key);
-  }
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) fail("socket", rank, -1);
-  socklen_t len = 0;
-  sockaddr_un addr = monitor_address(session, rank, &len);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0) fail("bind", rank, -1);
-  if (::listen(listen_fd_, 256) != 0) fail("listen", rank, -1);
+  // Every rank of the node listens, then connects to every peer.
+  const std::string session = node_session(bootstrap, tag, rank, local_ranks);
+  listen_fd_ = listen_abstract_unix(monitor_name(session, rank));
+  if (listen_fd_ < 0) fail("listen", rank, -1);
   if (::pipe2(wake_, O_CLOEXEC) != 0) fail("pipe", rank, -1);
   bootstrap.set(tag + "/listening/" + std::to_string(rank), "");
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int peer : local_ranks) {
     if (peer == rank) continue;
     bootstrap.get(tag + "/listening/" + std::to_string(peer));
-    sockaddr_un pa = monitor_address(session, peer, &len);
-    for (;;) {
-      const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (s < 0) fail("socket", rank, peer);
-      if (::connect(s, reinterpret_cast<sockaddr*>(&pa), len) == 0) {
-        outgoing_.push_back(s);
-        outgoing_peer_.push_back(peer);
-        break;
-      }
-      ::close(s);
-      if (std::chrono::steady_clock::now() > deadline)
-        throw Error(Status::kTimeout, "peer_monitor", rank, peer, "cannot connect to peer");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int s = connect_abstract_unix(monitor_name(session, peer), deadline);
+    if (s < 0) {
+      if (errno == ETIMEDOUT) throw Error(Status::kTimeout, "peer_monitor", rank, peer, "cannot connect to peer");
+      fail("connect", rank, peer);
     }
+    outgoing_.push_back(s);
+    outgoing_peer_.push_back(peer);
   }
   thread_ = std::thread([this] { run(); });
 }
