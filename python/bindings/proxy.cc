@@ -97,6 +97,27 @@ class ProxyEndpoint {
     }
   }
 
+  // Sender side with several peers, interleaved: round j sends entry j + 1 to every peer in turn, into this
+  // rank's own log slice there (log_off + 8 (rank count + j)), adding 1 to the peer's counter[rank].
+  void stream_log_multi(const std::vector<int>& peers, uint64_t log_off, uint64_t counter_off, uint64_t count) {
+    py::gil_scoped_release nogil;
+    for (uint64_t j = 0; j < count; ++j) {
+      const uint64_t src = log_off + 8 * (rank_ * count + j);
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base_ + src)).store(j + 1);
+      for (int peer : peers) {
+        Command c{};
+        c.op = static_cast<uint32_t>(CommandOp::kPutSignal);
+        c.peer = peer;
+        c.src_offset = c.dst_offset = src;
+        c.bytes = 8;
+        c.sig_offset = counter_off + 8 * static_cast<uint64_t>(rank_);
+        c.sig_value = 1;
+        c.signal_op = 1;
+        queue_->push(c, timeout_);
+      }
+    }
+  }
+
   // Receiver side: poll the counter until it reaches `count`; every time it reads c, the first c log entries
   // must all be there (in-order delivery, data before flag). Returns (violations, polls).
   std::pair<uint64_t, uint64_t> verify_log(uint64_t log_off, uint64_t counter_off, uint64_t count) {
@@ -191,6 +212,8 @@ void bind_proxy(py::module_& m) {
       .def("quiet", &ProxyEndpoint::quiet)
       .def("wait_ge", &ProxyEndpoint::wait_ge, py::arg("offset"), py::arg("value"), py::arg("timeout_s"))
       .def("stream_log", &ProxyEndpoint::stream_log, py::arg("peer"), py::arg("log_offset"),
+           py::arg("counter_offset"), py::arg("count"))
+      .def("stream_log_multi", &ProxyEndpoint::stream_log_multi, py::arg("peers"), py::arg("log_offset"),
            py::arg("counter_offset"), py::arg("count"))
       .def("verify_log", &ProxyEndpoint::verify_log, py::arg("log_offset"), py::arg("counter_offset"),
            py::arg("count"))

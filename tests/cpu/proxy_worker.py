@@ -20,12 +20,13 @@ MiB = 1 << 20
 def main():
     mode, d, rank, host = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     args = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+    world = args.get("world", 2)
     heap = np.zeros(args.get("heap_mib", 16) * MiB, dtype=np.uint8)
     flags = 4096  # flag area at the start of the heap (offsets 0..4095)
     out = dict(rank=rank, mode=mode)
     t0 = time.monotonic()
-    ep = native().ProxyEndpoint(d, rank, 2, host, heap, args.get("capacity", 1024), args.get("timeout_s", 10.0))
-    peer = 1 - rank
+    ep = native().ProxyEndpoint(d, rank, world, host, heap, args.get("capacity", 1024), args.get("timeout_s", 10.0))
+    peer = 1 - rank if world == 2 else -1
     try:
         if mode == "ordered":
             n = args["count"]
@@ -37,6 +38,26 @@ def main():
             else:
                 violations, polls = ep.verify_log(log, 0, n)
                 out.update(violations=violations, polls=polls)
+        elif mode == "mesh":
+            # every rank streams to every other rank, interleaved; each source's log must arrive in order
+            n = args["count"]
+            log = flags
+            others = [r for r in range(world) if r != rank]
+            import threading
+
+            results = {}
+
+            def verify(src):
+                results[src] = ep.verify_log(log + 8 * src * n, 8 * src, n)
+
+            ts = [threading.Thread(target=verify, args=(s_,)) for s_ in others]
+            for t in ts:
+                t.start()
+            ep.stream_log_multi(others, log, 0, n)
+            ep.quiet()
+            for t in ts:
+                t.join()
+            out.update(violations=sum(v[0] for v in results.values()), sources=len(results), retired=ep.retired)
         elif mode == "bulk":
             rounds, size = args["rounds"], args["round_mib"] * MiB
             data = flags

@@ -54,16 +54,19 @@ def netns_pair():
         _ip("netns", "del", b, check=False)
 
 
-def _start(pair, mode, rank, d, args):
+def _start(pair, mode, rank, d, args, ns_index=None):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = ["ip", "netns", "exec", pair["ns"][rank], sys.executable, "-m", "tests.cpu.proxy_worker", mode, d,
-           str(rank), pair["addr"][rank], json.dumps(args)]
+    i = rank if ns_index is None else ns_index
+    cmd = ["ip", "netns", "exec", pair["ns"][i], sys.executable, "-m", "tests.cpu.proxy_worker", mode, d,
+           str(rank), pair["addr"][i], json.dumps(args)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
-def _run_pair(pair, mode, args, timeout=300, during=None):
+def _run_pair(pair, mode, args, timeout=300, during=None, world=2):
     with tempfile.TemporaryDirectory() as d:
-        ps = [_start(pair, mode, r, d, args) for r in (0, 1)]
+        # world 4: ranks 0 and 1 in the first namespace, 2 and 3 in the second (two "hosts" of two ranks)
+        ps = [_start(pair, mode, r, d, dict(args, world=world), None if world == 2 else r * 2 // world)
+              for r in range(world)]
         if during is not None:
             during()
         outs = []
@@ -84,6 +87,14 @@ def test_100k_small_put_signals_arrive_in_order(netns_pair):
     send, recv = _run_pair(netns_pair, "ordered", dict(count=n, heap_mib=2))
     assert send["retired"] == n and send["tail"] == n
     assert recv["violations"] == 0 and recv["polls"] > 0
+
+
+def test_four_ranks_on_two_hosts_stream_to_each_other_in_order(netns_pair):
+    n = 20_000
+    outs = _run_pair(netns_pair, "mesh", dict(count=n, heap_mib=2, capacity=64), world=4)
+    for r in outs:
+        assert r["sources"] == 3 and r["violations"] == 0, r
+        assert r["retired"] == 3 * n, r
 
 
 def test_full_queue_applies_back_pressure_and_loses_nothing(netns_pair):
