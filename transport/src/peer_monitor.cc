@@ -32,6 +32,28 @@ PeerMonitor::PeerMonitor(Bootstrap& bootstrap, const std::string& tag, int rank,
                          std::function<void(int)> on_exit)
     : rank_(rank), on_exit_(std::move(on_exit)) {
   if (local_ranks.size() <= 1) return;
+  try {
+    setup(bootstrap, tag, rank, local_ranks, timeout);
+  } catch (...) {
+    close_all();  // a throwing constructor runs no destructor
+    throw;
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+void PeerMonitor::close_all() {
+  for (int fd : accepted_) ::close(fd);
+  for (int fd : outgoing_) ::close(fd);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (int fd : wake_)
+    if (fd >= 0) ::close(fd);
+  accepted_.clear();
+  outgoing_.clear();
+  listen_fd_ = wake_[0] = wake_[1] = -1;
+}
+
+void PeerMonitor::setup(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& local_ranks,
+                        std::chrono::milliseconds timeout) {
   // Every rank of the node listens, then connects to every peer.
   const std::string session = node_session(bootstrap, tag, rank, local_ranks);
   listen_fd_ = listen_abstract_unix(monitor_name(session, rank));
@@ -50,7 +72,6 @@ PeerMonitor::PeerMonitor(Bootstrap& bootstrap, const std::string& tag, int rank,
     outgoing_.push_back(s);
     outgoing_peer_.push_back(peer);
   }
-  thread_ = std::thread([this] { run(); });
 }
 
 PeerMonitor::~PeerMonitor() {
@@ -61,14 +82,8 @@ PeerMonitor::~PeerMonitor() {
   }
   if (thread_.joinable()) thread_.join();
   const char bye = 'B';
-  for (int fd : accepted_) {
-    (void)!::send(fd, &bye, 1, MSG_NOSIGNAL);
-    ::close(fd);
-  }
-  for (int fd : outgoing_) ::close(fd);
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  for (int fd : wake_)
-    if (fd >= 0) ::close(fd);
+  for (int fd : accepted_) (void)!::send(fd, &bye, 1, MSG_NOSIGNAL);
+  close_all();
 }
 
 void PeerMonitor::run() {

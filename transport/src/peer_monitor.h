@@ -27,6 +27,9 @@ class PeerMonitor {
   int exited_peer() const { return exited_.load(std::memory_order_acquire); }
 
  private:
+  void setup(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& local_ranks,
+             std::chrono::milliseconds timeout);
+  void close_all();
   void run();
   int rank_;
   int listen_fd_ = -1;
