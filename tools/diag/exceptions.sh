@@ -4,7 +4,10 @@
 set -u
 OUT=${OUT:-/tmp}
 cd "$(dirname "$0")"
-python3 -c "import sys, pybind11; print(sys.version); print('pybind11', pybind11.__version__)"
+python3 -c "import sys, pybind11; print(sys.executable, sys.version); print('pybind11', pybind11.__version__)"
+py=$(python3 -c "import sys, os; print(os.path.realpath(sys.executable))")
+echo "interpreter: $py"; ldd "$py" | grep -E "gcc_s|stdc|python" | tr -s ' '
+nm -D --defined-only "$py" 2>/dev/null | grep -E " _Unwind_RaiseException$| __cxa_throw$" && echo "the interpreter itself exports an unwinder"
 c++ --version | head -1
 ext=$(python3 -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 c++ -O2 -shared -fPIC $(python3 -m pybind11 --includes) throw_probe.cc -o /tmp/throw_probe$ext && \
