@@ -10,8 +10,9 @@ import statistics
 import subprocess
 
 
-def time_launches(fn, *, warmup: int = 3, reps: int = 10) -> float:
-    """Median seconds of `fn()` (which enqueues GPU work on the current stream), timed with CUDA events."""
+def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> float:
+    """Median seconds of one `fn()` (which enqueues GPU work on the current stream), timed with CUDA events
+    around `inner` back-to-back calls (for small ops, so that event and sync overhead is spread out)."""
     import torch
 
     for _ in range(warmup):
@@ -22,10 +23,11 @@ def time_launches(fn, *, warmup: int = 3, reps: int = 10) -> float:
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(inner):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
+        times.append(a.elapsed_time(b) * 1e-3 / inner)
     return statistics.median(times)
 
 

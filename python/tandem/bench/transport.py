@@ -37,6 +37,7 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
 
     rows, data = [], []
     for n in sizes:
+        inner = max(1, min(50, (4 << 20) // n))  # small messages: many launches per timed interval
         if active:
             def put(mode, blocks=0, threads=512):
                 def go():
@@ -45,15 +46,16 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
                         probe.quiet(comm, status)  # time until the data is at the peer
                 return go
 
-            t_block = common.time_launches(put("block"), reps=reps)
-            t_bulk = common.time_launches(put("bulk", threads=128), reps=reps)
-            t_bulk_few = common.time_launches(put("bulk", blocks=bulk_blocks, threads=128), reps=reps)
-            t_memcpy = common.time_launches(lambda: probe.memcpy_d2d(local_dst, src, n), reps=reps)
+            t_block = common.time_launches(put("block"), reps=reps, inner=inner)
+            t_bulk = common.time_launches(put("bulk", threads=128), reps=reps, inner=inner)
+            t_bulk_few = common.time_launches(put("bulk", blocks=bulk_blocks, threads=128), reps=reps, inner=inner)
+            t_memcpy = common.time_launches(lambda: probe.memcpy_d2d(local_dst, src, n), reps=reps, inner=inner)
             if remote:
                 t_memcpy_peer = float("nan")  # no load/store mapping of a peer on another node
             else:
                 peer_dst = comm.peer_view(dst, peer)
-                t_memcpy_peer = common.time_launches(lambda: probe.memcpy_d2d(peer_dst, src, n), reps=reps)
+                t_memcpy_peer = common.time_launches(lambda: probe.memcpy_d2d(peer_dst, src, n), reps=reps,
+                                                     inner=inner)
             torch.cuda.synchronize()
             comm.check()
             if int(status.item()) != 0:
