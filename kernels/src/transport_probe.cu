@@ -131,7 +131,7 @@ __global__ void put_signal_stream_kernel(DeviceComm comm, uint32_t* buf, uint32_
   if (threadIdx.x == 0 && errors_out != nullptr) atomicAdd(errors_out, block_errors);
 }
 
-__global__ void barrier_loop_kernel(DeviceComm comm, uint64_t* slots, int iters, uint64_t base,
+__global__ void barrier_loop_kernel(DeviceComm comm, uint64_t* slots, int iters, uint64_t base, device::Team team,
                                     unsigned long long* errors_out, int32_t* status_out, long long* progress_out) {
   __shared__ unsigned long long block_errors;
   if (threadIdx.x == 0) block_errors = 0;
@@ -139,24 +139,24 @@ __global__ void barrier_loop_kernel(DeviceComm comm, uint64_t* slots, int iters,
   for (int i = 1; i <= iters; ++i) {
     const uint64_t epoch = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    for (int p = threadIdx.x; p < comm.world; p += blockDim.x) {
-      const Status sp = device::signal(comm, slots + comm.rank, epoch, SignalOp::kSet, p);
+    for (int m = threadIdx.x; m < team.size; m += blockDim.x) {
+      const Status sp = device::signal(comm, slots + comm.rank, epoch, SignalOp::kSet, team.member(m));
       if (sp != Status::kOk) s = sp;
     }
     if (__syncthreads_or(s != Status::kOk)) {
       record(status_out, s);
       break;
     }
-    s = device::barrier_block(comm);
+    s = device::barrier_block(comm, team);
     if (s != Status::kOk) {
       record(status_out, s);
       break;
     }
-    for (int p = threadIdx.x; p < comm.world; p += blockDim.x) {
-      const uint64_t v = *reinterpret_cast<volatile uint64_t*>(slots + p);
+    for (int m = threadIdx.x; m < team.size; m += blockDim.x) {
+      const uint64_t v = *reinterpret_cast<volatile uint64_t*>(slots + team.member(m));
       if (v != epoch) atomicAdd(&block_errors, 1ull);
     }
-    s = device::barrier_block(comm);
+    s = device::barrier_block(comm, team);
     if (s != Status::kOk) {
       record(status_out, s);
       break;
@@ -255,11 +255,13 @@ Status put_signal_stream(const DeviceComm& comm, void* buf, void* scratch, size_
   return launched();
 }
 
-Status barrier_loop(const DeviceComm& comm, uint64_t* slots, int iters, uint64_t base,
-                    unsigned long long* errors_out, int32_t* status_out, long long* progress_out,
-                    cudaStream_t stream) {
+Status barrier_loop(const DeviceComm& comm, uint64_t* slots, int iters, uint64_t base, int team_start,
+                    int team_stride, int team_size, unsigned long long* errors_out, int32_t* status_out,
+                    long long* progress_out, cudaStream_t stream) {
   if (iters < 0) return Status::kInvalidArgument;
-  barrier_loop_kernel<<<1, 128, 0, stream>>>(comm, slots, iters, base, errors_out, status_out, progress_out);
+  device::Team team{team_start, team_stride, team_size <= 0 ? comm.world : team_size};
+  if (team.start < 0 || team.stride <= 0 || team.member(team.size - 1) >= comm.world) return Status::kInvalidArgument;
+  barrier_loop_kernel<<<1, 128, 0, stream>>>(comm, slots, iters, base, team, errors_out, status_out, progress_out);
   return launched();
 }
 

@@ -59,15 +59,16 @@ void bind_probe(py::module_& m) {
       py::arg("status"), py::arg("stream"));
   p.def(
       "barrier_loop",
-      [](const Comm& c, uintptr_t slots, int iters, uint64_t base, uintptr_t errors, uintptr_t status,
-         uintptr_t progress, uintptr_t s) {
-        check_launch(probe::barrier_loop(c.device_comm(), ptr<uint64_t>(slots), iters, base,
-                                         ptr<unsigned long long>(errors), ptr<int32_t>(status),
-                                         ptr<long long>(progress), stream(s)),
+      [](const Comm& c, uintptr_t slots, int iters, uint64_t base, int team_start, int team_stride, int team_size,
+         uintptr_t errors, uintptr_t status, uintptr_t progress, uintptr_t s) {
+        check_launch(probe::barrier_loop(c.device_comm(), ptr<uint64_t>(slots), iters, base, team_start,
+                                         team_stride, team_size, ptr<unsigned long long>(errors),
+                                         ptr<int32_t>(status), ptr<long long>(progress), stream(s)),
                      "probe.barrier_loop", c.rank());
       },
-      py::arg("comm"), py::arg("slots"), py::arg("iters"), py::arg("base"), py::arg("errors"), py::arg("status"),
-      py::arg("progress"), py::arg("stream"));
+      py::arg("comm"), py::arg("slots"), py::arg("iters"), py::arg("base"), py::arg("team_start"),
+      py::arg("team_stride"), py::arg("team_size"), py::arg("errors"), py::arg("status"), py::arg("progress"),
+      py::arg("stream"));
   p.def(
       "wait",
       [](const Comm& c, uintptr_t flag, int cmp, uint64_t value, int peer, uint64_t timeout_ns, bool bounded_form,

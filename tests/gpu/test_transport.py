@@ -48,6 +48,13 @@ def test_barrier_10k_times_without_stale_epochs(run_ranks, world):
         assert r["second"] == dict(errors=0, status=0, progress=100), r
 
 
+def test_team_barriers_run_side_by_side(run_ranks):
+    res = run_ranks(f"{W}:team_barriers", 4, iters=5_000)
+    for r in res:
+        assert r["errors"] == 0 and r["progress"] == 5_000, r
+        assert r["world_errors"] == 0 and r["world_progress"] == 100 and r["status"] == 0, r
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_wait_on_silent_peer_times_out_naming_it(run_ranks, world):
     res = run_ranks(f"{W}:wait_timeouts", world, comm_timeout_s=1.0)

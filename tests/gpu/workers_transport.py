@@ -306,3 +306,31 @@ def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):
     out["gpu_ok"] = bool(abs(float((x * 2).sum().item()) - float((1 << 20) * ((1 << 20) - 1))) < 1e6)
     comm.destroy()
     return out
+
+
+def team_barriers(iters: int):
+    """Two teams at once, even and odd ranks, each barriering among itself: no cross-talk, no stale epochs."""
+    comm = Communicator(heap_bytes=16 << 20, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    team = (rank % 2, 2, world // 2)
+    slots = comm.zeros(world, torch.int64)
+    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    comm.barrier()
+    probe.barrier_loop(comm, slots, iters=iters, base=0, errors=errors, status=status, progress=progress, team=team)
+    torch.cuda.synchronize()
+    comm.check()
+    # then the whole world, whose pairwise counters must be unaffected by the team barriers
+    errors2 = torch.zeros(1, dtype=torch.int64, device="cuda")
+    progress2 = torch.zeros(1, dtype=torch.int64, device="cuda")
+    world_slots = comm.zeros(world, torch.int64)
+    probe.barrier_loop(comm, world_slots, iters=100, base=0, errors=errors2, status=status, progress=progress2)
+    torch.cuda.synchronize()
+    comm.check()
+    out = dict(team=list(team), errors=int(errors.item()), progress=int(progress.item()),
+               world_errors=int(errors2.item()), world_progress=int(progress2.item()), status=int(status.item()))
+    comm.barrier()
+    comm.destroy()
+    return out

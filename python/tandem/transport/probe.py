@@ -90,13 +90,19 @@ def put_signal_stream(comm, buf, scratch, nbytes, flag, ack, *, peer, iters, bas
         _ptr(status, "status", dtype=torch.int32), _stream())
 
 
-def barrier_loop(comm, slots, *, iters, base, errors, status, progress):
+def barrier_loop(comm, slots, *, iters, base, errors, status, progress, team=None):
+    """team: (start, stride, size) — the ranks start + i*stride; None = the world. The caller must be a member."""
     import torch
 
+    start, stride, size = team if team is not None else (0, 1, comm.world_size)
+    members = [start + i * stride for i in range(size)]
+    if size < 1 or stride < 1 or start < 0 or members[-1] >= comm.world_size or comm.rank not in members:
+        raise invalid(f"team {team} is not a set of ranks of this world containing rank {comm.rank}",
+                      "probe.barrier_loop", comm.rank)
     native().probe.barrier_loop(
         comm.native, _ptr(slots, "slots", comm, True, torch.int64, min_bytes=8 * comm.world_size), int(iters),
-        int(base), _ptr(errors, "errors", dtype=torch.int64), _ptr(status, "status", dtype=torch.int32),
-        _ptr(progress, "progress", dtype=torch.int64), _stream())
+        int(base), int(start), int(stride), int(size), _ptr(errors, "errors", dtype=torch.int64),
+        _ptr(status, "status", dtype=torch.int32), _ptr(progress, "progress", dtype=torch.int64), _stream())
 
 
 def wait(comm, flag, *, cmp: str, value: int, peer: int = -1, timeout_s: float | None = None, status, observed):

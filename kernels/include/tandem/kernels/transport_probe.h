@@ -39,11 +39,12 @@ Status put_signal_stream(const DeviceComm& comm, void* buf, void* scratch, size_
                          uint64_t* ack, int peer, int iters, uint64_t base, bool sender, int threads,
                          unsigned long long* errors_out, int32_t* status_out, cudaStream_t stream);
 
-// `iters` rounds of: write epoch base+i into slot[rank] of every peer, barrier, check that slot[p] == base+i for
-// every p (stale or early epochs are counted in *errors_out), barrier. *progress_out = last completed round.
-Status barrier_loop(const DeviceComm& comm, uint64_t* slots, int iters, uint64_t base,
-                    unsigned long long* errors_out, int32_t* status_out, long long* progress_out,
-                    cudaStream_t stream);
+// `iters` rounds of: write epoch base+i into slot[rank] of every team member, barrier over the team, check that
+// slot[p] == base+i for every member p (stale or early epochs are counted in *errors_out), barrier.
+// *progress_out = last completed round. The team is {start + i * stride : i < size}; size <= 0 = the world.
+Status barrier_loop(const DeviceComm& comm, uint64_t* slots, int iters, uint64_t base, int team_start,
+                    int team_stride, int team_size, unsigned long long* errors_out, int32_t* status_out,
+                    long long* progress_out, cudaStream_t stream);
 
 // One bounded wait by one thread: the communicator-timeout form (bounded_form) or wait_until_timeout.
 Status wait(const DeviceComm& comm, const uint64_t* flag, int cmp, uint64_t value, int peer, uint64_t timeout_ns,
