@@ -27,6 +27,7 @@ if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   done
   # the proxy path: rank 1 on another emulated node (TCP over loopback, CudaMemoryDomain)
   timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
+  python3 tools/plot_transport.py "$OUT/bench" --world 2 2>&1 | tail -12
   timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
   # at most 8 files come back from the device: one archive for all benchmark outputs
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
