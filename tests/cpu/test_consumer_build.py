@@ -17,6 +17,13 @@ def test_consumer_project_configures_builds_and_links(tmp_path):
 
     exe = build_consumer(str(tmp_path / "build"))
     assert os.access(exe, os.X_OK)
+    # The host library works on its own from C++ (no GPU needed): run its self-test.
+    import subprocess
+
+    r = subprocess.run([os.path.join(str(tmp_path / "build"), "host_selftest"), str(tmp_path / "boot")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 failed" in r.stdout
     # The device code was compiled for Hopper (sm_90a) from the installed headers alone.
     cuobjdump = shutil.which("cuobjdump")
     if cuobjdump:
