@@ -362,12 +362,12 @@ void Communicator::destroy() {
   if (destroyed_) return;
   destroyed_ = true;
   cudaDeviceSynchronize();  // every wait is bounded, so this returns
-  // With VMM every importer holds its own reference to our physical memory, so releasing ours can neither
-  // fault a peer nor hand the memory to someone else while a peer still writes: no collective teardown.
-  // A cudaIpc export, in contrast, dies with cudaFree; meet the peers first unless something already failed
-  // (then a peer may be gone). Non-collective destroy keeps ranks that fail differently from deadlocking.
-  // Drain our proxy (commands the GPU enqueued are delivered), then meet the remote peers, who may still be
-  // sending to us, before it stops; unless something failed.
+  // Teardown is collective only where it must be, and never after a failure (a peer may be gone):
+  //  * VMM heap: every importer holds its own reference to our physical memory, so releasing ours can neither
+  //    fault a peer nor hand the memory to someone else while a peer still writes. Nothing to wait for.
+  //  * cudaIpc heap: the export dies with cudaFree, so meet the peers first.
+  //  * proxy: deliver what our GPU enqueued, then meet the remote peers (they may still be sending to us)
+  //    before the proxy stops.
   if (proxy_ && !aborted() && !async_error() && proxy_->status() == Status::kOk) {
     unsigned long long issued = 0;
     if (cudaMemcpy(&issued, tail_dev_, sizeof(issued), cudaMemcpyDeviceToHost) == cudaSuccess) {
@@ -378,7 +378,7 @@ void Communicator::destroy() {
     }
   }
   if ((proxy_ || std::string(heap_kind()) == "ipc") && !aborted() && !async_error()) {
-    try {
+    try {  // a store failure here only means a peer left first; teardown goes on
       host_barrier();
     } catch (...) {
     }
