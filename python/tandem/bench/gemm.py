@@ -5,7 +5,6 @@ L2 does not hold them."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 SHAPES = [(8192, 8192, 8192), (8192, 6144, 12288), (16384, 3584, 8192)]  # M, N, K
@@ -40,7 +39,7 @@ def run(shapes, reps, out_dir, command):
         data.append(d)
         rows.append([f"{m}x{n}x{k}", f"{d['tandem_tflops']:.0f}", f"{d['cublas_tflops']:.0f}", f"{d['ratio']:.3f}",
                      f"{rel:.1e}"])
-        del sets
+        sets = []  # free this shape's inputs before the next
     meta = common.header(command)
     table = common.markdown_table(["M x N x K (bf16)", "tandem TFLOP/s", "cuBLAS TFLOP/s", "tandem/cuBLAS",
                                    "rel. error vs fp32"], rows)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 
 from .._native import native
 from ..bootstrap import resolve
