@@ -3,6 +3,7 @@
 
 #include "common.h"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/transport/comm.h"
 
 namespace tandem_py {
 
@@ -51,6 +52,27 @@ void bind_kernels(py::module_& m) {
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("a"), py::arg("lda"), py::arg("b"),
       py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
       py::arg("stream"), "Launch; returns '' or the reason it did not run.");
+  k.def(
+      "gemm_with_arrivals",
+      [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,
+             int64_t ldb, uintptr_t d, int64_t ldd, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
+             int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
+        g::ArrivalSchedule s;
+        s.comm = c.device_comm();
+        s.flags = reinterpret_cast<const uint64_t*>(flags);
+        s.epoch = epoch;
+        s.chunk_rows = chunk_rows;
+        s.chunks = chunks;
+        s.first_chunk = first_chunk;
+        s.source_of_chunk0 = source_of_chunk0;
+        std::string why;
+        const auto st = g::run_with_arrivals(args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, 1.0f, c.sm_count()), s,
+                                             reinterpret_cast<void*>(workspace),
+                                             reinterpret_cast<cudaStream_t>(stream), &why);
+        return st == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "The GEMM core with the arrival-aware tile scheduler (the AG+GEMM mainloop's contract); returns '' or why "
+      "it did not run. Timed-out waits are recorded in the communicator.");
 }
 
 }  // namespace tandem_py

@@ -24,3 +24,11 @@ def test_gemm_is_deterministic_and_graph_capturable(run_ranks):
 def test_gemm_rejects_bad_input_before_launch(run_ranks):
     (r,) = run_ranks(f"{W}:rejects", 1)
     assert all(v == 3 for v in r.values()), r  # INVALID_ARGUMENT, not a launch
+
+
+def test_arrival_scheduler_waits_for_chunks_and_times_out_cleanly(run_ranks):
+    (r,) = run_ranks(f"{W}:arrivals", 1, chunk_rows=512, chunks=4, n=1024, k=1024, hold_s=0.3)
+    assert not r["done_early"] and r["waited_ms"] > 250, r  # no tile before its chunk arrived
+    assert r["wrong"] == 0, r
+    assert r["err"] is not None and r["err"]["status_name"] == "timeout" and r["err"]["op"] == "wait_until", r
+    assert r["timeout_elapsed"] < 2.0 + 3.0, r  # bounded by the communicator timeout, no hang

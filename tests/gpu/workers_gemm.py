@@ -88,3 +88,47 @@ def rejects():
         except Exception as e:  # noqa: BLE001
             out[name] = f"{type(e).__name__}: {e}"
     return out
+
+
+def arrivals(chunk_rows: int, chunks: int, n: int, k: int, hold_s: float):
+    """The arrival-aware scheduler: the GEMM must not finish before the host releases the chunks (through the
+    copy engine, since the persistent GEMM holds every SM), must then be exact, and a chunk that never comes
+    must become a recorded timeout, not a hang."""
+    import time
+
+    from tandem.ops.gemm import gemm_with_arrivals
+    from tandem.transport import Communicator
+
+    comm = Communicator(heap_bytes=16 << 20, timeout_s=2.0)
+    m = chunk_rows * chunks
+    a, b = _structured(m, n, k, torch.bfloat16)
+    ref = (a.float() @ b.float()).to(torch.bfloat16)
+    flags = comm.zeros(chunks, torch.int64)
+    release = torch.full((chunks,), 1, dtype=torch.int64).pin_memory()
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    d = gemm_with_arrivals(comm, a, b, flags, epoch=1, chunk_rows=chunk_rows, first_chunk=chunks - 1)
+    end.record()
+    time.sleep(hold_s)
+    done_early = end.query()
+    with torch.cuda.stream(side):
+        flags.copy_(release, non_blocking=True)
+    end.synchronize()
+    waited_ms = start.elapsed_time(end)
+    wrong = int((d != ref).sum())
+    comm.check()
+    # epoch 2: only chunk 0 is released; the rest must time out (recorded), and the kernel must still end
+    release2 = torch.tensor([2] + [1] * (chunks - 1), dtype=torch.int64).pin_memory()
+    with torch.cuda.stream(side):
+        flags.copy_(release2, non_blocking=True)
+    side.synchronize()
+    t0 = time.perf_counter()
+    gemm_with_arrivals(comm, a, b, flags, epoch=2, chunk_rows=chunk_rows)
+    torch.cuda.synchronize()
+    timeout_elapsed = time.perf_counter() - t0
+    err = comm.async_error()
+    comm.destroy()
+    return dict(done_early=bool(done_early), waited_ms=waited_ms, wrong=wrong, timeout_elapsed=timeout_elapsed,
+                err=err)

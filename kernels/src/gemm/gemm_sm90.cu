@@ -2,6 +2,8 @@
 // cooperative mainloop and epilogue, persistent tile scheduler sized to the rank's SMs.
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
+
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -9,6 +11,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "tandem/kernels/gemm/arrival_scheduler.hpp"
 #include "tandem/kernels/gemm/gemm.h"
 
 namespace tandem::kernels::gemm {
@@ -17,7 +20,7 @@ namespace {
 
 using namespace cute;
 
-template <class Element>
+template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler>
 struct Sm90Gemm {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::RowMajor;
@@ -38,8 +41,7 @@ struct Sm90Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, SchedulerTag>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Device::Arguments arguments(const GemmArgs& g) {
@@ -75,11 +77,13 @@ struct Sm90Gemm {
   }
 };
 
-template <class Element>
-Status run_typed(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
-  using G = Sm90Gemm<Element>;
+template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler>
+Status run_typed(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why,
+                 const ArrivalSchedule* schedule = nullptr) {
+  using G = Sm90Gemm<Element, SchedulerTag>;
   typename G::Device op;
   auto args = G::arguments(g);
+  if constexpr (std::is_same_v<SchedulerTag, ArrivalSchedulerTag>) args.scheduler.arrival = *schedule;
   if (op.can_implement(args) != cutlass::Status::kSuccess) {
     if (why) *why = "CUTLASS cannot implement this problem (alignment or shape)";
     return Status::kInvalidArgument;
@@ -126,6 +130,27 @@ Status run(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string*
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
   if (g.dtype == DType::kFP16) return run_typed<cutlass::half_t>(g, workspace, stream, why);
   return run_typed<cutlass::bfloat16_t>(g, workspace, stream, why);
+}
+
+Status can_implement_with_arrivals(const GemmArgs& g, const ArrivalSchedule& a, std::string* why) {
+  if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  auto fail = [&](const char* w) {
+    if (why) *why = w;
+    return Status::kInvalidArgument;
+  };
+  if (a.flags == nullptr || a.chunks <= 0) return fail("the arrival schedule needs flags and chunks > 0");
+  if (a.tile_m != 128 || a.chunk_rows <= 0 || a.chunk_rows % 256 != 0)
+    return fail("chunk_rows must be a positive multiple of 256 (tile M 128 x cluster M 2)");
+  if (static_cast<int64_t>(a.chunks) * a.chunk_rows != g.m) return fail("M must equal chunks * chunk_rows");
+  if (a.first_chunk < 0 || a.first_chunk >= a.chunks) return fail("first_chunk out of range");
+  return Status::kOk;
+}
+
+Status run_with_arrivals(const GemmArgs& g, const ArrivalSchedule& a, void* workspace, cudaStream_t stream,
+                         std::string* why) {
+  if (const Status s = can_implement_with_arrivals(g, a, why); s != Status::kOk) return s;
+  if (g.dtype == DType::kFP16) return run_typed<cutlass::half_t, ArrivalSchedulerTag>(g, workspace, stream, why, &a);
+  return run_typed<cutlass::bfloat16_t, ArrivalSchedulerTag>(g, workspace, stream, why, &a);
 }
 
 }  // namespace tandem::kernels::gemm

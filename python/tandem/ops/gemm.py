@@ -62,3 +62,32 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @gemm.register_fake
 def _(a, b):
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def gemm_with_arrivals(comm, a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, epoch: int, chunk_rows: int,
+                       first_chunk: int = 0, source_of_chunk0: int = 0) -> torch.Tensor:
+    """A @ B where each output tile waits until its chunk of A rows has arrived (flags[c] >= epoch) and chunks are
+    taken from `first_chunk` on: the mainloop contract of the fused AG+GEMM. `flags` is an int64 tensor in
+    the communicator's symmetric heap; a wait that times out is recorded in `comm` (comm.check() raises)."""
+    validate(a, b, "gemm_with_arrivals")
+    m, k = a.shape
+    n = b.shape[1]
+    chunks = flags.numel()
+    if flags.dtype != torch.int64 or not flags.is_cuda:
+        raise invalid("flags must be an int64 CUDA tensor", "gemm_with_arrivals", comm.rank)
+    comm.offset_of(flags)
+    if chunk_rows <= 0 or chunk_rows % 256 or chunks * chunk_rows != m:
+        raise invalid(f"M ({m}) must be len(flags) ({chunks}) x chunk_rows ({chunk_rows}), chunk_rows a multiple of "
+                      "256", "gemm_with_arrivals", comm.rank)
+    if not 0 <= first_chunk < chunks:
+        raise invalid(f"first_chunk {first_chunk} not in [0, {chunks})", "gemm_with_arrivals", comm.rank)
+    d = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    K = native().kernels
+    ws = torch.empty(max(K.gemm_workspace_size(m, n, k, _DTYPES[a.dtype]), 1), dtype=torch.uint8, device=a.device)
+    err = K.gemm_with_arrivals(comm.native, m, n, k, _DTYPES[a.dtype], a.data_ptr(), a.stride(0), b.data_ptr(),
+                               b.stride(0), d.data_ptr(), d.stride(0), flags.data_ptr(), int(epoch), int(chunk_rows),
+                               chunks, int(first_chunk), int(source_of_chunk0), ws.data_ptr(),
+                               torch.cuda.current_stream(a.device).cuda_stream)
+    if err:
+        raise TandemError(f"tandem: gemm_with_arrivals: {err}", 3, "gemm_with_arrivals", comm.rank)
+    return d

@@ -34,11 +34,33 @@ struct GemmArgs {
   int sm_count = 0;         // SMs the persistent grid may use (the rank's MPS share); 0 = the device's
 };
 
+// What the arrival-aware variant waits for before computing a tile (the AG+GEMM mainloop's contract):
+// A's rows come in `chunks` chunks of `chunk_rows`; chunk c may be read once flags[c] >= epoch.
+struct ArrivalSchedule {
+  tandem::DeviceComm comm{};        // bounds and reports the waits (timeout, abort flag, error record)
+  const uint64_t* flags = nullptr;  // [chunks], in this rank's memory
+  uint64_t epoch = 0;
+  int32_t chunk_rows = 0;           // a multiple of 256 (tile M 128 x cluster M 2)
+  int32_t chunks = 0;
+  int32_t first_chunk = 0;          // hand out chunk first_chunk first, then +1, ... (mod chunks)
+  int32_t tile_m = 128;
+  int32_t source_of_chunk0 = 0;     // rank that delivers chunk 0 (chunk c: (source_of_chunk0 + c) % world);
+                                    // only names the peer of a timeout
+  int32_t gemm_ctas = 0;            // CTAs running the GEMM when the grid has other roles too; 0 = whole grid
+};
+
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),
 // leading dimensions, null pointers.
 Status can_implement(const GemmArgs& args, std::string* why = nullptr);
 size_t workspace_size(const GemmArgs& args);
 // Launch on `stream`. `workspace` must hold workspace_size(args) bytes (may be null when that is 0).
 Status run(const GemmArgs& args, void* workspace, cudaStream_t stream, std::string* why = nullptr);
+
+// The same GEMM, but each output tile starts only after its chunk of A rows has arrived (ArrivalSchedule), and
+// chunks are taken in arrival order. Needs M == chunks * chunk_rows. A timed-out wait is recorded in
+// schedule.comm (check it after the kernel); the kernel still finishes.
+Status can_implement_with_arrivals(const GemmArgs& args, const ArrivalSchedule& schedule, std::string* why = nullptr);
+Status run_with_arrivals(const GemmArgs& args, const ArrivalSchedule& schedule, void* workspace,
+                         cudaStream_t stream, std::string* why = nullptr);
 
 }  // namespace tandem::kernels::gemm

@@ -1,0 +1,137 @@
+// tandem kernels — a CUTLASS sm90 persistent tile scheduler that waits for A's rows to arrive.
+//
+// The fused AG+GEMM hands each output tile to the GEMM only once the chunk of A rows it reads has landed in the
+// gathered buffer (an arrival flag per chunk, monotonic epochs), and hands out the chunks in arrival order
+// (this rank's own chunk first). Everything else is PersistentTileSchedulerSm90's: this class shadows only the
+// members that walk the linear tile index, and adds the remap and the wait. CUTLASS needs no change: its
+// GemmUniversal takes the scheduler through TileSchedulerSelector, specialized below for ArrivalSchedulerTag.
+//
+// Device code (header-only, included by the .cu that instantiates the kernel).
+#pragma once
+
+#include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "tandem/device/wait.cuh"
+#include "tandem/kernels/gemm/gemm.h"
+#include "tandem/transport/device_comm.h"
+
+namespace tandem::kernels::gemm {
+
+// Tag for GemmUniversal's scheduler slot.
+struct ArrivalSchedulerTag {};
+
+}  // namespace tandem::kernels::gemm
+
+namespace cutlass::gemm::kernel::detail {
+
+class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
+  using Base = PersistentTileSchedulerSm90;
+
+ public:
+  using WorkTileInfo = typename Base::WorkTileInfo;
+  struct Arguments : Base::Arguments {
+    tandem::kernels::gemm::ArrivalSchedule arrival{};
+  };
+  struct Params : Base::Params {
+    tandem::kernels::gemm::ArrivalSchedule arrival{};
+  };
+
+  template <class ProblemShapeMNKL, class TileShape, class ClusterShape>
+  static Params to_underlying_arguments(ProblemShapeMNKL problem, TileShape tile, ClusterShape cluster,
+                                        KernelHardwareInfo const& hw, Arguments const& args, void* workspace = nullptr,
+                                        const uint32_t epilogue_subtile = 1, uint32_t ktile_start_alignment = 1u) {
+    const PersistentTileSchedulerSm90::Arguments& base_args = args;
+    Params p;
+    PersistentTileSchedulerSm90Params& base_params = p;
+    base_params = PersistentTileSchedulerSm90::to_underlying_arguments(problem, tile, cluster, hw, base_args,
+                                                                       workspace, epilogue_subtile,
+                                                                       ktile_start_alignment);
+    p.arrival = args.arrival;
+    return p;
+  }
+
+  CUTLASS_HOST_DEVICE static bool can_implement(Arguments const& args) {
+    const PersistentTileSchedulerSm90::Arguments& base_args = args;
+    return PersistentTileSchedulerSm90::can_implement(base_args) && args.arrival.chunks > 0 &&
+           args.arrival.chunk_rows > 0;
+  }
+
+  CUTLASS_HOST_DEVICE TandemArrivalScheduler() {}
+
+  CUTLASS_DEVICE explicit TandemArrivalScheduler(Params const& p) : Base(p), arrival_(p.arrival) {
+#if defined(__CUDA_ARCH__)
+    if (p.raster_order_ == RasterOrder::AlongN) {
+      linear_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x);
+    } else {
+      linear_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
+    }
+    // Tiles are strided over the GEMM CTAs only, not over the whole grid.
+    stride_ = arrival_.gemm_ctas > 0 ? uint64_t(arrival_.gemm_ctas)
+                                     : uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
+#endif
+  }
+
+  template <class ClusterShape>
+  CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
+    return get_current_work();
+  }
+
+  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return work_for(linear_, /*wait=*/true); }
+
+  CUTLASS_DEVICE void advance_to_next_work(uint32_t advance_count = 1) { linear_ += stride_ * advance_count; }
+
+  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo& work, uint32_t advance_count = 1) const {
+    if (continue_current_work(work)) return false;
+    return !work_for(linear_ + stride_ * advance_count, /*wait=*/false).is_valid();
+  }
+
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
+    if (continue_current_work(work)) return cute::make_tuple(work, true);
+    advance_to_next_work();
+    return cute::make_tuple(get_current_work(), true);
+  }
+
+  template <class TileSchedulerPipeline, class TileSchedulerPipelineState>
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work, TileSchedulerPipeline&, TileSchedulerPipelineState) {
+    return fetch_next_work(work);
+  }
+
+ private:
+  // The base maps a linear index to (M, N) with its raster order and swizzle; the M block is then rotated so
+  // that chunk `first_chunk` comes first (chunk sizes are multiples of the cluster's M extent, so clusters stay
+  // whole), and the tile is handed out once its chunk's flag reached the epoch.
+  CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
+    WorkTileInfo w = Base::get_current_work_for_linear_idx(linear);
+    if (!w.is_valid() || arrival_.flags == nullptr) return w;
+    const int32_t blocks_per_chunk = arrival_.chunk_rows / arrival_.tile_m;
+    const int32_t m_blocks = blocks_per_chunk * arrival_.chunks;
+    const int32_t rotated = (w.M_idx + arrival_.first_chunk * blocks_per_chunk) % m_blocks;
+    w.M_idx = rotated;
+    if (wait) {
+      const int32_t chunk = rotated / blocks_per_chunk;
+      // One lane per warp waits (acquire, bounded, abortable); the warp's later TMA loads of these rows go
+      // through the async proxy, hence the proxy fence. A failed wait is recorded and the tile is computed
+      // anyway: the CUTLASS pipeline must stay in step, and every later wait fails fast once the abort flag is up.
+      if ((threadIdx.x & 31u) == 0) {
+        const int peer = arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
+        (void)tandem::device::wait_until(arrival_.comm, arrival_.flags + chunk, tandem::device::Cmp::kGe,
+                                         arrival_.epoch, peer);
+      }
+      __syncwarp();
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    return w;
+  }
+
+  tandem::kernels::gemm::ArrivalSchedule arrival_{};
+  uint64_t linear_ = 0;
+  uint64_t stride_ = 1;
+};
+
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalSchedulerTag, ArchTag, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = TandemArrivalScheduler;
+};
+
+}  // namespace cutlass::gemm::kernel::detail
