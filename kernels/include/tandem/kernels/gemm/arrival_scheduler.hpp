@@ -60,14 +60,15 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
 
   CUTLASS_DEVICE explicit TandemArrivalScheduler(Params const& p) : Base(p), arrival_(p.arrival) {
 #if defined(__CUDA_ARCH__)
+    // Tiles are numbered and strided over the GEMM's grid only: blocks beyond it (other roles) never count.
+    const uint64_t gx = arrival_.gemm_grid_x > 0 ? uint64_t(arrival_.gemm_grid_x) : uint64_t(gridDim.x);
+    const uint64_t gy = arrival_.gemm_grid_y > 0 ? uint64_t(arrival_.gemm_grid_y) : uint64_t(gridDim.y);
     if (p.raster_order_ == RasterOrder::AlongN) {
-      linear_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * uint64_t(gridDim.x);
+      linear_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * gx;
     } else {
-      linear_ = uint64_t(blockIdx.x) * uint64_t(gridDim.y) + uint64_t(blockIdx.y);
+      linear_ = uint64_t(blockIdx.x) * gy + uint64_t(blockIdx.y);
     }
-    // Tiles are strided over the GEMM CTAs only, not over the whole grid.
-    stride_ = arrival_.gemm_ctas > 0 ? uint64_t(arrival_.gemm_ctas)
-                                     : uint64_t(gridDim.x) * uint64_t(gridDim.y) * uint64_t(gridDim.z);
+    stride_ = gx * gy * uint64_t(gridDim.z);
 #endif
   }
 

@@ -46,7 +46,11 @@ struct ArrivalSchedule {
   int32_t tile_m = 128;
   int32_t source_of_chunk0 = 0;     // rank that delivers chunk 0 (chunk c: (source_of_chunk0 + c) % world);
                                     // only names the peer of a timeout
-  int32_t gemm_ctas = 0;            // CTAs running the GEMM when the grid has other roles too; 0 = whole grid
+  // The GEMM's own grid when the launch grid is larger (comm roles as extra rows of blockIdx.y, which CUTLASS's
+  // persistent grid (cluster_m, ctas / cluster_m) leaves free): tiles are numbered and strided over this grid
+  // only. 0 = the launch grid.
+  int32_t gemm_grid_x = 0;
+  int32_t gemm_grid_y = 0;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),
