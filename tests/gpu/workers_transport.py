@@ -16,6 +16,12 @@ GUARD = 64
 POISON = 0xA5
 
 
+def _loop_counters():
+    """(errors, status, progress) device scalars of the probe loops."""
+    return (torch.zeros(1, dtype=torch.int64, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda"),
+            torch.zeros(1, dtype=torch.int64, device="cuda"))
+
+
 def _expected(sender: int, case: int, nbytes: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(1_000_003 * (sender + 1) + case)
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
@@ -132,9 +138,7 @@ def barrier_many(iters: int):
     comm = Communicator(heap_bytes=16 << 20, timeout_s=30)
     world = comm.world_size
     slots = comm.zeros(world, torch.int64)
-    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
-    status = torch.zeros(1, dtype=torch.int32, device="cuda")
-    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    errors, status, progress = _loop_counters()
     torch.cuda.synchronize()
     comm.barrier()
     t0 = time.perf_counter()
@@ -217,9 +221,7 @@ def kill_peer(victim: int, comm_timeout_s: float, stamp_dir: str):
     comm = Communicator(heap_bytes=8 << 20, timeout_s=timeout_s)
     rank, world = comm.rank, comm.world_size
     slots = comm.zeros(world, torch.int64)
-    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
-    status = torch.zeros(1, dtype=torch.int32, device="cuda")
-    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    errors, status, progress = _loop_counters()
     torch.cuda.synchronize()
     comm.barrier()
     probe.barrier_loop(comm, slots, iters=2_000_000_000, base=0, errors=errors, status=status, progress=progress)
@@ -314,9 +316,7 @@ def team_barriers(iters: int):
     rank, world = comm.rank, comm.world_size
     team = (rank % 2, 2, world // 2)
     slots = comm.zeros(world, torch.int64)
-    errors = torch.zeros(1, dtype=torch.int64, device="cuda")
-    status = torch.zeros(1, dtype=torch.int32, device="cuda")
-    progress = torch.zeros(1, dtype=torch.int64, device="cuda")
+    errors, status, progress = _loop_counters()
     torch.cuda.synchronize()
     comm.barrier()
     probe.barrier_loop(comm, slots, iters=iters, base=0, errors=errors, status=status, progress=progress, team=team)
