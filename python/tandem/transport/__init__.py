@@ -29,20 +29,18 @@ def _torch():
     return torch
 
 
+def _cuda_array_interface(ptr: int, shape, typestr: str) -> dict:
+    return {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "strides": None, "version": 3}
+
+
 class _HeapBuffer:
     """Owner of one symmetric allocation; exposes it through __cuda_array_interface__ so torch can wrap it
     (the tensor keeps this object, and through it the communicator, alive)."""
 
-    def __init__(self, comm: "Communicator", ptr: int, shape, typestr: str, strides=None):
+    def __init__(self, comm: "Communicator", ptr: int, shape, typestr: str):
         self._comm = comm
         self.ptr = ptr
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape),
-            "typestr": typestr,
-            "data": (ptr, False),
-            "strides": strides,
-            "version": 3,
-        }
+        self.__cuda_array_interface__ = _cuda_array_interface(ptr, shape, typestr)
 
     def __del__(self):
         comm = self._comm
@@ -246,13 +244,9 @@ class Communicator:
 class _PeerBuffer:
     def __init__(self, comm, ptr, shape, itemsize):
         self._comm = comm  # keep the mapping alive
-        self.__cuda_array_interface__ = {
-            "shape": tuple(shape),
-            "typestr": {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}[itemsize],  # reinterpreted by .view(dtype)
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
+        # raw integers of the element size, reinterpreted by .view(dtype)
+        self.__cuda_array_interface__ = _cuda_array_interface(
+            ptr, shape, {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}[itemsize])
 
 
 def _typestr(torch, dtype) -> str:

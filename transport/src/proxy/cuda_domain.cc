@@ -26,19 +26,13 @@ CudaMemoryDomain::~CudaMemoryDomain() {
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
 }
 
-void CudaMemoryDomain::check(uint64_t offset, uint64_t n) const {
-  if (offset > bytes_ || n > bytes_ - offset)
-    throw Error(Status::kInvalidArgument, "proxy.cuda_memory", -1, -1,
-                "range [" + std::to_string(offset) + ", +" + std::to_string(n) + ") outside the heap");
-}
-
 void* CudaMemoryDomain::stream() {
   TANDEM_DOMAIN_CHECK(cudaSetDevice(device_));  // the current device is per thread
   return stream_;
 }
 
 void CudaMemoryDomain::read(uint64_t offset, void* dst, uint64_t n) {
-  check(offset, n);
+  check_range(offset, n, "proxy.cuda_memory");
   std::lock_guard<std::mutex> g(mu_);
   auto s = static_cast<cudaStream_t>(stream());
   TANDEM_DOMAIN_CHECK(cudaMemcpyAsync(dst, base_ + offset, n, cudaMemcpyDeviceToHost, s));
@@ -46,7 +40,7 @@ void CudaMemoryDomain::read(uint64_t offset, void* dst, uint64_t n) {
 }
 
 void CudaMemoryDomain::write(uint64_t offset, const void* src, uint64_t n) {
-  check(offset, n);
+  check_range(offset, n, "proxy.cuda_memory");
   std::lock_guard<std::mutex> g(mu_);
   auto s = static_cast<cudaStream_t>(stream());
   TANDEM_DOMAIN_CHECK(cudaMemcpyAsync(base_ + offset, src, n, cudaMemcpyHostToDevice, s));
@@ -54,9 +48,7 @@ void CudaMemoryDomain::write(uint64_t offset, const void* src, uint64_t n) {
 }
 
 void CudaMemoryDomain::signal(uint64_t offset, uint64_t value, uint32_t op) {
-  check(offset, sizeof(uint64_t));
-  if (offset % alignof(uint64_t) != 0)
-    throw Error(Status::kInvalidArgument, "proxy.cuda_memory", -1, -1, "flag offset not 8-byte aligned");
+  check_flag(offset, "proxy.cuda_memory");
   std::lock_guard<std::mutex> g(mu_);
   auto s = static_cast<cudaStream_t>(stream());
   auto* flag = reinterpret_cast<uint64_t*>(base_ + offset);

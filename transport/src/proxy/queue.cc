@@ -16,27 +16,31 @@ std::atomic_ref<T> ref(T& v) {
 
 }  // namespace
 
-void HostMemoryDomain::check(uint64_t offset, uint64_t n) const {
-  if (offset > bytes_ || n > bytes_ - offset)
-    throw Error(Status::kInvalidArgument, "proxy.memory", -1, -1,
+void MemoryDomain::check_range(uint64_t offset, uint64_t n, const char* op) const {
+  if (offset > bytes() || n > bytes() - offset)
+    throw Error(Status::kInvalidArgument, op, -1, -1,
                 "range [" + std::to_string(offset) + ", +" + std::to_string(n) + ") outside the heap of " +
-                    std::to_string(bytes_) + " bytes");
+                    std::to_string(bytes()) + " bytes");
+}
+
+void MemoryDomain::check_flag(uint64_t offset, const char* op) const {
+  check_range(offset, sizeof(uint64_t), op);
+  if (offset % alignof(uint64_t) != 0)
+    throw Error(Status::kInvalidArgument, op, -1, -1, "flag offset not 8-byte aligned");
 }
 
 void HostMemoryDomain::read(uint64_t offset, void* dst, uint64_t n) {
-  check(offset, n);
+  check_range(offset, n, "proxy.memory");
   std::memcpy(dst, base_ + offset, n);
 }
 
 void HostMemoryDomain::write(uint64_t offset, const void* src, uint64_t n) {
-  check(offset, n);
+  check_range(offset, n, "proxy.memory");
   std::memcpy(base_ + offset, src, n);
 }
 
 void HostMemoryDomain::signal(uint64_t offset, uint64_t value, uint32_t op) {
-  check(offset, sizeof(uint64_t));
-  if (offset % alignof(uint64_t) != 0)
-    throw Error(Status::kInvalidArgument, "proxy.memory", -1, -1, "flag offset not 8-byte aligned");
+  check_flag(offset, "proxy.memory");
   auto& flag = *reinterpret_cast<uint64_t*>(base_ + offset);
   if (op == 0) ref(flag).store(value, std::memory_order_release);
   else ref(flag).fetch_add(value, std::memory_order_release);

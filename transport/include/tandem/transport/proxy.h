@@ -33,6 +33,11 @@ class MemoryDomain {
   virtual void write(uint64_t offset, const void* src, uint64_t n) = 0;  // host buffer -> heap, complete on return
   // Signal after every earlier write is visible (release): set or add a 64-bit flag.
   virtual void signal(uint64_t offset, uint64_t value, uint32_t op) = 0;
+
+ protected:
+  // Throw kInvalidArgument (naming `op`) unless [offset, offset + n) lies in the heap / the flag is 8-aligned.
+  void check_range(uint64_t offset, uint64_t n, const char* op) const;
+  void check_flag(uint64_t offset, const char* op) const;
 };
 
 // Host memory (tests, CPU-only ranks): plain copies, flags with release atomics.
@@ -45,7 +50,6 @@ class HostMemoryDomain final : public MemoryDomain {
   void signal(uint64_t offset, uint64_t value, uint32_t op) override;
 
  private:
-  void check(uint64_t offset, uint64_t n) const;
   char* base_;
   uint64_t bytes_;
 };
@@ -63,7 +67,6 @@ class CudaMemoryDomain final : public MemoryDomain {
   void signal(uint64_t offset, uint64_t value, uint32_t op) override;
 
  private:
-  void check(uint64_t offset, uint64_t n) const;
   void* stream();
   char* base_;
   uint64_t bytes_;
