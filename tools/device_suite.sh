@@ -12,7 +12,8 @@ python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.v
 # name .whl in the call's carry list).
 python3 -c "import cutlass_library" 2>/dev/null || python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl
 t0=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+# TANDEM_PIP_DEFS: extra -Ccmake.define.X=Y arguments (tools/diag/exceptions.sh prints the ones that work)
+python3 -m pip install --no-build-isolation --no-deps -e . ${TANDEM_PIP_DEFS:-} > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 python3 -X faulthandler -c "
 import torch, tandem._native as n

@@ -53,7 +53,9 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
   record(status_out, s);
 }
 
-// variant 0: the public API (signal + wait_until). 1: relaxed spin + one acquire fence after it. 2: volatile
+// variant 0: the public API (signal + wait_until naming the peer, so .gpu scope for a peer on this GPU).
+// 3: the same with the waited peer unnamed (-1), which forces .sys scope. 1: relaxed spin + one acquire
+// fence.acq_rel.sys after it. 2: volatile
 // store and volatile spin with no ordering at all: not a synchronization primitive, only the hardware's flag
 // latency floor, measured so that the cost of the ordering in variants 0/1 is known.
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
@@ -63,12 +65,13 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (variant == 0) {
+    if (variant == 0 || variant == 3) {
+      const int waited_peer = variant == 0 ? peer : -1;  // -1: the writer is not named, so .sys scope
       if (initiator) {
         s = device::signal(comm, flag, v, SignalOp::kSet, peer);
-        if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
+        if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
       } else {
-        s = device::wait_until(comm, flag, Cmp::kGe, v, peer);
+        s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
         if (s == Status::kOk) s = device::signal(comm, flag, v, SignalOp::kSet, peer);
       }
     } else {
@@ -240,7 +243,7 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0 || variant < 0 || variant > 2) return Status::kInvalidArgument;
+  if (iters < 0 || variant < 0 || variant > 3) return Status::kInvalidArgument;
   pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }

@@ -5,6 +5,7 @@ set -u
 OUT=${OUT:-/tmp}
 cd "$(dirname "$0")"
 python3 -c "import sys, pybind11; print(sys.executable, sys.version); print('pybind11', pybind11.__version__)"
+env | grep -E "^(LD_|PYTHON|CUDA_MPS)" || true
 py=$(python3 -c "import sys, os; print(os.path.realpath(sys.executable))")
 echo "interpreter: $py"; ldd "$py" | grep -E "gcc_s|stdc|python" | tr -s ' '
 nm -D --defined-only "$py" 2>/dev/null | grep -E " _Unwind_RaiseException$| __cxa_throw$" && echo "the interpreter itself exports an unwinder"
@@ -18,6 +19,7 @@ try:
 except RuntimeError as e: print('bare pybind11 throw ok [$pre]', e)" 2>&1 | tail -2
 done
 cd ../..
+working=""
 for static in ON OFF CXX; do
   defs="-Ccmake.define.TANDEM_CUDART_STATIC=$static"
   [ $static = CXX ] && defs="-Ccmake.define.TANDEM_CUDART_STATIC=ON -Ccmake.define.TANDEM_STATIC_CXX_RUNTIME=ON"
@@ -28,9 +30,14 @@ for static in ON OFF CXX; do
     python3 -X faulthandler -c "${pre}import tandem._native as n
 try:
     n.native()._raise_error_for_test(1, 'selftest', 0, 1)
-except Exception as e: print('tandem throw ok [static=$static $pre]', type(e).__name__)" 2>&1 | grep -E "ok|Fatal" | head -1
+except Exception as e: print('tandem throw ok [static=$static $pre]', type(e).__name__)" > /tmp/throw.log 2>&1
+    echo "exit $?: $(grep -E 'ok|Fatal|Segmentation' /tmp/throw.log | head -2 | tr '\n' ' ')"
+    grep -q "tandem throw ok" /tmp/throw.log && [ -n "$pre" ] && [ -z "$working" ] && working="$defs"
   done
+  [ -n "$working" ] && break
 done
+echo "use: ${working:-none}"
+
 readelf -lW $so | grep -i eh_frame
 # Who provides the unwinder and __cxa_throw once torch is loaded?
 LD_DEBUG=bindings python3 -c "import torch, tandem._C" 2>&1 | grep -E "tandem.*(_Unwind_RaiseException|__cxa_throw)" | head -4
@@ -38,5 +45,3 @@ for lib in $(python3 -c "import torch, os; d=os.path.join(os.path.dirname(torch.
   n=$(nm -D --defined-only $lib 2>/dev/null | grep -cE " (__cxa_throw|_Unwind_RaiseException)$")
   [ "$n" != 0 ] && echo "exports the C++ runtime: $lib"
 done
-# leave the default build installed
-python3 -m pip install -q --no-build-isolation --no-deps -e . > $OUT/build_default.log 2>&1

@@ -61,7 +61,7 @@ def put(comm, dst, src, nbytes: int | None = None, *, peer: int, mode: str = "bl
                               st, _stream())
 
 
-PINGPONG_VARIANTS = {"api": 0, "relaxed+fence": 1, "unordered": 2}
+PINGPONG_VARIANTS = {"api": 0, "api-sys": 3, "relaxed+fence": 1, "unordered": 2}
 
 
 def pingpong(comm, flag, *, peer: int, iters: int, base: int, initiator: bool, status=None, variant: str = "api"):

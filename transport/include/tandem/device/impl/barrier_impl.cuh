@@ -42,7 +42,7 @@ __device__ inline Status barrier_block(const DeviceComm& comm, const Team& team)
     const int p = team.member(i);
     if (p == comm.rank) continue;
     uint64_t observed = 0;
-    const Status s = wait_until_timeout(comm, recv + p, Cmp::kGe, sent[p], comm.timeout_ns, &observed);
+    const Status s = wait_until_timeout(comm, recv + p, Cmp::kGe, sent[p], comm.timeout_ns, &observed, p);
     if (s == Status::kTimeout) {
       impl::report_error(comm, s, DeviceOp::kBarrier, p, sent[p], observed, comm.timeout_ns);
     }

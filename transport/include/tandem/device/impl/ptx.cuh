@@ -1,7 +1,8 @@
 // tandem device API — PTX helpers (implementation detail; not part of the contract).
 //
-// Scopes: every cross-rank access uses .sys scope because the peer may be another process on the same GPU
-// (MPS), another GPU over NVLink, or the CPU proxy; .gpu scope would only order against this GPU's threads.
+// Scopes: a cross-rank access uses .sys scope unless the other side is known to run on this GPU (another MPS
+// process of the same device): then .gpu scope orders everything the peer can observe and costs less. The
+// copy engine and the CPU proxy are not GPU threads, so whatever they write is synchronized at .sys.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,18 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
 __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
   uint64_t v;
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t ld_relaxed_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 

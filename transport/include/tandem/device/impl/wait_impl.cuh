@@ -1,11 +1,15 @@
 // tandem device API — wait_until (implementation).
 //
-// Spins with acquire loads at system scope: an acquire needs no memory barrier (only the signaller's release
-// does), so the flag round trip stays at the load latency. The abort flag (host-mapped, so a PCIe read) and
-// the clock are checked every kCheckInterval spins only; the clock starts at the first check, so a timeout
-// is measured from a few microseconds after the wait began.
+// The spin uses relaxed loads; only a load that satisfies the compare is repeated as an acquire load, whose
+// value is compared again (a relaxed read followed by an acquire read of the same location is an acquire
+// pattern). An acquire load invalidates the SM's L1, so acquiring on every spin would slow down every other
+// warp of the SM — the GEMM warps next to a waiting comm warp, say. Scope: .gpu when the named peer runs on
+// this GPU and is reached directly (not through the proxy), else .sys. The abort flag (host-mapped, so a
+// PCIe read) and the clock are checked every kCheckInterval spins only; the clock starts at the first check,
+// so a timeout is measured from a few microseconds after the wait began.
 #pragma once
 
+#include "tandem/device/impl/addressing.cuh"
 #include "tandem/device/impl/errors.cuh"
 #include "tandem/device/impl/ptx.cuh"
 #include "tandem/device/wait.cuh"
@@ -27,31 +31,48 @@ __device__ __forceinline__ bool compare(uint64_t v, Cmp cmp, uint64_t x) {
   return false;
 }
 
-}  // namespace impl
+// .gpu scope suffices only if the flag's writer is a thread of this GPU: a same-device peer reached directly.
+__device__ __forceinline__ bool wait_at_gpu_scope(const DeviceComm& comm, int peer) {
+  return peer >= 0 && peer < comm.world && peer != comm.rank && !is_proxy_peer(comm, peer) &&
+         peer_on_same_device(comm, peer);
+}
 
-__device__ __forceinline__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
-                                                     uint64_t value, uint64_t timeout_ns, uint64_t* observed) {
+template <bool kGpuScope>
+__device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
+                                            uint64_t timeout_ns, uint64_t* observed) {
   uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
-    const uint64_t v = impl::ld_acquire_sys(flag);
-    if (impl::compare(v, cmp, value)) {
-      if (observed != nullptr) *observed = v;
-      return Status::kOk;
+    uint64_t v = kGpuScope ? ld_relaxed_gpu(flag) : ld_relaxed_sys(flag);
+    if (compare(v, cmp, value)) {
+      v = kGpuScope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
+      if (compare(v, cmp, value)) {
+        if (observed != nullptr) *observed = v;
+        return Status::kOk;
+      }
     }
-    if (spins % impl::kCheckInterval == 0) {
+    if (spins % kCheckInterval == 0) {
       if (observed != nullptr) *observed = v;
-      if (impl::aborted(comm)) return Status::kAborted;
-      const uint64_t now = impl::globaltimer_ns();
+      if (aborted(comm)) return Status::kAborted;
+      const uint64_t now = globaltimer_ns();
       if (start == 0) start = now;
       if (timeout_ns != 0 && now - start > timeout_ns) return Status::kTimeout;
     }
   }
 }
 
+}  // namespace impl
+
+__device__ __forceinline__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
+                                                     uint64_t value, uint64_t timeout_ns, uint64_t* observed,
+                                                     int peer) {
+  return impl::wait_at_gpu_scope(comm, peer) ? impl::wait_spin<true>(comm, flag, cmp, value, timeout_ns, observed)
+                                             : impl::wait_spin<false>(comm, flag, cmp, value, timeout_ns, observed);
+}
+
 __device__ __forceinline__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
                                              uint64_t value, int peer) {
   uint64_t observed = 0;
-  const Status s = wait_until_timeout(comm, flag, cmp, value, comm.timeout_ns, &observed);
+  const Status s = wait_until_timeout(comm, flag, cmp, value, comm.timeout_ns, &observed, peer);
   if (s == Status::kTimeout) {
     impl::report_error(comm, s, DeviceOp::kWaitUntil, peer, value, observed, comm.timeout_ns);
   }
