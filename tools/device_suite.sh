@@ -21,8 +21,9 @@ try:
     n.native()._raise_error_for_test(1, 'selftest', 0, 1)
 except Exception as e:
     print('error mapping ok:', type(e).__name__, e.status, e.op, e.peer)"
-python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" \
-  | grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" | head -120
+# The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
+python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
 if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   for n in 1 2 4; do
     timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -16

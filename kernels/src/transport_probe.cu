@@ -53,42 +53,68 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
   record(status_out, s);
 }
 
-// variant 0: the public API (signal + wait_until naming the peer, so .gpu scope for a peer on this GPU).
-// 3: the same with the waited peer unnamed (-1), which forces .sys scope. 1: relaxed spin + one acquire
-// fence.acq_rel.sys after it. 2: volatile
-// store and volatile spin with no ordering at all: not a synchronization primitive, only the hardware's flag
-// latency floor, measured so that the cost of the ordering in variants 0/1 is known.
+// Flag round trip variants. 0: the public API (signal + wait_until naming the peer, so .gpu scope for a peer
+// on this GPU). 3: the API with the waited peer unnamed (-1: .sys scope). 7: the API's wait, with the signal
+// as a release store to a peer address resolved once before the loop (isolates the address lookup).
+// References on a pointer resolved once: 4 st.release.gpu + spin on ld.acquire.gpu; 5 st.release.gpu +
+// relaxed .gpu spin + fence.acq_rel.gpu; 6 relaxed .gpu store and spin + one fence.acq_rel.gpu per side (in a
+// ping-pong that fence also releases the next store); 1 the same with volatile accesses and fence.acq_rel.sys;
+// 2 volatile store and spin with no ordering at all: not a synchronization primitive, only the hardware's flag
+// latency floor, measured so that the cost of the ordering in the others is known.
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                                 int variant, int32_t* status_out) {
-  volatile uint64_t* remote = reinterpret_cast<volatile uint64_t*>(device::peer_ptr(comm, flag, peer));
-  const volatile uint64_t* local = reinterpret_cast<const volatile uint64_t*>(flag);
+  using namespace device::impl;
+  uint64_t* remote = reinterpret_cast<uint64_t*>(device::peer_ptr(comm, flag, peer));
+  volatile uint64_t* vremote = remote;
+  const volatile uint64_t* vlocal = flag;
+  if (variant != 0 && variant != 3 && remote == nullptr) {
+    record(status_out, Status::kUnreachablePeer);
+    return;
+  }
+  const bool same_device = peer_on_same_device(comm, peer);
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (variant == 0 || variant == 3) {
-      const int waited_peer = variant == 0 ? peer : -1;  // -1: the writer is not named, so .sys scope
+    if (variant == 0 || variant == 3 || variant == 7) {
+      const int waited_peer = variant == 3 ? -1 : peer;
+      auto send = [&] {
+        if (variant == 7) {
+          release_store(remote, v, same_device);
+          return Status::kOk;
+        }
+        return device::signal(comm, flag, v, SignalOp::kSet, peer);
+      };
       if (initiator) {
-        s = device::signal(comm, flag, v, SignalOp::kSet, peer);
+        s = send();
         if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
       } else {
         s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
-        if (s == Status::kOk) s = device::signal(comm, flag, v, SignalOp::kSet, peer);
+        if (s == Status::kOk) s = send();
       }
     } else {
-      if (remote == nullptr) {
-        record(status_out, Status::kUnreachablePeer);
-        return;
+      if (initiator) {
+        if (variant == 4 || variant == 5) st_release_gpu(remote, v);
+        else if (variant == 6) st_relaxed_gpu(remote, v);
+        else *vremote = v;
       }
-      if (initiator) *remote = v;
       uint32_t spins = 0;
-      while (*local < v) {
+      for (;;) {
+        const uint64_t seen = variant == 4   ? ld_acquire_gpu(flag)
+                              : variant >= 5 ? ld_relaxed_gpu(flag)
+                                             : *vlocal;
+        if (seen >= v) break;
         if (++spins == (1u << 26)) {
           record(status_out, Status::kTimeout);
           return;
         }
       }
-      if (variant == 1) device::impl::fence_acq_rel_sys();
-      if (!initiator) *remote = v;
+      if (variant == 1) fence_acq_rel_sys();
+      if (variant == 5 || variant == 6) fence_acq_rel_gpu();
+      if (!initiator) {
+        if (variant == 4 || variant == 5) st_release_gpu(remote, v);
+        else if (variant == 6) st_relaxed_gpu(remote, v);
+        else *vremote = v;
+      }
     }
     if (s != Status::kOk) {
       record(status_out, s);
@@ -243,7 +269,7 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0 || variant < 0 || variant > 3) return Status::kInvalidArgument;
+  if (iters < 0 || variant < 0 || variant > 7) return Status::kInvalidArgument;
   pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }

@@ -21,6 +21,7 @@ PYBIND11_MODULE(_C, m) {
       .value("UNSUPPORTED", tandem::Status::kUnsupported)
       .value("INTERNAL", tandem::Status::kInternal)
       .value("PEER_EXITED", tandem::Status::kPeerExited);
+  m.attr("cuda_architectures") = TANDEM_CUDA_ARCHITECTURES;  // CMAKE_CUDA_ARCHITECTURES of this build
   m.def("status_name", [](int s) { return std::string(tandem::status_name(static_cast<tandem::Status>(s))); });
 
   // tandem::Error -> tandem.errors.TandemError(message, status, op, rank, peer)

@@ -21,6 +21,9 @@ def info() -> int:
     print(f"tandem {tandem.__version__}")
     try:
         print(f"native module: {tandem.cmake_prefix_path()}")
+        from tandem._native import native
+
+        print(f"built for CUDA architectures: {native().cuda_architectures}")
     except tandem.TandemError as e:
         print(f"native module: missing ({e})")
     n = gpu_count()

@@ -61,7 +61,9 @@ def put(comm, dst, src, nbytes: int | None = None, *, peer: int, mode: str = "bl
                               st, _stream())
 
 
-PINGPONG_VARIANTS = {"api": 0, "api-sys": 3, "relaxed+fence": 1, "unordered": 2}
+# see kernels/src/transport_probe.cu for what each measures
+PINGPONG_VARIANTS = {"api": 0, "api-sys": 3, "api-hoisted": 7, "acq.gpu": 4, "rlx+fence.gpu": 5,
+                     "1fence.gpu": 6, "1fence.sys": 1, "unordered": 2}
 
 
 def pingpong(comm, flag, *, peer: int, iters: int, base: int, initiator: bool, status=None, variant: str = "api"):

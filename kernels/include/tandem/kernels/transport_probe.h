@@ -26,8 +26,8 @@ int put_blocks(PutMode mode, size_t bytes, int blocks, int sm_count);
 
 // Flag ping-pong with `peer` over the symmetric flag `flag`: the initiator sets the peer's flag to base+i and
 // waits for its own to reach base+i; the responder mirrors it. `iters` round trips in one launch.
-// variant 0 uses the public API; 3 the API with the waited peer unnamed (.sys scope); 1 a relaxed spin with one fence; 2 unordered volatile accesses (the hardware
-// latency floor, for comparison only).
+// variant 0 uses the public API; 3, 7 and 1, 2, 4, 5, 6 are references (see transport_probe.cu); 2 is the
+// hardware latency floor with no ordering, for comparison only.
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream);
 
