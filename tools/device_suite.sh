@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 session in one call: build, GPU tests (MPS ranks at world 1/2/4), benchmarks. Logs go to $OUT.
-#   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches)
+#   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches,
+#          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
 mkdir -p "$OUT"
@@ -25,13 +26,13 @@ except Exception as e:
 python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
 if [ "${TANDEM_BENCH:-1}" = 1 ]; then
-  for n in 1 2 4; do
+  for n in ${TANDEM_BENCH_WORLDS:-1 2 4}; do
     timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -16
   done
   # the proxy path: rank 1 on another emulated node (TCP over loopback, CudaMemoryDomain)
   timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
   python3 tools/plot_transport.py "$OUT/bench" --world 2 2>&1 | tail -12
-  timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
+  [ "${TANDEM_BENCH_GEMM:-1}" = 1 ] && timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
   # at most 8 files come back from the device: one archive for all benchmark outputs
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi

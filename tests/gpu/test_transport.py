@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -86,11 +87,25 @@ def test_killed_rank_makes_survivors_raise_within_timeout(run_ranks, world):
         # peer is the fallback if the kernel's wait expired first.
         assert r["raised"] and r["status"] in (11, 1), r
         assert r["peer"] not in (-1, r["rank"]), r
-        assert r["progress"] > 0
         assert r["raised_at"] - killed_at <= timeout_s + 1.0, (r["raised_at"] - killed_at, r)
-        assert r["gpu_ok"]
+        if r["context_ok"]:
+            assert r["gpu_ok"] and r["progress"] > 0, r
+        else:
+            # MPS propagates the fatal exception of the killed client's kernel to every client of the GPU;
+            # the survivors still raised the tandem error naming the dead peer (asserted above).
+            assert "illegal memory access" in r["context_error"] or "MPS" in r["context_error"], r
     assert all(r["peer"] == victim for r in survivors if r["status"] == 11)
     assert any(r["peer"] == victim for r in survivors)
+    # The GPU stays usable: once the affected processes have exited, a new one runs a kernel correctly
+    # (under MPS the server recreates its context first and refuses clients meanwhile, hence the retries).
+    deadline = time.time() + 30
+    while True:
+        fresh = run_ranks(f"{W}:gpu_sanity", 1, allow_failures=True, timeout_s=60)[0]
+        if isinstance(fresh, dict) and "error" not in fresh:
+            assert fresh["ok"], fresh
+            break
+        assert time.time() < deadline, f"no new process could use the GPU within 30 s: {fresh}"
+        time.sleep(1.0)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -215,9 +215,11 @@ def wait_timeouts(comm_timeout_s: float):
 
 
 def kill_peer(victim: int, comm_timeout_s: float, stamp_dir: str):
+    """Everyone runs an endless barrier loop; `victim` kills itself with SIGKILL while its kernel runs.
+    Survivors must raise a TandemError naming it within timeout + 1 s. Whether their own CUDA context survives
+    is recorded, not assumed: under MPS the teardown of a killed client's running kernel is a fatal exception
+    that the MPS server propagates to every client of the GPU (they must exit; the server then recovers)."""
     timeout_s = comm_timeout_s
-    """Everyone runs an endless barrier loop; `victim` kills itself with SIGKILL. Survivors must raise a
-    TandemError within timeout + 1 s and keep a usable GPU."""
     comm = Communicator(heap_bytes=8 << 20, timeout_s=timeout_s)
     rank, world = comm.rank, comm.world_size
     slots = comm.zeros(world, torch.int64)
@@ -230,19 +232,31 @@ def kill_peer(victim: int, comm_timeout_s: float, stamp_dir: str):
         with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
             f.write(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
-    torch.cuda.synchronize()
-    raised_at = time.time()
-    out = dict(rank=rank, progress=int(progress.item()), errors=int(errors.item()))
+    out = dict(rank=rank, raised=False, context_ok=True, context_error=None)
     try:
-        comm.check()
-        out["raised"] = False
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - recorded for the test
+        out.update(context_ok=False, context_error=f"{type(e).__name__}: {e}".splitlines()[0])
+    try:
+        comm.check()  # host-side state (peer monitor, host-mapped error record): works on a broken context too
     except TandemError as e:
         out.update(raised=True, status=e.status, op=e.op, peer=e.peer, err_rank=e.rank, msg=str(e))
-    out["raised_at"] = raised_at
-    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
-    out["gpu_ok"] = bool(abs(float((x * 2).sum().item()) - float((1 << 20) * ((1 << 20) - 1))) < 1e6)
-    comm.destroy()
+    out["raised_at"] = time.time()
+    try:
+        out["progress"] = int(progress.item())
+        x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+        out["gpu_ok"] = bool(abs(float((x * 2).sum().item()) - float((1 << 20) * ((1 << 20) - 1))) < 1e6)
+        comm.destroy()
+    except Exception as e:  # noqa: BLE001
+        out.update(context_ok=False, gpu_ok=False, context_error=out["context_error"] or
+                   f"{type(e).__name__}: {e}".splitlines()[0])
     return out
+
+
+def gpu_sanity():
+    """A fresh process can use the GPU: a kernel runs and gives the right answer."""
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float64)
+    return dict(ok=float(x.sum().item()) == float((1 << 20) * ((1 << 20) - 1) // 2))
 
 
 def symmetric_tensors():
@@ -326,6 +340,10 @@ def team_barriers(iters: int):
     errors2 = torch.zeros(1, dtype=torch.int64, device="cuda")
     progress2 = torch.zeros(1, dtype=torch.int64, device="cuda")
     world_slots = comm.zeros(world, torch.int64)
+    # every rank's zeroed slots must exist before any peer signals into them: a rank still in its team loop
+    # would otherwise zero a slot its peer already set
+    torch.cuda.synchronize()
+    comm.barrier()
     probe.barrier_loop(comm, world_slots, iters=100, base=0, errors=errors2, status=status, progress=progress2)
     torch.cuda.synchronize()
     comm.check()

@@ -126,6 +126,7 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   device_comm_.heap_base = heap_->local_base();
   device_comm_.heap_bytes = heap_->bytes();
   device_comm_.peer_heap = peer_heap_dev_;
+  for (int r = 0; r < world_ && r < kInlinePeerHeaps; ++r) device_comm_.peer_heap_inline[r] = peer_heap_host_[r];
   device_comm_.abort_flag = static_cast<volatile int32_t*>(abort_dev);
   device_comm_.error = static_cast<ErrorRecord*>(error_dev);
   device_comm_.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);

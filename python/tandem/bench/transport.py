@@ -76,7 +76,8 @@ def run(sizes, reps: int, rtt_iters: int, out_dir: str | None, command: str, bul
     rtt = {}
     base = 0
     if world > 1 and rank in (0, 1):
-        for variant in ("api",) if remote else tuple(probe.PINGPONG_VARIANTS):
+        rtt_remote = 1 not in comm.local_ranks or 0 not in comm.local_ranks  # the same answer on both ranks
+        for variant in ("api",) if rtt_remote else tuple(probe.PINGPONG_VARIANTS):
             times = []
             for rep in range(6):
                 torch.cuda.synchronize()

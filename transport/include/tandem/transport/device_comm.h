@@ -76,6 +76,11 @@ struct ReservedLayout {
 // Everything a kernel needs to reach the other ranks. Trivially copyable; pass by value.
 constexpr uint64_t kPeerSameDeviceBit = 1;
 
+// Heap entries of the first kInlinePeerHeaps ranks travel inside DeviceComm itself. A kernel argument is read
+// through the constant cache, which an acquire (it invalidates L1) leaves alone: resolving a peer address
+// right after a wait then costs no L2 round trip (measured: 0.4 us of a 1.7 us flag round trip on the H200).
+constexpr int kInlinePeerHeaps = 16;
+
 struct DeviceComm {
   int32_t rank = 0;
   int32_t world = 1;
@@ -94,6 +99,8 @@ struct DeviceComm {
   proxy::QueueControl* proxy_ctl = nullptr;    // host-mapped: head (consumed), retired (complete), error
   unsigned long long* proxy_tail = nullptr;    // device memory: next ticket (GPU atomics stay on the GPU)
   uint32_t proxy_capacity = 0;                 // power of two
+
+  uint64_t peer_heap_inline[kInlinePeerHeaps] = {};  // copy of peer_heap[0, min(world, kInlinePeerHeaps))
 };
 
 }  // namespace tandem

@@ -13,7 +13,10 @@
 
 namespace tandem::device::impl {
 
+// `peer` must be in [0, world). The first ranks come from the kernel argument (constant cache), the rest from
+// the device array.
 __device__ __forceinline__ uint64_t peer_heap_entry(const DeviceComm& comm, int peer) {
+  if (peer < tandem::kInlinePeerHeaps) return comm.peer_heap_inline[peer];
   return __ldg(reinterpret_cast<const unsigned long long*>(comm.peer_heap) + peer);
 }
 

@@ -12,6 +12,7 @@
 namespace tandem::device {
 
 __device__ __forceinline__ void* peer_ptr(const DeviceComm& comm, const void* sym, int peer) {
+  if (peer < 0 || peer >= comm.world) return nullptr;
   const uint64_t base = impl::peer_heap_base(comm, peer);
   if (base == 0) return nullptr;  // no load/store path
   return reinterpret_cast<char*>(base) + (static_cast<const char*>(sym) - comm.heap_base);
