@@ -1,13 +1,12 @@
 // tandem device API — wait_until (implementation).
 //
 // Spins on acquire loads: one load per iteration and no fence, so the wait ends one load latency after the
-// signal lands. (A relaxed spin with an acquire re-read of the satisfying value spares the SM's L1 the
-// invalidation of each acquire, but measured slower on the H200: one more L2 round trip (or a fence) per wait;
-// relaxed spin + fence 1.43 us vs acquire spin 1.18 us per flag round trip. Fused kernels stream operands through TMA into shared memory, which the invalidation does not
-// touch.) Scope: .gpu when the named peer runs on this GPU and is reached directly (not through the proxy),
-// else .sys. The abort flag (host-mapped, so a
-// PCIe read) and the clock are checked every kCheckInterval spins only; the clock starts at the first check,
-// so a timeout is measured from a few microseconds after the wait began.
+// signal lands. A relaxed spin closed by an acquire re-read or a fence spares the SM's L1 the invalidation of
+// each acquire, but measured slower on the H200 (1.43 us vs 1.18 us per flag round trip); fused kernels stream
+// operands through TMA into shared memory, which the invalidation does not touch. Scope: .gpu when the named
+// peer runs on this GPU and is reached directly (not through the proxy), else .sys. The abort flag
+// (host-mapped, so a PCIe read) and the clock are checked every kCheckInterval spins only; the clock starts at
+// the first check, so a timeout is measured from a few microseconds after the wait began.
 #pragma once
 
 #include "tandem/device/impl/addressing.cuh"
