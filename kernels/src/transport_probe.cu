@@ -92,11 +92,12 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
         if (s == Status::kOk) s = send();
       }
     } else {
-      if (initiator) {
+      auto store = [&] {
         if (variant == 4 || variant == 5) st_release_gpu(remote, v);
         else if (variant == 6) st_relaxed_gpu(remote, v);
         else *vremote = v;
-      }
+      };
+      if (initiator) store();
       uint32_t spins = 0;
       for (;;) {
         const uint64_t seen = variant == 4   ? ld_acquire_gpu(flag)
@@ -110,11 +111,7 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
       }
       if (variant == 1) fence_acq_rel_sys();
       if (variant == 5 || variant == 6) fence_acq_rel_gpu();
-      if (!initiator) {
-        if (variant == 4 || variant == 5) st_release_gpu(remote, v);
-        else if (variant == 6) st_relaxed_gpu(remote, v);
-        else *vremote = v;
-      }
+      if (!initiator) store();
     }
     if (s != Status::kOk) {
       record(status_out, s);

@@ -32,9 +32,9 @@ __device__ __forceinline__ bool compare(uint64_t v, Cmp cmp, uint64_t x) {
 }
 
 // .gpu scope suffices only if the flag's writer is a thread of this GPU: a same-device peer reached directly.
+// (The same-device bit is set only on entries with a load/store path, so a proxy peer never has it.)
 __device__ __forceinline__ bool wait_at_gpu_scope(const DeviceComm& comm, int peer) {
-  return peer >= 0 && peer < comm.world && peer != comm.rank && !is_proxy_peer(comm, peer) &&
-         peer_on_same_device(comm, peer);
+  return peer >= 0 && peer < comm.world && peer != comm.rank && peer_on_same_device(comm, peer);
 }
 
 template <bool kGpuScope>
