@@ -54,7 +54,8 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
 }
 
 // Flag round trip variants. 0: the public API (signal + wait_until naming the peer, so .gpu scope for a peer
-// on this GPU). 3: the API with the waited peer unnamed (-1: .sys scope). 7: the API's wait, with the signal
+// on this GPU). 8: the API with Order::kRelaxed on both sides (notification flags). 3: the API with the
+// waited peer unnamed (-1: .sys scope). 7: the API's wait, with the signal
 // as a release store to a peer address resolved once before the loop (isolates the address lookup).
 // References on a pointer resolved once: 4 st.release.gpu + spin on ld.acquire.gpu; 5 st.release.gpu +
 // relaxed .gpu spin + fence.acq_rel.gpu; 6 relaxed .gpu store and spin + one fence.acq_rel.gpu per side (in a
@@ -67,7 +68,7 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
   uint64_t* remote = reinterpret_cast<uint64_t*>(device::peer_ptr(comm, flag, peer));
   volatile uint64_t* vremote = remote;
   const volatile uint64_t* vlocal = flag;
-  if (variant != 0 && variant != 3 && remote == nullptr) {
+  if (variant != 0 && variant != 3 && variant != 8 && remote == nullptr) {
     record(status_out, Status::kUnreachablePeer);
     return;
   }
@@ -75,20 +76,21 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (variant == 0 || variant == 3 || variant == 7) {
+    if (variant == 0 || variant == 3 || variant == 7 || variant == 8) {
       const int waited_peer = variant == 3 ? -1 : peer;
+      const device::Order order = variant == 8 ? device::Order::kRelaxed : device::Order::kOrdered;
       auto send = [&] {
         if (variant == 7) {
           release_store(remote, v, same_device);
           return Status::kOk;
         }
-        return device::signal(comm, flag, v, SignalOp::kSet, peer);
+        return device::signal(comm, flag, v, SignalOp::kSet, peer, order);
       };
       if (initiator) {
         s = send();
-        if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
+        if (s == Status::kOk) s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer, order);
       } else {
-        s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer);
+        s = device::wait_until(comm, flag, Cmp::kGe, v, waited_peer, order);
         if (s == Status::kOk) s = send();
       }
     } else {
@@ -266,7 +268,7 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0 || variant < 0 || variant > 7) return Status::kInvalidArgument;
+  if (iters < 0 || variant < 0 || variant > 8) return Status::kInvalidArgument;
   pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }

@@ -41,6 +41,15 @@ def test_put_signal_data_is_visible_before_flag(run_ranks, world):
             assert r["final_ack"] == iters
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_relaxed_and_ordered_flag_round_trips_complete(run_ranks, world):
+    variants = ["api", "api-relaxed", "api-sys"]
+    res = run_ranks(f"{W}:pingpong_orders", world, iters=20_000, variants=variants)
+    for r in res[:2]:
+        for variant, final in zip(variants, r["expected_finals"]):
+            assert r[variant] == dict(status=0, final=final), (variant, r)
+
+
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_barrier_10k_times_without_stale_epochs(run_ranks, world):
     res = run_ranks(f"{W}:barrier_many", world, iters=10_000)

@@ -352,3 +352,26 @@ def team_barriers(iters: int):
     comm.barrier()
     comm.destroy()
     return out
+
+
+def pingpong_orders(iters: int, variants):
+    """Ranks 0 and 1 ping-pong a flag with each variant; each must finish with status 0 and the final flag at
+    the last round's value (a lost or early-returning wait leaves either a status or a smaller flag)."""
+    comm = Communicator(heap_bytes=1 << 20, timeout_s=20)
+    rank = comm.rank
+    flag = comm.zeros(16, torch.int64)
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = {}
+    base = 0
+    for variant in variants:
+        comm.barrier()
+        if rank < 2:
+            probe.pingpong(comm, flag, peer=1 - rank, iters=iters, base=base, initiator=rank == 0, status=status,
+                           variant=variant)
+            torch.cuda.synchronize()
+        comm.barrier()
+        out[variant] = dict(status=int(status.item()), final=int(flag[0].item()))
+        base += iters
+    out["expected_finals"] = [iters * (i + 1) for i in range(len(variants))]
+    comm.destroy()
+    return out

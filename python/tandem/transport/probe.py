@@ -62,7 +62,7 @@ def put(comm, dst, src, nbytes: int | None = None, *, peer: int, mode: str = "bl
 
 
 # see kernels/src/transport_probe.cu for what each measures
-PINGPONG_VARIANTS = {"api": 0, "api-sys": 3, "api-hoisted": 7, "acq.gpu": 4, "rlx+fence.gpu": 5,
+PINGPONG_VARIANTS = {"api": 0, "api-relaxed": 8, "api-sys": 3, "api-hoisted": 7, "acq.gpu": 4, "rlx+fence.gpu": 5,
                      "1fence.gpu": 6, "1fence.sys": 1, "unordered": 2}
 
 

@@ -4,6 +4,9 @@
 // Acquire semantics on success: everything the signalling peer released is visible after the call, to the
 // calling thread (use __syncthreads afterwards to extend it to the block).
 //
+// With Order::kRelaxed the wait observes the flag only: nothing else the signaller wrote is guaranteed
+// visible (pair it with relaxed signals used as pure notifications; types.cuh).
+//
 // `peer` names the rank whose signal is awaited — the flag's only writer — or is -1 if that is unknown or
 // the flag has several writers. It picks the scope: a peer on this GPU reached directly (several ranks per
 // GPU under MPS) is synchronized at .gpu scope, anything else (another GPU, the CPU proxy, -1) at .sys.
@@ -24,10 +27,11 @@
 namespace tandem::device {
 
 __device__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
-                                     uint64_t timeout_ns, uint64_t* observed = nullptr, int peer = -1);
+                                     uint64_t timeout_ns, uint64_t* observed = nullptr, int peer = -1,
+                                     Order order = Order::kOrdered);
 
 __device__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
-                             int peer = -1);
+                             int peer = -1, Order order = Order::kOrdered);
 
 }  // namespace tandem::device
 

@@ -46,6 +46,18 @@ __device__ __forceinline__ void release_add(uint64_t* remote, uint64_t v, bool s
   else red_release_sys_add(remote, v);
 }
 
+// Relaxed store / add: no ordering of earlier writes (Order::kRelaxed), still a strong access at the scope
+// that includes the peer, so the value itself is never torn or stuck in a private cache.
+__device__ __forceinline__ void relaxed_store(uint64_t* remote, uint64_t v, bool same_device) {
+  if (same_device) st_relaxed_gpu(remote, v);
+  else st_relaxed_sys(remote, v);
+}
+
+__device__ __forceinline__ void relaxed_add(uint64_t* remote, uint64_t v, bool same_device) {
+  if (same_device) red_relaxed_gpu_add(remote, v);
+  else red_relaxed_sys_add(remote, v);
+}
+
 // Translate [sym, sym + bytes) to `peer`; on failure record the error (op), store its code in *status and
 // return nullptr.
 __device__ __forceinline__ char* checked_peer_ptr(const DeviceComm& comm, const void* sym, size_t bytes,

@@ -9,7 +9,7 @@
 namespace tandem::device {
 
 __device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, uint64_t value, SignalOp op,
-                                         int peer) {
+                                         int peer, Order order) {
   if (impl::is_proxy_peer(comm, peer))
     return impl::proxy_enqueue(comm, proxy::CommandOp::kSignal, peer, nullptr, nullptr, 0, sig, value,
                                static_cast<uint32_t>(op));
@@ -18,6 +18,11 @@ __device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, 
       impl::checked_peer_ptr(comm, sig, sizeof(uint64_t), peer, DeviceOp::kSignal, &status));
   if (remote == nullptr) return status;
   const bool same_device = impl::peer_on_same_device(comm, peer);
+  if (order == Order::kRelaxed) {
+    if (op == SignalOp::kSet) impl::relaxed_store(remote, value, same_device);
+    else impl::relaxed_add(remote, value, same_device);
+    return Status::kOk;
+  }
   if (op == SignalOp::kSet) {
     impl::release_store(remote, value, same_device);
   } else {

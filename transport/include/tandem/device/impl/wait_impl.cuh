@@ -37,12 +37,13 @@ __device__ __forceinline__ bool wait_at_gpu_scope(const DeviceComm& comm, int pe
   return peer >= 0 && peer < comm.world && peer != comm.rank && peer_on_same_device(comm, peer);
 }
 
-template <bool kGpuScope>
+template <bool kGpuScope, bool kAcquire>
 __device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
                                             uint64_t timeout_ns, uint64_t* observed) {
   uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
-    const uint64_t v = kGpuScope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag);
+    const uint64_t v = kAcquire ? (kGpuScope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag))
+                                : (kGpuScope ? ld_relaxed_gpu(flag) : ld_relaxed_sys(flag));
     if (compare(v, cmp, value)) {
       if (observed != nullptr) *observed = v;
       return Status::kOk;
@@ -61,15 +62,20 @@ __device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64
 
 __device__ __forceinline__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
                                                      uint64_t value, uint64_t timeout_ns, uint64_t* observed,
-                                                     int peer) {
-  return impl::wait_at_gpu_scope(comm, peer) ? impl::wait_spin<true>(comm, flag, cmp, value, timeout_ns, observed)
-                                             : impl::wait_spin<false>(comm, flag, cmp, value, timeout_ns, observed);
+                                                     int peer, Order order) {
+  const bool gpu = impl::wait_at_gpu_scope(comm, peer);
+  if (order == Order::kRelaxed) {
+    return gpu ? impl::wait_spin<true, false>(comm, flag, cmp, value, timeout_ns, observed)
+               : impl::wait_spin<false, false>(comm, flag, cmp, value, timeout_ns, observed);
+  }
+  return gpu ? impl::wait_spin<true, true>(comm, flag, cmp, value, timeout_ns, observed)
+             : impl::wait_spin<false, true>(comm, flag, cmp, value, timeout_ns, observed);
 }
 
 __device__ __forceinline__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
-                                             uint64_t value, int peer) {
+                                             uint64_t value, int peer, Order order) {
   uint64_t observed = 0;
-  const Status s = wait_until_timeout(comm, flag, cmp, value, comm.timeout_ns, &observed, peer);
+  const Status s = wait_until_timeout(comm, flag, cmp, value, comm.timeout_ns, &observed, peer, order);
   if (s == Status::kTimeout) {
     impl::report_error(comm, s, DeviceOp::kWaitUntil, peer, value, observed, comm.timeout_ns);
   }
