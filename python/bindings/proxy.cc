@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -183,9 +184,80 @@ class ProxyEndpoint {
   std::unique_ptr<TcpBackend> backend_;
 };
 
+const char* op_name(uint32_t op) {
+  switch (static_cast<CommandOp>(op)) {
+    case CommandOp::kPut: return "put";
+    case CommandOp::kPutSignal: return "put_signal";
+    case CommandOp::kSignal: return "signal";
+  }
+  return "unknown";
+}
+
 }  // namespace
 
 void bind_proxy(py::module_& m) {
+  // The command ring on its own: producers push, a consumer written in Python (the verbs proxy, whose QPs
+  // pyverbs owns) peeks in ticket order, releases slots and publishes the retired watermark.
+  py::class_<CommandQueue>(m, "CommandQueue", "Command ring in host memory (producer and consumer sides).")
+      .def(py::init<uint32_t, int>(), py::arg("capacity"), py::arg("rank") = -1)
+      .def(
+          "push",
+          [](CommandQueue& q, const std::string& op, int peer, uint64_t src, uint64_t dst, uint64_t n, uint64_t sig,
+             uint64_t value, const std::string& signal_op, uint16_t channel, double timeout_s) {
+            static const std::map<std::string, CommandOp> ops{
+                {"put", CommandOp::kPut}, {"put_signal", CommandOp::kPutSignal}, {"signal", CommandOp::kSignal}};
+            auto it = ops.find(op);
+            if (it == ops.end()) throw tandem::Error(tandem::Status::kInvalidArgument, "proxy.push", -1, peer, "unknown op " + op);
+            Command c{};
+            c.op = static_cast<uint32_t>(it->second);
+            c.peer = peer;
+            c.channel = channel;
+            c.src_offset = src;
+            c.dst_offset = dst;
+            c.bytes = n;
+            c.sig_offset = sig;
+            c.sig_value = value;
+            c.signal_op = signal_op == "add" ? 1 : 0;
+            py::gil_scoped_release nogil;
+            return q.push(c, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+          },
+          py::arg("op"), py::arg("peer"), py::arg("src") = 0, py::arg("dst") = 0, py::arg("nbytes") = 0,
+          py::arg("sig") = 0, py::arg("value") = 0, py::arg("signal_op") = "set", py::arg("channel") = 0,
+          py::arg("timeout_s") = 10.0)
+      .def(
+          "peek",
+          [](const CommandQueue& q, uint64_t ticket) -> py::object {
+            Command c{};
+            if (!q.peek(ticket, &c)) return py::none();
+            py::dict d;
+            d["op"] = op_name(c.op);
+            d["peer"] = c.peer;
+            d["channel"] = c.channel;
+            d["signal_op"] = c.signal_op == 1 ? "add" : "set";
+            d["src"] = c.src_offset;
+            d["dst"] = c.dst_offset;
+            d["bytes"] = c.bytes;
+            d["sig"] = c.sig_offset;
+            d["value"] = c.sig_value;
+            return d;
+          },
+          py::arg("ticket"))
+      .def("release_until", &CommandQueue::release_until, py::arg("head"))
+      .def("retire_until", &CommandQueue::retire_until, py::arg("retired"))
+      .def(
+          "fail", [](CommandQueue& q, int status, int peer) { q.fail(static_cast<tandem::Status>(status), peer); },
+          py::arg("status"), py::arg("peer"))
+      .def(
+          "wait_retired",
+          [](const CommandQueue& q, uint64_t end, double timeout_s) {
+            py::gil_scoped_release nogil;
+            q.wait_retired(end, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+          },
+          py::arg("ticket_end"), py::arg("timeout_s") = 10.0)
+      .def_property_readonly("capacity", &CommandQueue::capacity)
+      .def_property_readonly("retired", &CommandQueue::retired)
+      .def_property_readonly("tail", &CommandQueue::tail);
+
   py::class_<ProxyEndpoint>(m, "ProxyEndpoint",
                             "One rank of the proxy path over host memory (tests, CPU-only ranks).")
       .def(py::init<const std::string&, int, int, const std::string&, py::buffer, uint32_t, double>(),

@@ -13,8 +13,10 @@ Where the boundary sits, and why (docs/transports.md):
 pyverbs is an optional extra (`pip install tandem[verbs]`); a missing pyverbs or a machine without an RDMA
 device is a clear TandemError when this backend is asked for, never an import failure of tandem.
 
-What has run: the planner's tests and the NIC-selection logic (CPU). What has never run here: anything that
-touches a NIC (no RDMA device, not even soft-RoCE, exists on the machines this was built on).
+The posting loop is tandem.transport.verbs_proxy (VerbsProxy + PyverbsDriver, LoopbackDriver for tests).
+
+What has run: the planner's tests, the NIC-selection logic and the proxy loop over the loopback driver (CPU).
+What has never run here: anything that touches a NIC (no RDMA device, not even soft-RoCE, exists on the machines this was built on).
 """
 
 from __future__ import annotations

@@ -90,8 +90,7 @@ void Proxy::run() {
       error_ = e.status();
       error_peer_ = e.peer() >= 0 ? e.peer() : cmd.peer;
       error_what_ = e.what();
-      std::atomic_ref<int32_t>(queue_.control()->error_peer).store(error_peer_);
-      std::atomic_ref<int32_t>(queue_.control()->error).store(static_cast<int32_t>(error_), std::memory_order_release);
+      queue_.fail(error_, error_peer_);
       if (on_error_) on_error_();
       return;
     }

@@ -93,6 +93,10 @@ bool CommandQueue::peek(uint64_t ticket, Command* out) const {
 
 void CommandQueue::release_until(uint64_t head) { ref(control_->head).store(head, std::memory_order_release); }
 void CommandQueue::retire_until(uint64_t retired) { ref(control_->retired).store(retired, std::memory_order_release); }
+void CommandQueue::fail(Status status, int peer) {
+  ref(control_->error_peer).store(peer);
+  ref(control_->error).store(static_cast<int32_t>(status), std::memory_order_release);
+}
 uint64_t CommandQueue::retired() const { return ref(control_->retired).load(std::memory_order_acquire); }
 uint64_t CommandQueue::tail() const { return ref(control_->tail).load(std::memory_order_acquire); }
 

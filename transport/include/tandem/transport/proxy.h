@@ -93,6 +93,8 @@ class CommandQueue {
   bool peek(uint64_t ticket, Command* out) const;
   void release_until(uint64_t head);  // slots below `head` may be reused
   void retire_until(uint64_t retired);
+  // The consumer stopped on a failure: producers and quiet raise kAborted naming `peer` from now on.
+  void fail(Status status, int peer);
   uint64_t retired() const;
   uint64_t tail() const;
   // Host-side quiet: wait until every command pushed so far is complete at its destination.
