@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common.h"
+#include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/transport/comm.h"
 
@@ -73,6 +74,95 @@ void bind_kernels(py::module_& m) {
       },
       "The GEMM core with the arrival-aware tile scheduler (the AG+GEMM mainloop's contract); returns '' or why "
       "it did not run. Timed-out waits are recorded in the communicator.");
+
+  namespace tp = tandem::kernels::tp;
+  auto ag_args = [](const tandem::Communicator& c, int dtype, int m_local, int n, int k_, uintptr_t a, uintptr_t b,
+                    int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count, int comm_blocks) {
+    tp::AgGemmArgs x;
+    x.dtype = static_cast<g::DType>(dtype);
+    x.m_local = m_local;
+    x.n = n;
+    x.k = k_;
+    x.a_local = reinterpret_cast<const void*>(a);
+    x.b = reinterpret_cast<const void*>(b);
+    x.ldb = ldb;
+    x.c = reinterpret_cast<void*>(cc);
+    x.ldc = ldc;
+    x.workspace = reinterpret_cast<void*>(ws);
+    x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
+    x.plan.comm_blocks = comm_blocks;
+    x.comm = c.device_comm();
+    return x;
+  };
+  k.def("ag_gemm_workspace_size", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+    return tp::workspace_size(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
+  });
+  k.def("ag_gemm_gathered_offset", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+    return tp::gathered_offset(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
+  });
+  k.def("tp_default_comm_blocks", [](int sm_count, int world, int m, int n, int k_) {
+    return tp::plan_for(sm_count, world, m, n, k_).comm_blocks;
+  });
+  k.def(
+      "ag_gemm",
+      [ag_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
+                uintptr_t a, uintptr_t b, int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count,
+                int comm_blocks, uintptr_t stream) {
+        auto x = ag_args(c, dtype, m_local, n, k_, a, b, ldb, cc, ldc, ws, sm_count, comm_blocks);
+        auto st = reinterpret_cast<cudaStream_t>(stream);
+        std::string why;
+        tandem::Status s;
+        if (mode == "check") {
+          s = tp::can_implement(x, &why);
+        } else if (mode == "fused") {
+          s = tp::run(x, st, &why);
+        } else {  // "gather": the copy blocks alone (the caller runs the GEMM on the gathered A)
+          s = tp::run_all_gather(x, st, &why);
+        }
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "AllGather+GEMM: mode 'fused' (one kernel), 'gather' (all-gather only), 'check' (can_implement); returns '' "
+      "or the reason.");
+  auto rs_args = [](const tandem::Communicator& c, int dtype, int m_, int n, int k_, uintptr_t a, int64_t lda,
+                    uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks) {
+    tp::GemmRsArgs x;
+    x.dtype = static_cast<g::DType>(dtype);
+    x.m = m_;
+    x.n = n;
+    x.k = k_;
+    x.a = reinterpret_cast<const void*>(a);
+    x.lda = lda;
+    x.b = reinterpret_cast<const void*>(b);
+    x.ldb = ldb;
+    x.out = reinterpret_cast<void*>(out);
+    x.workspace = reinterpret_cast<void*>(ws);
+    x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
+    x.plan.comm_blocks = comm_blocks;
+    x.comm = c.device_comm();
+    return x;
+  };
+  k.def("gemm_rs_workspace_size", [rs_args](const tandem::Communicator& c, int m_, int n) {
+    return tp::workspace_size(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
+  });
+  k.def(
+      "gemm_rs",
+      [rs_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
+                int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
+                uintptr_t stream) {
+        auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
+        auto st = reinterpret_cast<cudaStream_t>(stream);
+        std::string why;
+        tandem::Status s;
+        if (mode == "check") {
+          s = tp::can_implement(x, &why);
+        } else if (mode == "fused") {
+          s = tp::run(x, st, &why);
+        } else {
+          s = tp::run_unfused(x, st, &why);
+        }
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'check'; returns '' or the reason.");
 }
 
 }  // namespace tandem_py

@@ -9,6 +9,7 @@ USAGE = """usage: tandem <command> [args]
 commands:
   bench transport [-n N] [--out DIR] ...   put bandwidth and flag latency (N ranks; MPS on one GPU)
   bench gemm [--out DIR]                   the GEMM core vs cuBLAS at world 1
+  bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS fused vs unfused vs the GEMM alone
   launch -n N -- CMD ...                   run CMD as N ranks (same as python -m tandem.launch)
   info                                     GPUs, SM counts, MPS, build
 """
@@ -55,6 +56,10 @@ def main(argv=None) -> int:
             from .bench.gemm import main as bench_gemm
 
             return bench_gemm(rest[1:])
+        if rest[0] == "tp":
+            from .bench.tp import main as bench_tp
+
+            return bench_tp(rest[1:])
         print(f"unknown benchmark {rest[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     if cmd == "launch":

@@ -1,81 +1,15 @@
-// CUTLASS 3 instantiation of the GEMM core (sm90a): 128x256x64 tiles, 2x1 clusters, TMA warp-specialized
-// cooperative mainloop and epilogue, persistent tile scheduler sized to the rank's SMs.
+// The unfused GEMM core (sm90a) on the shared CUTLASS configuration (sm90_config.hpp).
 #include <cuda_runtime_api.h>
 
 #include <type_traits>
 
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/util/packed_stride.hpp"
-#include "tandem/kernels/gemm/arrival_scheduler.hpp"
-#include "tandem/kernels/gemm/gemm.h"
+#include "sm90_config.hpp"
 
 namespace tandem::kernels::gemm {
 
 namespace {
 
-using namespace cute;
-
-template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler>
-struct Sm90Gemm {
-  using LayoutA = cutlass::layout::RowMajor;
-  using LayoutB = cutlass::layout::RowMajor;
-  using LayoutC = cutlass::layout::RowMajor;
-  static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte accesses
-  using Accumulator = float;
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, Element, LayoutC, kAlign, Element,
-      LayoutC, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
-
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign,
-      Accumulator, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, SchedulerTag>;
-  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-
-  static typename Device::Arguments arguments(const GemmArgs& g) {
-    using StrideA = typename Device::GemmKernel::StrideA;
-    using StrideB = typename Device::GemmKernel::StrideB;
-    using StrideC = typename Device::GemmKernel::StrideC;
-    using StrideD = typename Device::GemmKernel::StrideD;
-    // Row-major A: (M, K) with K contiguous; row-major B as CUTLASS sees it: (N, K) with N contiguous.
-    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(g.m, g.k, 1));
-    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(g.n, g.k, 1));
-    StrideC sc = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(g.m, g.n, 1));
-    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(g.m, g.n, 1));
-    cute::get<0>(sa) = g.lda;
-    cute::get<1>(sb) = g.ldb;
-    cute::get<0>(sc) = g.ldc > 0 ? g.ldc : g.ldd;
-    cute::get<0>(sd) = g.ldd;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = 0;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = g.sm_count > 0 ? g.sm_count
-                                 : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
-    typename Device::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {g.m, g.n, g.k, 1},
-        {static_cast<const Element*>(g.a), sa, static_cast<const Element*>(g.b), sb},
-        {{g.alpha, g.beta},
-         static_cast<const Element*>(g.c != nullptr ? g.c : g.d),
-         sc,
-         static_cast<Element*>(g.d),
-         sd},
-        hw};
-    return args;
-  }
-};
+using detail::Sm90Gemm;
 
 template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler>
 Status run_typed(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why,

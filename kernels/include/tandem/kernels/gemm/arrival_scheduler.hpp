@@ -69,6 +69,10 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       linear_ = uint64_t(blockIdx.x) * gy + uint64_t(blockIdx.y);
     }
     stride_ = gx * gy * uint64_t(gridDim.z);
+    if (arrival_.epoch_counter != nullptr) {
+      // Written by the previous launch on this stream, which finished before this one started.
+      arrival_.epoch = tandem::device::impl::ld_relaxed_gpu(arrival_.epoch_counter) + 1;
+    }
 #endif
   }
 

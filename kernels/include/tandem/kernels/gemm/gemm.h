@@ -40,6 +40,9 @@ struct ArrivalSchedule {
   tandem::DeviceComm comm{};        // bounds and reports the waits (timeout, abort flag, error record)
   const uint64_t* flags = nullptr;  // [chunks], in this rank's memory
   uint64_t epoch = 0;
+  // If set, the epoch is read on the device: *epoch_counter + 1 (the fused kernels keep the counter in their
+  // workspace and advance it as they finish, so a captured CUDA graph waits for a fresh epoch every replay).
+  const uint64_t* epoch_counter = nullptr;
   int32_t chunk_rows = 0;           // a multiple of 256 (tile M 128 x cluster M 2)
   int32_t chunks = 0;
   int32_t first_chunk = 0;          // hand out chunk first_chunk first, then +1, ... (mod chunks)

@@ -1,0 +1,84 @@
+// tandem kernels — the tensor-parallel pair as role-specialized persistent kernels (Hopper):
+//
+//   AllGather+GEMM:      C (M x N) = all_gather(A_local (M/W x K)) @ B (K x N)
+//   GEMM+ReduceScatter:  out (M/W x N) = reduce_scatter(A (M x K) @ B (K x N)), rank r owns rows [r M/W, ...)
+//
+// One launch per op. Its blocks take roles:
+//   * GEMM blocks run the CUTLASS 3 core (sm90_config.hpp) on a persistent grid sized to the SMs left over;
+//   * AG comm blocks copy this rank's A rows into the gathered buffer of every rank (itself first), through
+//     the transport's device API (TMA bulk puts to load/store peers, the CPU proxy to other nodes), and
+//     signal each chunk's arrival; the GEMM's tile scheduler waits per chunk and takes this rank's chunk first;
+//   * RS reduce blocks wait for each rank's partial of this rank's rows, and add them in a fixed order in fp32
+//     (deterministic); the GEMM computes the chunks in the order their owners need them (next rank first).
+// Cross-launch reuse is guarded by epochs kept on the device (workspace), so the launches are CUDA-graph safe.
+//
+// Host adapters in the CUTLASS manner: can_implement -> workspace_size -> run. The workspace lives in the
+// communicator's symmetric heap (same offset on every rank), zero-initialized once, reused across launches of
+// the same shape; every rank of the communicator calls run with the same shapes, in the same order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tandem/kernels/gemm/gemm.h"
+#include "tandem/transport/device_comm.h"
+
+namespace tandem::kernels::tp {
+
+using gemm::DType;
+
+// Role plan: how many of the rank's SMs do what. 0 = the heuristic (plan_for).
+struct SmPlan {
+  int sm_count = 0;    // SMs this rank really has (its MPS share); every block must be resident at once
+  int comm_blocks = 0; // AG: copy blocks; RS: reduce blocks. Even (the GEMM's clusters are 2 blocks wide)
+};
+
+struct AgGemmArgs {
+  DType dtype = DType::kBF16;
+  int m_local = 0, n = 0, k = 0;  // A_local is m_local x k (contiguous rows), B is k x n, C is (world m_local) x n
+  const void* a_local = nullptr;  // any device memory of this rank; may be the rank's own rows of `gathered`
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  void* workspace = nullptr;      // symmetric: workspace_size bytes, zeroed before first use
+  SmPlan plan{};
+  tandem::DeviceComm comm{};
+};
+
+struct GemmRsArgs {
+  DType dtype = DType::kBF16;
+  int m = 0, n = 0, k = 0;        // A is m x k, B is k x n; out is (m / world) x n
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* out = nullptr;            // contiguous (m / world) x n
+  void* workspace = nullptr;      // symmetric: workspace_size bytes, zeroed before first use
+  SmPlan plan{};
+  tandem::DeviceComm comm{};
+};
+
+// The heuristic split: AG copy blocks / RS reduce blocks ~ 1/16 of the SMs, at least 2, even.
+SmPlan plan_for(int sm_count, int world, int m, int n, int k);
+
+Status can_implement(const AgGemmArgs& args, std::string* why = nullptr);
+size_t workspace_size(const AgGemmArgs& args);
+// The gathered A (world m_local x k, row-major) inside the workspace: valid after the launch completes, until
+// the next launch on the same workspace.
+size_t gathered_offset(const AgGemmArgs& args);
+Status run(const AgGemmArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// The unfused halves: the copy blocks alone (all-gather into the workspace, no M_local constraint) — the caller
+// then runs gemm::run on the gathered A. The fallback below the fusion crossover, and the baseline.
+Status run_all_gather(const AgGemmArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+Status can_implement(const GemmRsArgs& args, std::string* why = nullptr);
+size_t workspace_size(const GemmRsArgs& args);
+Status run(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// Unfused: wait until the partial buffer is free, the plain GEMM into it, then the reduction alone.
+Status run_unfused(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+}  // namespace tandem::kernels::tp

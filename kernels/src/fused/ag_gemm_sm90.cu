@@ -1,0 +1,225 @@
+// AllGather+GEMM as one persistent kernel (sm90a): GEMM blocks on the CUTLASS core with the arrival-aware tile
+// scheduler (this rank's chunk first, then chunks as they land), copy blocks beside them moving this rank's A
+// rows to every rank. tp_gemm.h has the contract, tp_common.cuh the epoch protocol.
+//
+// Per launch (epoch e), on rank r with W ranks and C copy blocks (block b owns byte slice b of the chunk):
+//   start    block (0,0) tells every peer that r's previous GEMM is done (ready[r] = e - 1 there)
+//   copy     own rows -> own gathered buffer (skipped when A_local already is that slice: in place);
+//            the last of the C blocks sets arrive[r] = e locally; then for each peer q = r+1, r+2, ...:
+//            wait ready[q] >= e - 1 (q no longer reads its gathered A of e - 1), bulk-put the slice to q,
+//            and the last of the C blocks for q sets arrive[r] = e on q (release after all C slices)
+//   GEMM     tiles of chunk c start once arrive[c] >= e (scheduler), chunk r first
+//   end      the last block of the launch sets ready[r] = e on every peer and completes the epoch
+//
+// Without the GEMM role (the unfused path) the copy blocks run alone and finally wait for every chunk, so the
+// GEMM launched after them on the stream reads a complete gathered A.
+#include <cuda_runtime_api.h>
+
+#include "../gemm/sm90_config.hpp"
+#include "tp_common.cuh"
+
+namespace tandem::kernels::tp {
+
+namespace {
+
+using namespace detail;
+
+template <class GemmKernel>
+struct AgParams {
+  typename GemmKernel::Params gemm;
+  tandem::DeviceComm comm;
+  const char* a_local;
+  char* gathered;
+  Control* ctl;
+  size_t chunk_bytes;
+  int gemm_rows_y;   // blocks with blockIdx.y below this run the GEMM (when gemm_role)
+  int comm_blocks;
+  bool gemm_role;
+};
+
+template <class P>
+__device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
+  using namespace tandem::device;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  Control* ctl = p.ctl;
+  char* mine = p.gathered + static_cast<size_t>(rank) * p.chunk_bytes;
+  size_t lo, hi;
+  split16(p.chunk_bytes, p.comm_blocks, cb, &lo, &hi);
+  void* stage = smem;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStageBytes);
+  Status st = Status::kOk;
+  if (p.a_local != mine && hi > lo) st = put_bulk_block(comm, mine + lo, p.a_local + lo, hi - lo, rank, stage,
+                                                        kStageBytes, bars);
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&ctl->local_count[rank], p.comm_blocks)) {
+    const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, rank);
+    if (st == Status::kOk) st = s;
+  }
+  for (int d = 1; d < world && block_ok(st); ++d) {
+    const int q = (rank + d) % world;
+    if (threadIdx.x == 0) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+    if (!block_ok(st)) break;
+    // Source: this rank's slice of its own gathered buffer (in the heap, which the proxy path needs).
+    if (hi > lo) st = put_bulk_block(comm, mine + lo, mine + lo, hi - lo, q, stage, kStageBytes, bars);
+    __syncthreads();
+    if (threadIdx.x == 0 && last_of(&ctl->local_count[q], p.comm_blocks)) {
+      const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
+      if (st == Status::kOk) st = s;
+    }
+  }
+  if (!p.gemm_role && threadIdx.x == 0) {
+    for (int c = 0; c < world && st == Status::kOk; ++c) st = wait_until(comm, &ctl->arrive[c], Cmp::kGe, e, c);
+  }
+}
+
+template <class GemmKernel>
+__global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
+    ag_gemm_kernel(const __grid_constant__ AgParams<GemmKernel> p) {
+  extern __shared__ __align__(128) char smem[];
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const uint64_t e = current_epoch(ctl);
+  const DeviceComm& comm = p.comm;
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    for (int q = 0; q < comm.world; ++q)
+      if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e - 1, SignalOp::kSet, q);
+  }
+  const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) < p.gemm_rows_y;
+  if (gemm_block) {
+    GemmKernel op;
+    op(p.gemm, smem);
+  } else {
+    const int first_copy_row = p.gemm_role ? p.gemm_rows_y : 0;
+    const int cb = (static_cast<int>(blockIdx.y) - first_copy_row) * 2 + static_cast<int>(blockIdx.x);
+    ag_copy_role(p, cb, e, smem);
+  }
+  finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+    if (!p.gemm_role) return;  // without the GEMM, the next launch's start says it
+    for (int q = 0; q < comm.world; ++q)
+      if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e, SignalOp::kSet, q);
+  });
+}
+
+template <class Element>
+Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::string* why) {
+  using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
+  using Kernel = typename G::Kernel;
+  const int world = a.comm.world, rank = a.comm.rank;
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
+  char* ws = static_cast<char*>(a.workspace);
+  char* gathered = ws + gathered_offset(a);
+
+  AgParams<Kernel> p{};
+  p.comm = a.comm;
+  p.a_local = static_cast<const char*>(a.a_local);
+  p.gathered = gathered;
+  p.ctl = reinterpret_cast<Control*>(ws);
+  p.chunk_bytes = static_cast<size_t>(a.m_local) * a.k * sizeof(Element);
+  p.comm_blocks = plan.comm_blocks;
+  p.gemm_role = gemm_role;
+  dim3 grid;
+  if (gemm_role) {
+    gemm::GemmArgs g;
+    g.m = a.m_local * world;
+    g.n = a.n;
+    g.k = a.k;
+    g.dtype = a.dtype;
+    g.a = gathered;
+    g.lda = a.k;
+    g.b = a.b;
+    g.ldb = a.ldb;
+    g.d = a.c;
+    g.ldd = a.ldc;
+    g.sm_count = plan.sm_count - plan.comm_blocks;
+    auto args = G::arguments(g);
+    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    gemm::ArrivalSchedule& s = args.scheduler.arrival;
+    s.comm = a.comm;
+    s.flags = p.ctl->arrive;
+    s.epoch_counter = &p.ctl->epoch;
+    s.chunk_rows = a.m_local;
+    s.chunks = world;
+    s.first_chunk = rank;
+    s.tile_m = 128;
+    s.source_of_chunk0 = 0;
+    if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this AG+GEMM problem");
+    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+    // The scheduler's grid first (persistent, raster along N: (cluster M = 2, clusters)), then pin it.
+    p.gemm = Kernel::to_underlying_arguments(args, nullptr);
+    const dim3 gg = Kernel::get_grid_shape(p.gemm);
+    if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    p.gemm = Kernel::to_underlying_arguments(args, nullptr);
+    p.gemm_rows_y = static_cast<int>(gg.y);
+    grid = dim3(2, gg.y + plan.comm_blocks / 2, 1);
+  } else {
+    p.gemm_rows_y = 0;
+    grid = dim3(2, plan.comm_blocks / 2, 1);
+  }
+  // Copy blocks stage through shared memory; GEMM blocks need the CUTLASS kernel's (larger) storage.
+  const int copy_smem = kStageBytes + 64;
+  const int smem_launch = gemm_role && Kernel::SharedStorageSize > copy_smem ? Kernel::SharedStorageSize : copy_smem;
+  const cudaError_t err = launch_clustered(ag_gemm_kernel<Kernel>, grid, Kernel::MaxThreadsPerBlock, smem_launch,
+                                           stream, p);
+  if (err != cudaSuccess) return fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+  return Status::kOk;
+}
+
+}  // namespace
+
+SmPlan plan_for(int sm_count, int world, int m, int n, int k) {
+  (void)world, (void)m, (void)n, (void)k;
+  SmPlan p;
+  p.sm_count = sm_count;
+  int c = sm_count / 16;
+  c = c < 2 ? 2 : c;
+  p.comm_blocks = c & ~1;
+  return p;
+}
+
+size_t gathered_offset(const AgGemmArgs&) { return kControlBytes; }
+
+size_t workspace_size(const AgGemmArgs& a) {
+  const size_t esize = 2;
+  return kControlBytes + static_cast<size_t>(a.comm.world) * a.m_local * a.k * esize;
+}
+
+static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
+  const int world = a.comm.world;
+  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (a.m_local <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M_local, N and K must be positive");
+  if (fused && a.m_local % 256) return fail(why, "M_local must be a multiple of 256 for the fused kernel (tile M 128 x cluster 2)");
+  if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
+  if (a.ldb < a.n || a.ldc < a.n) return fail(why, "leading dimensions must be at least N");
+  if (!a.a_local || !a.b || !a.c || !a.workspace) return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.a_local) || misaligned(a.b) || misaligned(a.c) || misaligned(a.workspace))
+    return fail(why, "A_local, B, C and the workspace must be 16-byte aligned");
+  const char* ws = static_cast<const char*>(a.workspace);
+  if (ws < a.comm.heap_base || ws + workspace_size(a) > a.comm.heap_base + a.comm.heap_bytes)
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
+  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
+  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
+  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  return Status::kOk;
+}
+
+Status can_implement(const AgGemmArgs& a, std::string* why) { return check_ag(a, true, why); }
+
+Status run(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
+  if (const Status s = check_ag(a, true, why); s != Status::kOk) return s;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+}
+
+Status run_all_gather(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
+  if (const Status s = check_ag(a, false, why); s != Status::kOk) return s;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, false, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, false, why);
+}
+
+}  // namespace tandem::kernels::tp

@@ -1,0 +1,301 @@
+// GEMM+ReduceScatter as one persistent kernel (sm90a): GEMM blocks compute the partial product chunk by chunk in
+// the order the owners need them, reduce blocks beside them add up this rank's rows from every rank in a fixed
+// order. tp_gemm.h has the contract, tp_common.cuh the epoch protocol.
+//
+// Per launch (epoch e), on rank r with W ranks; chunk o = rows [o M/W, (o+1) M/W), owned by rank o:
+//   GEMM     for s = 0 .. W-1, o = r+1+s: wait ready[o] >= e - 1 (o no longer reads r's partial of e - 1),
+//            compute partial[chunk o] = A[chunk o] @ B into r's own heap, wait for the TMA stores, and the
+//            last GEMM block to finish chunk o sets arrive[r] = e on o
+//   reduce   for s = 0 .. W-1, source q = r-1-s (the order the chunks are produced): wait arrive[q] >= e on
+//            this rank, read q's partial of chunk r through its peer mapping, add in fp32
+//            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
+//   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
+//
+// The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
+// this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
+// block waits until every owner has read r's partial.
+//
+// Reduce blocks read peers by load/store: a communicator whose peers include other nodes (proxy path) is
+// refused by can_implement (the hierarchical inter-node reduction is not written yet).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "../gemm/sm90_config.hpp"
+#include "tp_common.cuh"
+
+namespace tandem::kernels::tp {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kMaxFusedRsWorld = 8;  // chunk GEMM parameter sets travel in the kernel argument
+
+enum class RsMode : int { kFused = 0, kReduceOnly = 1, kWaitReady = 2 };
+
+template <class GemmKernel>
+struct RsParams {
+  typename GemmKernel::Params gemm[kMaxFusedRsWorld];
+  tandem::DeviceComm comm;
+  Control* ctl;
+  const char* partial;  // symmetric: M x N, row-major
+  float* acc;           // local: (M / W) x N fp32
+  char* out;            // (M / W) x N
+  int64_t chunk_elems;  // (M / W) * N
+  int gemm_rows_y;
+  int gemm_blocks;
+  int reduce_blocks;
+  RsMode mode;
+};
+
+template <class Element>
+struct Raw;
+template <>
+struct Raw<cutlass::bfloat16_t> {
+  static __device__ __forceinline__ float2 to_float2(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  }
+  static __device__ __forceinline__ uint32_t from_float2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <>
+struct Raw<cutlass::half_t> {
+  static __device__ __forceinline__ float2 to_float2(uint32_t v) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&v));
+  }
+  static __device__ __forceinline__ uint32_t from_float2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// One step of the reduction over 8 elements (16 bytes) at vector v.
+template <class Element>
+__device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int world, float* acc, char* out) {
+  using R = Raw<Element>;
+  float f[8];
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = R::to_float2(w[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+  float4* a = reinterpret_cast<float4*>(acc) + 2 * v;
+  if (step > 0) {
+    const float4 a0 = a[0], a1 = a[1];
+    f[0] += a0.x, f[1] += a0.y, f[2] += a0.z, f[3] += a0.w;
+    f[4] += a1.x, f[5] += a1.y, f[6] += a1.z, f[7] += a1.w;
+  }
+  if (step + 1 < world) {
+    a[0] = make_float4(f[0], f[1], f[2], f[3]);
+    a[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+    uint4 o;
+    o.x = R::from_float2(f[0], f[1]);
+    o.y = R::from_float2(f[2], f[3]);
+    o.z = R::from_float2(f[4], f[5]);
+    o.w = R::from_float2(f[6], f[7]);
+    reinterpret_cast<uint4*>(out)[v] = o;
+  }
+}
+
+template <class Element, class P>
+__device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
+  using namespace tandem::device;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  Control* ctl = p.ctl;
+  const int64_t nvec = p.chunk_elems / 8;
+  const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
+  const char* my_rows = p.partial + static_cast<size_t>(rank) * p.chunk_elems * sizeof(Element);
+  Status st = Status::kOk;
+  for (int s = 0; s < world; ++s) {
+    const int q = ((rank - 1 - s) % world + world) % world;
+    if (threadIdx.x == 0) st = wait_until(comm, &ctl->arrive[q], Cmp::kGe, e, q);
+    if (!block_ok(st)) return;
+    const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));
+    if (src == nullptr) return;  // refused on the host (load/store peers only)
+    const int64_t stride = blockDim.x;
+    int64_t v = lo + threadIdx.x;
+    // Four independent 16-byte loads in flight per thread.
+    for (; v + 3 * stride < hi; v += 4 * stride) {
+      const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
+      reduce_vec<Element>(x0, v, s, world, p.acc, p.out);
+      reduce_vec<Element>(x1, v + stride, s, world, p.acc, p.out);
+      reduce_vec<Element>(x2, v + 2 * stride, s, world, p.acc, p.out);
+      reduce_vec<Element>(x3, v + 3 * stride, s, world, p.acc, p.out);
+    }
+    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, world, p.acc, p.out);
+    __syncthreads();
+  }
+}
+
+template <class Element, class GemmKernel>
+__global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
+    gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
+  extern __shared__ __align__(128) char smem[];
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const uint64_t e = current_epoch(ctl);
+  if (p.mode == RsMode::kWaitReady) {  // before the unfused GEMM overwrites the partial buffer
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+      Status st = Status::kOk;
+      for (int o = 0; o < world && st == Status::kOk; ++o) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
+    }
+    return;
+  }
+  if (p.mode == RsMode::kReduceOnly && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    for (int o = 0; o < world; ++o) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+  }
+  const bool gemm_block = p.mode == RsMode::kFused && static_cast<int>(blockIdx.y) < p.gemm_rows_y;
+  if (gemm_block) {
+    Status st = Status::kOk;
+    for (int s = 0; s < world; ++s) {
+      const int o = (rank + 1 + s) % world;
+      if (threadIdx.x == 0 && st == Status::kOk) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
+      // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
+      __syncthreads();
+      GemmKernel op;
+      op(p.gemm[o], smem);
+      complete_bulk_stores();
+      __syncthreads();
+      if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks))
+        (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+    }
+  } else {
+    const int first_row = p.mode == RsMode::kFused ? p.gemm_rows_y : 0;
+    const int rb = (static_cast<int>(blockIdx.y) - first_row) * 2 + static_cast<int>(blockIdx.x);
+    rs_reduce_role<Element>(p, rb, e);
+  }
+  finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+    for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
+    if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
+      Status st = Status::kOk;
+      for (int o = 0; o < world && st == Status::kOk; ++o) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e, o);
+    }
+  });
+}
+
+size_t acc_offset(const GemmRsArgs& a) {
+  const size_t partial = static_cast<size_t>(a.m) * a.n * 2;
+  return kControlBytes + ((partial + 255) & ~size_t(255));
+}
+
+template <class Element>
+Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, std::string* why) {
+  using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
+  using Kernel = typename G::Kernel;
+  const int world = a.comm.world;
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m, a.n, a.k);
+  const int mr = a.m / world;
+  char* ws = static_cast<char*>(a.workspace);
+  RsParams<Kernel> p{};
+  p.comm = a.comm;
+  p.ctl = reinterpret_cast<Control*>(ws);
+  p.partial = ws + kControlBytes;
+  p.acc = reinterpret_cast<float*>(ws + acc_offset(a));
+  p.out = static_cast<char*>(a.out);
+  p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.reduce_blocks = plan.comm_blocks;
+  auto chunk_args = [&](int o, int sm_count) {
+    gemm::GemmArgs g;
+    g.m = mr;
+    g.n = a.n;
+    g.k = a.k;
+    g.dtype = a.dtype;
+    g.a = static_cast<const char*>(a.a) + static_cast<size_t>(o) * mr * a.lda * sizeof(Element);
+    g.lda = a.lda;
+    g.b = a.b;
+    g.ldb = a.ldb;
+    g.d = const_cast<char*>(p.partial) + static_cast<size_t>(o) * mr * a.n * sizeof(Element);
+    g.ldd = a.n;
+    g.sm_count = sm_count;
+    return g;
+  };
+  const auto launch = [&](dim3 grid, int smem) {
+    const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel>, grid, Kernel::MaxThreadsPerBlock, smem,
+                                             stream, p);
+    return err == cudaSuccess ? Status::kOk
+                              : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+  };
+  if (!fused) {
+    p.mode = RsMode::kWaitReady;
+    if (Status s = launch(dim3(2, 1, 1), 0); s != Status::kOk) return s;
+    gemm::GemmArgs g = chunk_args(0, plan.sm_count);
+    g.m = a.m;
+    if (Status s = gemm::run(g, nullptr, stream, why); s != Status::kOk) return s;
+    p.mode = RsMode::kReduceOnly;
+    return launch(dim3(2, plan.comm_blocks / 2, 1), 0);
+  }
+  p.mode = RsMode::kFused;
+  dim3 gg{};
+  for (int o = 0; o < world; ++o) {
+    auto args = G::arguments(chunk_args(o, plan.sm_count - plan.comm_blocks));
+    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    args.scheduler.arrival.chunks = 1;  // no waits: flags stay null; only the grid is pinned below
+    args.scheduler.arrival.chunk_rows = mr;
+    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
+    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+    if (o == 0) {
+      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
+      if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    }
+    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
+  }
+  p.gemm_rows_y = static_cast<int>(gg.y);
+  p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  return launch(dim3(2, gg.y + plan.comm_blocks / 2, 1), Kernel::SharedStorageSize);
+}
+
+}  // namespace
+
+size_t workspace_size(const GemmRsArgs& a) {
+  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+}
+
+static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
+  const int world = a.comm.world;
+  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (fused && world > kMaxFusedRsWorld) return fail(why, "the fused GEMM+RS takes at most 8 ranks (use the unfused path)");
+  if (a.m <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M, N and K must be positive");
+  if (a.m % world) return fail(why, "M must be a multiple of the world size");
+  if (a.k % 8 || a.n % 8 || a.lda % 8 || a.ldb % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
+  if (a.lda < a.k || a.ldb < a.n) return fail(why, "leading dimensions too small");
+  if (!a.a || !a.b || !a.out || !a.workspace) return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.a) || misaligned(a.b) || misaligned(a.out) || misaligned(a.workspace))
+    return fail(why, "A, B, out and the workspace must be 16-byte aligned");
+  const char* ws = static_cast<const char*>(a.workspace);
+  if (ws < a.comm.heap_base || ws + workspace_size(a) > a.comm.heap_base + a.comm.heap_bytes)
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m, a.n, a.k);
+  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
+  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
+  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  return Status::kOk;
+}
+
+Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
+
+Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  if (const Status s = check_rs(a, true, why); s != Status::kOk) return s;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+}
+
+Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  if (const Status s = check_rs(a, false, why); s != Status::kOk) return s;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, false, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, false, why);
+}
+
+}  // namespace tandem::kernels::tp

@@ -1,0 +1,112 @@
+// tandem kernels (private) — what the fused TP kernels share: the workspace control block, the epoch protocol,
+// the "last block" counters, the launch with comm blocks beside the GEMM's persistent grid.
+//
+// Epochs. Every launch on a workspace is epoch e = control.epoch + 1, read by each block when it starts; the
+// last block to finish stores e (so launches on one stream, and the replays of a captured graph, see 1, 2, 3,
+// ...). Flags carry epochs (kSet, monotonic), never reset. Local counters ("the last of N blocks to reach this
+// point") count to N and are reset by the block that completes them; kernel boundaries order the reset before
+// the next launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tandem/device.cuh"
+#include "tandem/kernels/fused/tp_gemm.h"
+
+namespace tandem::kernels::tp::detail {
+
+constexpr int kMaxWorld = 64;
+constexpr int kStageBytes = 96 * 1024;  // TMA bulk staging of a comm block (multiple of 16 * kBulkStages)
+
+// At the start of the workspace, 4 KiB. Arrays are indexed by rank.
+struct alignas(128) Control {
+  uint64_t epoch;                  // last completed epoch (local)
+  uint64_t pad0[15];
+  uint64_t done_blocks;            // local: blocks of this launch that finished
+  uint64_t pad1[15];
+  uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
+  uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
+  uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
+                                   // RS: rank o finished reading my partial of its rows
+  uint64_t pad2[64];
+};
+static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
+constexpr size_t kControlBytes = 4096;
+
+__device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
+// Called by thread 0 after the block's work is ordered before it (__syncthreads). True for the last of `total`
+// callers; its acquire sees every caller's writes, so a release it issues next publishes them all.
+__device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
+  if (atom_add_acq_rel_gpu(counter, 1) + 1 != total) return false;
+  device::impl::st_relaxed_gpu(counter, 0);
+  return true;
+}
+
+__device__ __forceinline__ uint64_t current_epoch(const Control* ctl) {
+  return device::impl::ld_relaxed_gpu(&ctl->epoch) + 1;
+}
+
+// Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
+template <class F>
+__device__ __forceinline__ void finish_block(Control* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
+    on_last();
+    device::impl::st_relaxed_gpu(&ctl->epoch, epoch);
+  }
+}
+
+// The TMA bulk stores of CUTLASS's epilogue are waited for with .read only (the shared source may be reused);
+// before a peer may read the output, the issuing thread waits for the writes themselves, then orders the async
+// proxy's writes before the generic proxy's release that follows.
+__device__ __forceinline__ void complete_bulk_stores() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// [lo, hi) of `bytes` for part `i` of `parts`, 16-byte granular.
+__device__ __forceinline__ void split16(size_t bytes, int parts, int i, size_t* lo, size_t* hi) {
+  const size_t units = bytes / 16;
+  *lo = 16 * (units * static_cast<size_t>(i) / static_cast<size_t>(parts));
+  *hi = i + 1 == parts ? bytes : 16 * (units * static_cast<size_t>(i + 1) / static_cast<size_t>(parts));
+}
+
+// Report a failed wait once per block and let the caller skip the rest of its work (the abort flag is up, so
+// every other wait fails fast and the kernel still finishes).
+__device__ __forceinline__ bool block_ok(Status s) { return __syncthreads_and(s == Status::kOk) != 0; }
+
+// Launch `kernel` on grid (gx, gy) with 2x1x1 clusters (the GEMM core's cluster shape).
+template <class Params, class Kernel>
+cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
+                             const Params& params) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
+}
+
+inline Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
+  if (why) *why = w;
+  return s;
+}
+
+}  // namespace tandem::kernels::tp::detail

@@ -1,0 +1,96 @@
+"""AG+GEMM and GEMM+RS benchmark, N ranks (MPS on one GPU): fused vs unfused (tandem's own all-gather /
+reduction kernel, then the GEMM, sequentially: the same transport without overlap) and vs the GEMM alone
+(torch.matmul / cuBLAS on the same local problem: the compute floor), in the same run. CUDA events, warm-ups,
+median. NCCL cannot host several ranks on one GPU, so the NCCL baseline waits for a multi-GPU machine.
+
+    python -m tandem bench tp -n 2 [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# (M total, N, K) of the layer; AG: A_local = M/W x K, B = K x N; RS: A = M x K/W, B = K/W x N.
+SHAPES = [(8192, 4096, 8192), (16384, 8192, 4096)]
+
+
+def run(shapes, reps, out_dir, command):
+    import torch
+
+    from .. import ops  # noqa: F401
+    from ..ops import tp
+    from ..transport import Communicator
+    from . import common
+
+    comm = Communicator(heap_bytes=8 << 30, timeout_s=60)
+    world, rank = comm.world_size, comm.rank
+    rows, data = [], []
+    for m, n, k in shapes:
+        ml, kl = m // world, k // world
+        a_local = torch.randn(ml, k, device="cuda", dtype=torch.bfloat16)
+        b_ag = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        a_rs = torch.randn(m, kl, device="cuda", dtype=torch.bfloat16)
+        b_rs = torch.randn(kl, n, device="cuda", dtype=torch.bfloat16)
+        a_full = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        res = {}
+        for op, fn in (
+            ("ag_fused", lambda: tp.ag_gemm(comm, a_local, b_ag, mode="fused")),
+            ("ag_unfused", lambda: tp.ag_gemm(comm, a_local, b_ag, mode="unfused")),
+            ("ag_gemm_only", lambda: torch.matmul(a_full, b_ag)),
+            ("rs_fused", lambda: tp.gemm_rs(comm, a_rs, b_rs, mode="fused")),
+            ("rs_unfused", lambda: tp.gemm_rs(comm, a_rs, b_rs, mode="unfused")),
+            ("rs_gemm_only", lambda: torch.matmul(a_rs, b_rs)),
+        ):
+            comm.barrier()
+            res[op] = common.time_launches(fn, warmup=3, reps=reps)
+        comm.check()
+        flop_ag, flop_rs = 2.0 * m * n * k, 2.0 * m * n * kl
+        d = dict(m=m, n=n, k=k, world=world, **{f"{key}_ms": v * 1e3 for key, v in res.items()})
+        d["ag_fused_tflops"] = flop_ag / res["ag_fused"] / 1e12
+        d["rs_fused_tflops"] = flop_rs / res["rs_fused"] / 1e12
+        d["ag_speedup_vs_unfused"] = res["ag_unfused"] / res["ag_fused"]
+        d["rs_speedup_vs_unfused"] = res["rs_unfused"] / res["rs_fused"]
+        data.append(d)
+        rows.append([f"{m}x{n}x{k}", "AG+GEMM", f"{res['ag_fused'] * 1e3:.3f}", f"{res['ag_unfused'] * 1e3:.3f}",
+                     f"{res['ag_gemm_only'] * 1e3:.3f}", f"{d['ag_fused_tflops']:.0f}",
+                     f"{d['ag_speedup_vs_unfused']:.2f}", f"{res['ag_gemm_only'] / res['ag_fused']:.2f}"])
+        rows.append([f"{m}x{n}x{k}", "GEMM+RS", f"{res['rs_fused'] * 1e3:.3f}", f"{res['rs_unfused'] * 1e3:.3f}",
+                     f"{res['rs_gemm_only'] * 1e3:.3f}", f"{d['rs_fused_tflops']:.0f}",
+                     f"{d['rs_speedup_vs_unfused']:.2f}", f"{res['rs_gemm_only'] / res['rs_fused']:.2f}"])
+    tp.release_workspaces(comm)
+    if rank == 0:
+        meta = common.header(command)
+        table = common.markdown_table(
+            ["M x N x K", "op", "fused ms", "unfused ms", "GEMM alone ms (cuBLAS)", "fused TFLOP/s (rank)",
+             "unfused/fused", "GEMM alone/fused"], rows)
+        print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
+              f"{meta['commit']}, {meta['date']}")
+        print(table)
+        common.write_outputs(out_dir, f"tp_w{world}", meta, table, dict(rows=data))
+    comm.destroy()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tandem bench tp", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--nprocs", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=None, help="MxNxK,...")
+    a = ap.parse_args(argv)
+    if a.nprocs is not None and "RANK" not in os.environ:
+        from ..errors import TandemError
+        from ..launch import launch
+
+        cmd = [sys.executable, "-m", "tandem", "bench", "tp"] + list(argv if argv is not None else sys.argv[3:])
+        try:
+            res = launch(cmd, a.nprocs)
+        except TandemError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        return 0 if res.ok else 1
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
+    run(shapes, a.reps, a.out, "python -m tandem bench tp " + " ".join(argv if argv is not None else sys.argv[3:]))
+    return 0

@@ -1,0 +1,169 @@
+"""Rank-side bodies of the AG+GEMM / GEMM+RS tests (run in every rank by tests/conftest.py:run_ranks)."""
+
+from __future__ import annotations
+
+import torch
+
+import tandem.ops  # noqa: F401
+from tandem.errors import TandemError
+from tandem.ops import tp
+from tandem.transport import Communicator
+
+
+def _ints(rows, cols, salt, dtype, row0=0):
+    # Small multiples of 1/8 derived from (global row, column, salt): products and fp32 partial sums are exact,
+    # so the only rounding is the final one, shared with the reference; a misplaced row/column/rank shows.
+    i = torch.arange(row0, row0 + rows, device="cuda").view(-1, 1)
+    j = torch.arange(cols, device="cuda").view(1, -1)
+    return ((((i * 7 + j * 3 + salt * 5) % 17) - 8).to(dtype) / 8).contiguous()
+
+
+def _b(k, n, salt, dtype):
+    i = torch.arange(k, device="cuda").view(-1, 1)
+    j = torch.arange(n, device="cuda").view(1, -1)
+    return ((((i * 5 + j * 11 + salt * 3) % 13) - 6).to(dtype) / 8).contiguous()
+
+
+def _ag_case(comm, m_local, n, k, dtype, mode, in_place):
+    rank, world = comm.rank, comm.world_size
+    a_full = _ints(world * m_local, k, 0, dtype)
+    b = _b(k, n, 1, dtype)
+    ref = (a_full.float() @ b.float()).to(dtype)
+    if in_place:
+        a_local = tp.gathered_buffer(comm, m_local, k, dtype)
+        a_local.copy_(a_full[rank * m_local:(rank + 1) * m_local])
+    else:
+        a_local = a_full[rank * m_local:(rank + 1) * m_local].clone()
+    c, gathered = tp.ag_gemm(comm, a_local, b, mode=mode, return_gathered=True)
+    torch.cuda.synchronize()
+    comm.check()
+    return dict(shape=[m_local, n, k], dtype=str(dtype), mode=mode, in_place=in_place,
+                wrong=int((c != ref).sum()), gathered_wrong=int((gathered != a_full).sum()))
+
+
+def _rs_partials(world, m, n, k, dtype):
+    return [(_ints(m, k, q + 2, dtype), _b(k, n, q + 7, dtype)) for q in range(world)]
+
+
+def _rs_reference(rank, world, parts, mr, dtype):
+    # The kernel's order: acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r] (fp32, partials rounded to dtype).
+    acc = None
+    for s in range(world):
+        q = (rank - 1 - s) % world
+        a, b = parts[q]
+        p = (a.float() @ b.float()).to(dtype).float()[rank * mr:(rank + 1) * mr]
+        acc = p if acc is None else acc + p
+    return acc.to(dtype)
+
+
+def _rs_case(comm, mr, n, k, dtype, mode):
+    rank, world = comm.rank, comm.world_size
+    m = mr * world
+    parts = _rs_partials(world, m, n, k, dtype)
+    a, b = parts[rank]
+    out = tp.gemm_rs(comm, a, b, mode=mode)
+    torch.cuda.synchronize()
+    comm.check()
+    ref = _rs_reference(rank, world, parts, mr, dtype)
+    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
+    rel = float((out.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))
+    return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, wrong=int((out != ref).sum()), rel=rel)
+
+
+def correctness(ag_shapes, rs_shapes, dtypes, modes):
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    out = dict(ag=[], rs=[], sm_count=comm.sm_count)
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for (m_local, n, k) in ag_shapes:
+            for mode in modes:
+                for in_place in (False, True):
+                    if mode == "fused" and m_local % 256:
+                        continue
+                    out["ag"].append(_ag_case(comm, m_local, n, k, dtype, mode, in_place))
+        for (mr, n, k) in rs_shapes:
+            for mode in modes:
+                out["rs"].append(_rs_case(comm, mr, n, k, dtype, mode))
+    # ragged M_local is refused by the fused kernel with a clear error (auto takes the unfused path)
+    try:
+        tp.ag_gemm(comm, _ints(100, 64, 0, torch.bfloat16), _b(64, 64, 1, torch.bfloat16), mode="fused")
+        out["fused_ragged"] = None if comm.world_size > 1 else "world1"
+    except TandemError as e:
+        out["fused_ragged"] = e.status
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def repeat_and_graph(launches, m_local, n, k):
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    dtype = torch.bfloat16
+    a_full = _ints(world * m_local, k, 0, dtype)
+    b = _b(k, n, 1, dtype)
+    a_local = a_full[rank * m_local:(rank + 1) * m_local].clone()
+    parts = _rs_partials(world, m_local * world, n, k, dtype)
+    ra, rb = parts[rank]
+    first_ag = tp.ag_gemm(comm, a_local, b, mode="fused")
+    first_rs = tp.gemm_rs(comm, ra, rb, mode="fused")
+    same_ag = same_rs = 0
+    for _ in range(launches):
+        same_ag += int(torch.equal(tp.ag_gemm(comm, a_local, b, mode="fused"), first_ag))
+        same_rs += int(torch.equal(tp.gemm_rs(comm, ra, rb, mode="fused"), first_rs))
+    ag_ok = bool(torch.equal(first_ag, (a_full.float() @ b.float()).to(dtype)))
+    rs_ok = bool(torch.equal(first_rs, _rs_reference(rank, world, parts, m_local, dtype)))
+    # CUDA graph: capture both ops once (workspaces exist), replay with new inputs
+    sa, sra = a_local.clone(), ra.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        tp.ag_gemm(comm, sa, b, mode="fused")
+        tp.gemm_rs(comm, sra, rb, mode="fused")
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gc = tp.ag_gemm(comm, sa, b, mode="fused")
+        go = tp.gemm_rs(comm, sra, rb, mode="fused")
+    graph_ok = []
+    for rep in range(3):
+        scale = float(rep + 2)
+        sa.copy_(a_local * scale)
+        sra.copy_(ra * scale)
+        comm.barrier()
+        g.replay()
+        torch.cuda.synchronize()
+        graph_ok.append(bool(torch.equal(gc, (first_ag.float() * scale).to(dtype))) and
+                        bool(torch.equal(go, (first_rs.float() * scale).to(dtype))))
+    comm.check()
+    del g
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return dict(launches=launches, same_ag=same_ag, same_rs=same_rs, ag_ok=ag_ok, rs_ok=rs_ok, graph_ok=graph_ok)
+
+
+def rejects():
+    comm = Communicator(heap_bytes=64 << 20, timeout_s=10)
+    a = _ints(256, 64, 0, torch.bfloat16)
+    b = _b(64, 64, 1, torch.bfloat16)
+    cases = {
+        "dtype": lambda: tp.ag_gemm(comm, a.float(), b),
+        "mixed_dtype": lambda: tp.gemm_rs(comm, a, b.half()),
+        "inner": lambda: tp.ag_gemm(comm, a, _b(72, 64, 1, torch.bfloat16)),
+        "cpu": lambda: tp.gemm_rs(comm, a.cpu(), b.cpu()),
+        "stride": lambda: tp.ag_gemm(comm, a.t(), b),
+        "k_not_8": lambda: tp.ag_gemm(comm, _ints(256, 60, 0, torch.bfloat16), _b(60, 64, 1, torch.bfloat16)),
+        "mode": lambda: tp.gemm_rs(comm, a, b, mode="fast"),
+        "odd_blocks": lambda: tp.ag_gemm(comm, a, b, comm_blocks=3),
+        "m_not_world": lambda: tp.gemm_rs(comm, _ints(257, 64, 0, torch.bfloat16), b) if comm.world_size > 1
+        else (_ for _ in ()).throw(TandemError("w1", 3)),
+    }
+    out = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            out[name] = None
+        except TandemError as e:
+            out[name] = e.status
+    comm.destroy()
+    return out
