@@ -5,8 +5,9 @@ import pytest
 pytestmark = pytest.mark.gpu
 W = "tests.gpu.workers_tp"
 
-AG_SHAPES = [(256, 1024, 1024), (512, 520, 1032), (100, 256, 512)]  # (M_local, N, K); 100: not a tile multiple
-RS_SHAPES = [(256, 1024, 1024), (300, 520, 1032)]                   # (M / world, N, K_local)
+# (M_local, N, K); 100: not a tile multiple; 1024 x 4096: enough tiles for the full persistent grid (every SM busy)
+AG_SHAPES = [(256, 1024, 1024), (512, 520, 1032), (100, 256, 512), (1024, 4096, 1024)]
+RS_SHAPES = [(256, 1024, 1024), (300, 520, 1032), (1024, 4096, 1024)]  # (M / world, N, K_local)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -14,7 +15,7 @@ def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
     res = run_ranks(f"{W}:correctness", world, ag_shapes=AG_SHAPES, rs_shapes=RS_SHAPES,
                     dtypes=["bfloat16", "float16"], modes=["auto", "fused", "unfused"], timeout_s=300)
     for r in res:
-        assert len(r["ag"]) == 2 * (2 * 3 * 3 - 2) and len(r["rs"]) == 2 * 2 * 3
+        assert len(r["ag"]) == 2 * (2 * 3 * 4 - 2) and len(r["rs"]) == 2 * 3 * 3
         for c in r["ag"]:
             assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
         for c in r["rs"]:

@@ -127,14 +127,15 @@ def repeat_and_graph(launches, m_local, n, k):
         go = tp.gemm_rs(comm, sra, rb, mode="fused")
     graph_ok = []
     for rep in range(3):
-        scale = float(rep + 2)
+        scale = float(rep + 2)  # 3 is not a power of two: the reference must be recomputed, not scaled
         sa.copy_(a_local * scale)
         sra.copy_(ra * scale)
         comm.barrier()
         g.replay()
         torch.cuda.synchronize()
-        graph_ok.append(bool(torch.equal(gc, (first_ag.float() * scale).to(dtype))) and
-                        bool(torch.equal(go, (first_rs.float() * scale).to(dtype))))
+        ref_ag = ((a_full * scale).float() @ b.float()).to(dtype)
+        ref_rs = _rs_reference(rank, world, [(pa * scale, pb) for pa, pb in parts], m_local, dtype)
+        graph_ok.append(bool(torch.equal(gc, ref_ag)) and bool(torch.equal(go, ref_rs)))
     comm.check()
     del g
     tp.release_workspaces(comm)

@@ -32,7 +32,7 @@ struct AgParams {
   char* gathered;
   Control* ctl;
   size_t chunk_bytes;
-  int gemm_rows_y;   // blocks with blockIdx.y below this run the GEMM (when gemm_role)
+  int copy_rows_y;   // blocks with blockIdx.y below this copy; the GEMM's follow (when gemm_role)
   int comm_blocks;
   bool gemm_role;
 };
@@ -85,13 +85,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     for (int q = 0; q < comm.world; ++q)
       if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e - 1, SignalOp::kSet, q);
   }
-  const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) < p.gemm_rows_y;
+  const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.copy_rows_y;
   if (gemm_block) {
     GemmKernel op;
     op(p.gemm, smem);
   } else {
-    const int first_copy_row = p.gemm_role ? p.gemm_rows_y : 0;
-    const int cb = (static_cast<int>(blockIdx.y) - first_copy_row) * 2 + static_cast<int>(blockIdx.x);
+    const int cb = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
     ag_copy_role(p, cb, e, smem);
   }
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
@@ -151,13 +150,13 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
-    p.gemm_rows_y = static_cast<int>(gg.y);
     grid = dim3(2, gg.y + plan.comm_blocks / 2, 1);
   } else {
-    p.gemm_rows_y = 0;
     grid = dim3(2, plan.comm_blocks / 2, 1);
   }
+  p.copy_rows_y = plan.comm_blocks / 2;
   // Copy blocks stage through shared memory; GEMM blocks need the CUTLASS kernel's (larger) storage.
   const int copy_smem = kStageBytes + 64;
   const int smem_launch = gemm_role && Kernel::SharedStorageSize > copy_smem ? Kernel::SharedStorageSize : copy_smem;

@@ -43,7 +43,7 @@ struct RsParams {
   float* acc;           // local: (M / W) x N fp32
   char* out;            // (M / W) x N
   int64_t chunk_elems;  // (M / W) * N
-  int gemm_rows_y;
+  int reduce_rows_y;  // blocks with blockIdx.y below this reduce; the GEMM's follow (fused)
   int gemm_blocks;
   int reduce_blocks;
   RsMode mode;
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   if (p.mode == RsMode::kReduceOnly && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     for (int o = 0; o < world; ++o) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
   }
-  const bool gemm_block = p.mode == RsMode::kFused && static_cast<int>(blockIdx.y) < p.gemm_rows_y;
+  const bool gemm_block = p.mode == RsMode::kFused && static_cast<int>(blockIdx.y) >= p.reduce_rows_y;
   if (gemm_block) {
     Status st = Status::kOk;
     for (int s = 0; s < world; ++s) {
@@ -169,8 +169,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
     }
   } else {
-    const int first_row = p.mode == RsMode::kFused ? p.gemm_rows_y : 0;
-    const int rb = (static_cast<int>(blockIdx.y) - first_row) * 2 + static_cast<int>(blockIdx.x);
+    const int rb = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
     rs_reduce_role<Element>(p, rb, e);
   }
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
@@ -248,9 +247,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, std::stri
     }
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
     p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
   }
-  p.gemm_rows_y = static_cast<int>(gg.y);
+  p.reduce_rows_y = plan.comm_blocks / 2;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
   return launch(dim3(2, gg.y + plan.comm_blocks / 2, 1), Kernel::SharedStorageSize);
 }

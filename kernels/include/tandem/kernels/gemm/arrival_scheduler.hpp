@@ -63,10 +63,11 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     // Tiles are numbered and strided over the GEMM's grid only: blocks beyond it (other roles) never count.
     const uint64_t gx = arrival_.gemm_grid_x > 0 ? uint64_t(arrival_.gemm_grid_x) : uint64_t(gridDim.x);
     const uint64_t gy = arrival_.gemm_grid_y > 0 ? uint64_t(arrival_.gemm_grid_y) : uint64_t(gridDim.y);
+    const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_.gemm_block_y0);
     if (p.raster_order_ == RasterOrder::AlongN) {
-      linear_ = uint64_t(blockIdx.x) + uint64_t(blockIdx.y) * gx;
+      linear_ = uint64_t(blockIdx.x) + by * gx;
     } else {
-      linear_ = uint64_t(blockIdx.x) * gy + uint64_t(blockIdx.y);
+      linear_ = uint64_t(blockIdx.x) * gy + by;
     }
     stride_ = gx * gy * uint64_t(gridDim.z);
     if (arrival_.epoch_counter != nullptr) {

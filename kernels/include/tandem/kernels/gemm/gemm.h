@@ -54,6 +54,10 @@ struct ArrivalSchedule {
   // only. 0 = the launch grid.
   int32_t gemm_grid_x = 0;
   int32_t gemm_grid_y = 0;
+  // First blockIdx.y of the GEMM's blocks: the fused kernels put their comm blocks in the rows before it, so
+  // that the block scheduler makes them resident first (a GEMM block waits for data the comm blocks move; the
+  // comm blocks never wait for the GEMM of the same launch).
+  int32_t gemm_block_y0 = 0;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),
