@@ -6,8 +6,8 @@
 Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
-reduction kernel next to the plain GEMM, one after the other), "auto" (fused where the fused kernel can run the
-shape, else unfused; world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
+reduction kernel next to the plain GEMM, one after the other), "auto" (the measured choice, AUTO_FUSED below;
+world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
 a shape and reused: make that first call before capturing a CUDA graph (allocation is collective and not
 capturable); replays are safe (epochs live on the device).
 """
@@ -19,6 +19,12 @@ import torch
 from .._native import native
 from ..errors import TandemError, invalid
 from .gemm import _DTYPES, gemm as _plain_gemm
+
+# The crossover, measured (docs/results.md, H200 under MPS, 2026-12-03): the fused AG+GEMM is correct but far
+# slower than the unfused path at every measured shape (a scheduling problem under investigation), and the fused
+# GEMM+RS wins only at one of four (1.17x at 8192x4096x8192, world 4). So "auto" takes the unfused path until a
+# measurement says otherwise; mode="fused" runs the fused kernels.
+AUTO_FUSED = {"ag_gemm": False, "gemm_rs": False}
 
 _COMMS: dict[int, object] = {}
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
@@ -120,6 +126,8 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     dt = _DTYPES[a_local.dtype]
     args = (dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
+    if mode == "auto" and not AUTO_FUSED["ag_gemm"]:
+        mode = "unfused"
     if mode in ("auto", "fused"):
         why = K.ag_gemm(comm.native, "check", *args, 0)
         if why and mode == "fused":
@@ -161,6 +169,8 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count):
     out = torch.empty((m // world, n), dtype=a.dtype, device=a.device)
     args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
+    if mode == "auto" and not AUTO_FUSED["gemm_rs"]:
+        mode = "unfused"
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
         why = K.gemm_rs(comm.native, "check", *args, 0)
