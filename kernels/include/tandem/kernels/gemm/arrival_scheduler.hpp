@@ -115,16 +115,22 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     w.M_idx = rotated;
     if (wait) {
       const int32_t chunk = rotated / blocks_per_chunk;
-      // One lane per warp waits (acquire, bounded, abortable); the warp's later TMA loads of these rows go
-      // through the async proxy, hence the proxy fence. A failed wait is recorded and the tile is computed
-      // anyway: the CUTLASS pipeline must stay in step, and every later wait fails fast once the abort flag is up.
-      if ((threadIdx.x & 31u) == 0) {
-        const int peer = arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
-        (void)tandem::device::wait_until(arrival_.comm, arrival_.flags + chunk, tandem::device::Cmp::kGe,
-                                         arrival_.epoch, peer);
+      // Only the mainloop producer warp (warp 0 of the cooperative kernel: it issues every TMA load of A) waits,
+      // one lane, acquire, bounded, abortable; the other warps take the tile at once and block on the shared-memory
+      // pipeline that warp fills after its wait. (Every warp spinning measured ~100x slower copies beside the GEMM:
+      // hundreds of warps polling one L2 line.) Its TMA loads of these rows go through the async proxy, hence the
+      // proxy fence. A failed wait is recorded and the tile is computed anyway: the CUTLASS pipeline must stay in
+      // step, and every later wait fails fast once the abort flag is up.
+      if (threadIdx.x < 32u) {
+        if (threadIdx.x == 0) {
+          const int peer =
+              arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
+          (void)tandem::device::wait_until(arrival_.comm, arrival_.flags + chunk, tandem::device::Cmp::kGe,
+                                           arrival_.epoch, peer);
+        }
+        __syncwarp();
+        asm volatile("fence.proxy.async.global;" ::: "memory");
       }
-      __syncwarp();
-      asm volatile("fence.proxy.async.global;" ::: "memory");
     }
     return w;
   }
