@@ -20,8 +20,8 @@ from .._native import native
 from ..errors import TandemError, invalid
 from .gemm import _DTYPES, gemm as _plain_gemm
 
-# The crossover, measured (docs/results.md, H200 under MPS, 2026-12-03): the fused AG+GEMM is correct but far
-# slower than the unfused path at every measured shape (a scheduling problem under investigation), and the fused
+# The crossover, measured (docs/results.md, H200 under MPS, 2026-12-03): the fused AG+GEMM is correct but slower
+# than the unfused path at every measured shape (0.19x-0.31x at the bench shapes, copy-bound), and the fused
 # GEMM+RS wins only at one of four (1.17x at 8192x4096x8192, world 4). So "auto" takes the unfused path until a
 # measurement says otherwise; mode="fused" runs the fused kernels.
 AUTO_FUSED = {"ag_gemm": False, "gemm_rs": False}
