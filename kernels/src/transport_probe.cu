@@ -61,14 +61,16 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
 // relaxed .gpu spin + fence.acq_rel.gpu; 6 relaxed .gpu store and spin + one fence.acq_rel.gpu per side (in a
 // ping-pong that fence also releases the next store); 1 the same with volatile accesses and fence.acq_rel.sys;
 // 2 volatile store and spin with no ordering at all: not a synchronization primitive, only the hardware's flag
-// latency floor, measured so that the cost of the ordering in the others is known.
+// latency floor, measured so that the cost of the ordering in the others is known. 9 / 10: relaxed store and
+// relaxed spin at .gpu / .sys scope on a pointer resolved once, no fence (what Order::kRelaxed costs without
+// the API around it, per scope). 11: the API with Order::kRelaxed and the waited peer unnamed (.sys spin).
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                                 int variant, int32_t* status_out) {
   using namespace device::impl;
   uint64_t* remote = reinterpret_cast<uint64_t*>(device::peer_ptr(comm, flag, peer));
   volatile uint64_t* vremote = remote;
   const volatile uint64_t* vlocal = flag;
-  if (variant != 0 && variant != 3 && variant != 8 && remote == nullptr) {
+  if (variant != 0 && variant != 3 && variant != 8 && variant != 11 && remote == nullptr) {
     record(status_out, Status::kUnreachablePeer);
     return;
   }
@@ -76,9 +78,10 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (variant == 0 || variant == 3 || variant == 7 || variant == 8) {
-      const int waited_peer = variant == 3 ? -1 : peer;
-      const device::Order order = variant == 8 ? device::Order::kRelaxed : device::Order::kOrdered;
+    if (variant == 0 || variant == 3 || variant == 7 || variant == 8 || variant == 11) {
+      const int waited_peer = variant == 3 || variant == 11 ? -1 : peer;
+      const device::Order order =
+          variant == 8 || variant == 11 ? device::Order::kRelaxed : device::Order::kOrdered;
       auto send = [&] {
         if (variant == 7) {
           release_store(remote, v, same_device);
@@ -96,15 +99,17 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
     } else {
       auto store = [&] {
         if (variant == 4 || variant == 5) st_release_gpu(remote, v);
-        else if (variant == 6) st_relaxed_gpu(remote, v);
+        else if (variant == 6 || variant == 9) st_relaxed_gpu(remote, v);
+        else if (variant == 10) st_relaxed_sys(remote, v);
         else *vremote = v;
       };
       if (initiator) store();
       uint32_t spins = 0;
       for (;;) {
-        const uint64_t seen = variant == 4   ? ld_acquire_gpu(flag)
-                              : variant >= 5 ? ld_relaxed_gpu(flag)
-                                             : *vlocal;
+        const uint64_t seen = variant == 4    ? ld_acquire_gpu(flag)
+                              : variant == 10 ? ld_relaxed_sys(flag)
+                              : variant >= 5  ? ld_relaxed_gpu(flag)
+                                              : *vlocal;
         if (seen >= v) break;
         if (++spins == (1u << 26)) {
           record(status_out, Status::kTimeout);
@@ -268,7 +273,7 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0 || variant < 0 || variant > 8) return Status::kInvalidArgument;
+  if (iters < 0 || variant < 0 || variant > 11) return Status::kInvalidArgument;
   pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }
