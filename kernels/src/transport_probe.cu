@@ -64,29 +64,32 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
 // latency floor, measured so that the cost of the ordering in the others is known. 9 / 10: relaxed store and
 // relaxed spin at .gpu / .sys scope on a pointer resolved once, no fence (what Order::kRelaxed costs without
 // the API around it, per scope). 11: the API with Order::kRelaxed and the waited peer unnamed (.sys spin).
+// 12 / 13: signal through a SignalTarget resolved once (signal_target), relaxed / ordered, with the API wait.
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                                 int variant, int32_t* status_out) {
   using namespace device::impl;
   uint64_t* remote = reinterpret_cast<uint64_t*>(device::peer_ptr(comm, flag, peer));
   volatile uint64_t* vremote = remote;
   const volatile uint64_t* vlocal = flag;
-  if (variant != 0 && variant != 3 && variant != 8 && variant != 11 && remote == nullptr) {
+  if (variant != 0 && variant != 3 && variant != 8 && variant < 11 && remote == nullptr) {
     record(status_out, Status::kUnreachablePeer);
     return;
   }
   const bool same_device = peer_on_same_device(comm, peer);
+  const device::SignalTarget target = device::signal_target(comm, flag, peer);
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     Status s = Status::kOk;
-    if (variant == 0 || variant == 3 || variant == 7 || variant == 8 || variant == 11) {
+    if (variant == 0 || variant == 3 || variant == 7 || variant == 8 || variant >= 11) {
       const int waited_peer = variant == 3 || variant == 11 ? -1 : peer;
       const device::Order order =
-          variant == 8 || variant == 11 ? device::Order::kRelaxed : device::Order::kOrdered;
+          variant == 8 || variant == 11 || variant == 12 ? device::Order::kRelaxed : device::Order::kOrdered;
       auto send = [&] {
         if (variant == 7) {
           release_store(remote, v, same_device);
           return Status::kOk;
         }
+        if (variant >= 12) return device::signal(comm, target, v, SignalOp::kSet, order);
         return device::signal(comm, flag, v, SignalOp::kSet, peer, order);
       };
       if (initiator) {
@@ -273,7 +276,7 @@ Status put(const DeviceComm& comm, PutMode mode, void* dst, const void* src, siz
 
 Status pingpong(const DeviceComm& comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                 int variant, int32_t* status_out, cudaStream_t stream) {
-  if (iters < 0 || variant < 0 || variant > 11) return Status::kInvalidArgument;
+  if (iters < 0 || variant < 0 || variant > 13) return Status::kInvalidArgument;
   pingpong_kernel<<<1, 1, 0, stream>>>(comm, flag, peer, iters, base, initiator, variant, status_out);
   return launched();
 }

@@ -163,6 +163,27 @@ void bind_kernels(py::module_& m) {
         return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
       },
       "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'check'; returns '' or the reason.");
+  k.def(
+      "gemm_ar",
+      [rs_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
+                int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
+                uintptr_t stream) {
+        tp::GemmArArgs x;
+        static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
+        auto st = reinterpret_cast<cudaStream_t>(stream);
+        std::string why;
+        tandem::Status s;
+        if (mode == "check") {
+          s = tp::can_implement(x, &why);
+        } else if (mode == "fused") {
+          s = tp::run(x, st, &why);
+        } else {
+          s = tp::run_unfused(x, st, &why);
+        }
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "GEMM+AllReduce (two-shot: reduce-scatter, then all-gather of the reduced rows): mode 'fused', 'unfused', "
+      "'check'; returns '' or the reason. The workspace is gemm_rs_workspace_size's.");
 }
 
 }  // namespace tandem_py

@@ -43,7 +43,7 @@ def test_put_signal_data_is_visible_before_flag(run_ranks, world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_relaxed_and_ordered_flag_round_trips_complete(run_ranks, world):
-    variants = ["api", "api-relaxed", "api-sys"]
+    variants = ["api", "api-relaxed", "api-sys", "api-target", "api-target-relaxed"]
     res = run_ranks(f"{W}:pingpong_orders", world, iters=20_000, variants=variants)
     for r in res[:2]:
         for variant, final in zip(variants, r["expected_finals"]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 import tandem.ops  # noqa: F401
@@ -70,9 +72,33 @@ def _rs_case(comm, mr, n, k, dtype, mode):
     return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, wrong=int((out != ref).sum()), rel=rel)
 
 
+def _ar_reference(world, parts, mr, dtype):
+    # Rows of chunk c are owner c's reduction (its fixed order), gathered: the same bytes on every rank.
+    return torch.cat([_rs_reference(c, world, parts, mr, dtype) for c in range(world)])
+
+
+def _digest(t):
+    return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def _ar_case(comm, mr, n, k, dtype, mode):
+    world = comm.world_size
+    m = mr * world
+    parts = _rs_partials(world, m, n, k, dtype)
+    a, b = parts[comm.rank]
+    out = tp.gemm_ar(comm, a, b, mode=mode)
+    torch.cuda.synchronize()
+    comm.check()
+    ref = _ar_reference(world, parts, mr, dtype)
+    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)
+    rel = float((out.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))
+    return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, wrong=int((out != ref).sum()), rel=rel,
+                rows=out.shape[0], digest=_digest(out))
+
+
 def correctness(ag_shapes, rs_shapes, dtypes, modes):
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
-    out = dict(ag=[], rs=[], sm_count=comm.sm_count)
+    out = dict(ag=[], rs=[], ar=[], sm_count=comm.sm_count)
     for name in dtypes:
         dtype = getattr(torch, name)
         for (m_local, n, k) in ag_shapes:
@@ -84,6 +110,7 @@ def correctness(ag_shapes, rs_shapes, dtypes, modes):
         for (mr, n, k) in rs_shapes:
             for mode in modes:
                 out["rs"].append(_rs_case(comm, mr, n, k, dtype, mode))
+                out["ar"].append(_ar_case(comm, mr, n, k, dtype, mode))
     # ragged M_local is refused by the fused kernel with a clear error (auto takes the unfused path)
     try:
         tp.ag_gemm(comm, _ints(100, 64, 0, torch.bfloat16), _b(64, 64, 1, torch.bfloat16), mode="fused")
@@ -106,12 +133,15 @@ def repeat_and_graph(launches, m_local, n, k):
     ra, rb = parts[rank]
     first_ag = tp.ag_gemm(comm, a_local, b, mode="fused")
     first_rs = tp.gemm_rs(comm, ra, rb, mode="fused")
-    same_ag = same_rs = 0
+    first_ar = tp.gemm_ar(comm, ra, rb, mode="fused")
+    same_ag = same_rs = same_ar = 0
     for _ in range(launches):
         same_ag += int(torch.equal(tp.ag_gemm(comm, a_local, b, mode="fused"), first_ag))
         same_rs += int(torch.equal(tp.gemm_rs(comm, ra, rb, mode="fused"), first_rs))
+        same_ar += int(torch.equal(tp.gemm_ar(comm, ra, rb, mode="fused"), first_ar))
     ag_ok = bool(torch.equal(first_ag, (a_full.float() @ b.float()).to(dtype)))
     rs_ok = bool(torch.equal(first_rs, _rs_reference(rank, world, parts, m_local, dtype)))
+    ar_ok = bool(torch.equal(first_ar, _ar_reference(world, parts, m_local, dtype)))
     # CUDA graph: capture both ops once (workspaces exist), replay with new inputs
     sa, sra = a_local.clone(), ra.clone()
     s = torch.cuda.Stream()
@@ -119,12 +149,14 @@ def repeat_and_graph(launches, m_local, n, k):
     with torch.cuda.stream(s):
         tp.ag_gemm(comm, sa, b, mode="fused")
         tp.gemm_rs(comm, sra, rb, mode="fused")
+        tp.gemm_ar(comm, sra, rb, mode="fused")
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         gc = tp.ag_gemm(comm, sa, b, mode="fused")
         go = tp.gemm_rs(comm, sra, rb, mode="fused")
+        gar = tp.gemm_ar(comm, sra, rb, mode="fused")
     graph_ok = []
     for rep in range(3):
         scale = float(rep + 2)  # 3 is not a power of two: the reference must be recomputed, not scaled
@@ -134,13 +166,17 @@ def repeat_and_graph(launches, m_local, n, k):
         g.replay()
         torch.cuda.synchronize()
         ref_ag = ((a_full * scale).float() @ b.float()).to(dtype)
-        ref_rs = _rs_reference(rank, world, [(pa * scale, pb) for pa, pb in parts], m_local, dtype)
-        graph_ok.append(bool(torch.equal(gc, ref_ag)) and bool(torch.equal(go, ref_rs)))
+        scaled = [(pa * scale, pb) for pa, pb in parts]
+        ref_rs = _rs_reference(rank, world, scaled, m_local, dtype)
+        ref_ar = _ar_reference(world, scaled, m_local, dtype)
+        graph_ok.append(bool(torch.equal(gc, ref_ag)) and bool(torch.equal(go, ref_rs))
+                        and bool(torch.equal(gar, ref_ar)))
     comm.check()
     del g
     tp.release_workspaces(comm)
     comm.destroy()
-    return dict(launches=launches, same_ag=same_ag, same_rs=same_rs, ag_ok=ag_ok, rs_ok=rs_ok, graph_ok=graph_ok)
+    return dict(launches=launches, same_ag=same_ag, same_rs=same_rs, same_ar=same_ar, ag_ok=ag_ok, rs_ok=rs_ok,
+                ar_ok=ar_ok, graph_ok=graph_ok, ar_digest=_digest(first_ar))
 
 
 def rejects():
@@ -155,8 +191,13 @@ def rejects():
         "stride": lambda: tp.ag_gemm(comm, a.t(), b),
         "k_not_8": lambda: tp.ag_gemm(comm, _ints(256, 60, 0, torch.bfloat16), _b(60, 64, 1, torch.bfloat16)),
         "mode": lambda: tp.gemm_rs(comm, a, b, mode="fast"),
+        "ar_dtype": lambda: tp.gemm_ar(comm, a.float(), b),
+        "ar_inner": lambda: tp.gemm_ar(comm, a, _b(72, 64, 1, torch.bfloat16)),
+        "ar_blocks": lambda: tp.gemm_ar(comm, a, b, comm_blocks=5),
         "odd_blocks": lambda: tp.ag_gemm(comm, a, b, comm_blocks=3),
         "m_not_world": lambda: tp.gemm_rs(comm, _ints(257, 64, 0, torch.bfloat16), b) if comm.world_size > 1
+        else (_ for _ in ()).throw(TandemError("w1", 3)),
+        "ar_m_not_world": lambda: tp.gemm_ar(comm, _ints(257, 64, 0, torch.bfloat16), b) if comm.world_size > 1
         else (_ for _ in ()).throw(TandemError("w1", 3)),
     }
     out = {}

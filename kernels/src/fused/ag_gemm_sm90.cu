@@ -15,6 +15,8 @@
 // GEMM launched after them on the stream reads a complete gathered A.
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+
 #include "../gemm/sm90_config.hpp"
 #include "tp_common.cuh"
 
@@ -100,6 +102,13 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
+// The scheduler's sleep between polls of a chunk flag. TANDEM_TP_POLL_NS overrides the default (a diagnostic
+// knob: tools/diag/ag_scaling.py sweeps it).
+uint32_t poll_sleep_ns() {
+  if (const char* v = std::getenv("TANDEM_TP_POLL_NS")) return static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
+  return kDefaultPollSleepNs;
+}
+
 template <class Element>
 Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
@@ -142,6 +151,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     s.first_chunk = rank;
     s.tile_m = 128;
     s.source_of_chunk0 = 0;
+    s.poll_sleep_ns = poll_sleep_ns();
     if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this AG+GEMM problem");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     // The scheduler's grid first (persistent, raster along N: (cluster M = 2, clusters)), then pin it.

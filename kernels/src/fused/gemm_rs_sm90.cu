@@ -15,6 +15,14 @@
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
 // block waits until every owner has read r's partial.
 //
+// GEMM+AllReduce (two-shot: the reduce-scatter above, then an all-gather of the reduced rows) is the same kernel
+// with an all-gather phase: the last reduce step writes the reduced rows into the partial buffer's own chunk r
+// (symmetric: nobody else reads that chunk) and into out rows r; the last reduce block sets reduced[r] = e on
+// every rank; then every reduce block copies its slice of each peer's reduced chunk q (after reduced[q] >= e)
+// into out rows q. Every rank's out holds the owners' bytes: bit-identical across ranks. Before a launch
+// overwrites chunk r of its partial (computed last), its GEMM waits ready[q] >= e - 1 from every q (everyone
+// finished reading r's reduced rows of e - 1).
+//
 // Reduce blocks read peers by load/store: a communicator whose peers include other nodes (proxy path) is
 // refused by can_implement (the hierarchical inter-node reduction is not written yet).
 #include <cuda_bf16.h>
@@ -41,7 +49,8 @@ struct RsParams {
   Control* ctl;
   const char* partial;  // symmetric: M x N, row-major
   float* acc;           // local: (M / W) x N fp32
-  char* out;            // (M / W) x N
+  char* out;            // (M / W) x N: RS the user's output; AR this rank's chunk of the partial buffer
+  char* gather_out;     // AR: the user's M x N output (rows of chunk c at c * chunk_elems); RS: null
   int64_t chunk_elems;  // (M / W) * N
   int reduce_rows_y;  // blocks with blockIdx.y below this reduce; the GEMM's follow (fused)
   int gemm_blocks;
@@ -74,7 +83,8 @@ struct Raw<cutlass::half_t> {
 
 // One step of the reduction over 8 elements (16 bytes) at vector v.
 template <class Element>
-__device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int world, float* acc, char* out) {
+__device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int world, float* acc, char* out,
+                                           char* out2) {
   using R = Raw<Element>;
   float f[8];
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
@@ -100,6 +110,7 @@ __device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int wor
     o.z = R::from_float2(f[4], f[5]);
     o.w = R::from_float2(f[6], f[7]);
     reinterpret_cast<uint4*>(out)[v] = o;
+    if (out2 != nullptr) reinterpret_cast<uint4*>(out2)[v] = o;
   }
 }
 
@@ -112,6 +123,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   const int64_t nvec = p.chunk_elems / 8;
   const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
   const char* my_rows = p.partial + static_cast<size_t>(rank) * p.chunk_elems * sizeof(Element);
+  char* own_out = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(rank) * p.chunk_elems * sizeof(Element)
+                                          : nullptr;
   Status st = Status::kOk;
   for (int s = 0; s < world; ++s) {
     const int q = ((rank - 1 - s) % world + world) % world;
@@ -124,13 +137,35 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     // Four independent 16-byte loads in flight per thread.
     for (; v + 3 * stride < hi; v += 4 * stride) {
       const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
-      reduce_vec<Element>(x0, v, s, world, p.acc, p.out);
-      reduce_vec<Element>(x1, v + stride, s, world, p.acc, p.out);
-      reduce_vec<Element>(x2, v + 2 * stride, s, world, p.acc, p.out);
-      reduce_vec<Element>(x3, v + 3 * stride, s, world, p.acc, p.out);
+      reduce_vec<Element>(x0, v, s, world, p.acc, p.out, own_out);
+      reduce_vec<Element>(x1, v + stride, s, world, p.acc, p.out, own_out);
+      reduce_vec<Element>(x2, v + 2 * stride, s, world, p.acc, p.out, own_out);
+      reduce_vec<Element>(x3, v + 3 * stride, s, world, p.acc, p.out, own_out);
     }
-    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, world, p.acc, p.out);
+    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, world, p.acc, p.out, own_out);
     __syncthreads();
+  }
+  if (p.gather_out == nullptr) return;
+  // AR: publish this rank's reduced rows, then gather every peer's (same slicing on every rank: same plan).
+  if (threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
+    for (int o = 0; o < world; ++o)
+      if (o != rank) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, o);
+  }
+  for (int d = 1; d < world; ++d) {
+    const int q = (rank + d) % world;
+    if (threadIdx.x == 0) st = wait_until(comm, &ctl->reduced[q], Cmp::kGe, e, q);
+    if (!block_ok(st)) return;
+    const size_t off = static_cast<size_t>(q) * p.chunk_elems * sizeof(Element);
+    const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + off, q));
+    uint4* dst = reinterpret_cast<uint4*>(p.gather_out + off);
+    if (src == nullptr) return;
+    const int64_t stride = blockDim.x;
+    int64_t v = lo + threadIdx.x;
+    for (; v + 3 * stride < hi; v += 4 * stride) {
+      const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
+      dst[v] = x0, dst[v + stride] = x1, dst[v + 2 * stride] = x2, dst[v + 3 * stride] = x3;
+    }
+    for (; v < hi; v += stride) dst[v] = src[v];
   }
 }
 
@@ -159,6 +194,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     for (int s = 0; s < world; ++s) {
       const int o = (rank + 1 + s) % world;
       if (threadIdx.x == 0 && st == Status::kOk) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
+      if (p.gather_out != nullptr && o == rank && threadIdx.x == 0) {  // AR: chunk r holds the reduced rows too
+        for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+      }
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
       __syncthreads();
       GemmKernel op;
@@ -187,7 +225,7 @@ size_t acc_offset(const GemmRsArgs& a) {
 }
 
 template <class Element>
-Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, std::string* why) {
+Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
@@ -200,6 +238,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, std::stri
   p.partial = ws + kControlBytes;
   p.acc = reinterpret_cast<float*>(ws + acc_offset(a));
   p.out = static_cast<char*>(a.out);
+  if (all_reduce) {
+    p.gather_out = static_cast<char*>(a.out);
+    p.out = ws + kControlBytes + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
+  }
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
   p.reduce_blocks = plan.comm_blocks;
   auto chunk_args = [&](int o, int sm_count) {
@@ -286,16 +328,25 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
 
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
 
-Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
-  if (const Status s = check_rs(a, true, why); s != Status::kOk) return s;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+template <bool kAllReduce>
+static Status dispatch(const GemmRsArgs& a, bool fused, cudaStream_t stream, std::string* why) {
+  if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, why);
 }
 
+Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) { return dispatch<false>(a, true, stream, why); }
+
 Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
-  if (const Status s = check_rs(a, false, why); s != Status::kOk) return s;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, false, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, false, why);
+  return dispatch<false>(a, false, stream, why);
+}
+
+// GEMM+AllReduce: the same checks (out is M x N instead of M/W x N; the workspace is the same).
+Status can_implement(const GemmArArgs& a, std::string* why) { return check_rs(a, true, why); }
+size_t workspace_size(const GemmArArgs& a) { return workspace_size(static_cast<const GemmRsArgs&>(a)); }
+Status run(const GemmArArgs& a, cudaStream_t stream, std::string* why) { return dispatch<true>(a, true, stream, why); }
+Status run_unfused(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<true>(a, false, stream, why);
 }
 
 }  // namespace tandem::kernels::tp

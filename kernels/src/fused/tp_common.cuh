@@ -19,19 +19,22 @@
 namespace tandem::kernels::tp::detail {
 
 constexpr int kMaxWorld = 64;
-constexpr int kStageBytes = 96 * 1024;  // TMA bulk staging of a comm block (multiple of 16 * kBulkStages)
+constexpr int kStageBytes = 96 * 1024;
+constexpr uint32_t kDefaultPollSleepNs = 0;  // GEMM blocks waiting for a chunk: sleep between polls (measured)  // TMA bulk staging of a comm block (multiple of 16 * kBulkStages)
 
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
 struct alignas(128) Control {
   uint64_t epoch;                  // last completed epoch (local)
-  uint64_t pad0[15];
+  uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
+  uint64_t pad0[14];
   uint64_t done_blocks;            // local: blocks of this launch that finished
   uint64_t pad1[15];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
                                    // RS: rank o finished reading my partial of its rows
-  uint64_t pad2[64];
+                                   // (AR: and my reduced rows)
+  uint64_t reduced[kMaxWorld];     // AR: rank q's reduced rows (its partial chunk q) are complete
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;

@@ -1,4 +1,4 @@
-"""AG+GEMM and GEMM+RS benchmark, N ranks (MPS on one GPU): fused vs unfused (tandem's own all-gather /
+"""AG+GEMM, GEMM+RS and GEMM+AR benchmark, N ranks (MPS on one GPU): fused vs unfused (tandem's own all-gather /
 reduction kernel, then the GEMM, sequentially: the same transport without overlap) and vs the GEMM alone
 (torch.matmul / cuBLAS on the same local problem: the compute floor), in the same run. CUDA events, warm-ups,
 median. NCCL cannot host several ranks on one GPU, so the NCCL baseline waits for a multi-GPU machine.
@@ -42,6 +42,8 @@ def run(shapes, reps, out_dir, command):
             ("rs_fused", lambda: tp.gemm_rs(comm, a_rs, b_rs, mode="fused")),
             ("rs_unfused", lambda: tp.gemm_rs(comm, a_rs, b_rs, mode="unfused")),
             ("rs_gemm_only", lambda: torch.matmul(a_rs, b_rs)),
+            ("ar_fused", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="fused")),
+            ("ar_unfused", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="unfused")),
         ):
             comm.barrier()
             res[op] = common.time_launches(fn, warmup=3, reps=reps)
@@ -52,6 +54,8 @@ def run(shapes, reps, out_dir, command):
         d["rs_fused_tflops"] = flop_rs / res["rs_fused"] / 1e12
         d["ag_speedup_vs_unfused"] = res["ag_unfused"] / res["ag_fused"]
         d["rs_speedup_vs_unfused"] = res["rs_unfused"] / res["rs_fused"]
+        d["ar_fused_tflops"] = flop_rs / res["ar_fused"] / 1e12
+        d["ar_speedup_vs_unfused"] = res["ar_unfused"] / res["ar_fused"]
         data.append(d)
         rows.append([f"{m}x{n}x{k}", "AG+GEMM", f"{res['ag_fused'] * 1e3:.3f}", f"{res['ag_unfused'] * 1e3:.3f}",
                      f"{res['ag_gemm_only'] * 1e3:.3f}", f"{d['ag_fused_tflops']:.0f}",
@@ -59,6 +63,9 @@ def run(shapes, reps, out_dir, command):
         rows.append([f"{m}x{n}x{k}", "GEMM+RS", f"{res['rs_fused'] * 1e3:.3f}", f"{res['rs_unfused'] * 1e3:.3f}",
                      f"{res['rs_gemm_only'] * 1e3:.3f}", f"{d['rs_fused_tflops']:.0f}",
                      f"{d['rs_speedup_vs_unfused']:.2f}", f"{res['rs_gemm_only'] / res['rs_fused']:.2f}"])
+        rows.append([f"{m}x{n}x{k}", "GEMM+AR", f"{res['ar_fused'] * 1e3:.3f}", f"{res['ar_unfused'] * 1e3:.3f}",
+                     f"{res['rs_gemm_only'] * 1e3:.3f}", f"{d['ar_fused_tflops']:.0f}",
+                     f"{d['ar_speedup_vs_unfused']:.2f}", f"{res['rs_gemm_only'] / res['ar_fused']:.2f}"])
     tp.release_workspaces(comm)
     if rank == 0:
         meta = common.header(command)
@@ -69,7 +76,34 @@ def run(shapes, reps, out_dir, command):
               f"{meta['commit']}, {meta['date']}")
         print(table)
         common.write_outputs(out_dir, f"tp_w{world}", meta, table, dict(rows=data))
+        if out_dir:
+            plot(rows, world, os.path.join(out_dir, f"tp_w{world}.png"))
     comm.destroy()
+
+
+def plot(rows, world, path):
+    """Grouped bars: fused / unfused / GEMM alone (ms) per shape and op. Skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    labels = [f"{r[1]}\n{r[0]}" for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    for i, (name, col) in enumerate((("fused", 2), ("unfused", 3), ("GEMM alone (cuBLAS)", 4))):
+        ax.bar([x + (i - 1) * 0.27 for x in xs], [float(r[col]) for r in rows], width=0.27, label=name)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("ms per rank")
+    ax.set_title(f"tandem TP ops, world {world} (MPS ranks on one GPU)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
 
 
 def main(argv=None) -> int:

@@ -10,4 +10,4 @@ failure is a TandemError (a ValueError-like INVALID_ARGUMENT for bad input) nami
 from __future__ import annotations
 
 from .gemm import gemm  # noqa: F401  (registers torch.ops.tandem.gemm)
-from .tp import ag_gemm, gemm_rs  # noqa: F401,E402  (registers torch.ops.tandem.ag_gemm / gemm_rs)
+from .tp import ag_gemm, gemm_ar, gemm_rs  # noqa: F401,E402  (registers torch.ops.tandem.ag_gemm / gemm_rs / gemm_ar)

@@ -1,7 +1,9 @@
-"""Tensor-parallel fused ops: torch.ops.tandem.ag_gemm and torch.ops.tandem.gemm_rs.
+"""Tensor-parallel fused ops: torch.ops.tandem.ag_gemm, torch.ops.tandem.gemm_rs and torch.ops.tandem.gemm_ar.
 
     ag_gemm(a_local, b):  all_gather(a_local) @ b      a_local (M/W x K) per rank, b (K x N)  -> (M x N)
     gemm_rs(a, b):        reduce_scatter(a @ b)         a (M x K), b (K x N)                  -> (M/W x N)
+    gemm_ar(a, b):        all_reduce(a @ b)             a (M x K), b (K x N)                  -> (M x N), the
+                          same bytes on every rank (fixed reduction order, owners' rows gathered)
 
 Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
@@ -24,7 +26,7 @@ from .gemm import _DTYPES, gemm as _plain_gemm
 # than the unfused path at every measured shape (0.19x-0.31x at the bench shapes, copy-bound), and the fused
 # GEMM+RS wins only at one of four (1.17x at 8192x4096x8192, world 4). So "auto" takes the unfused path until a
 # measurement says otherwise; mode="fused" runs the fused kernels.
-AUTO_FUSED = {"ag_gemm": False, "gemm_rs": False}
+AUTO_FUSED = {"ag_gemm": False, "gemm_rs": False, "gemm_ar": False}
 
 _COMMS: dict[int, object] = {}
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
@@ -150,8 +152,7 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     return c, gathered
 
 
-def _rs(comm, a, b, mode, comm_blocks, sm_count):
-    op = "gemm_rs"
+def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs"):
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -161,25 +162,27 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count):
     if m % world:
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
     if comm.has_proxy and world > 1:
-        raise TandemError("tandem: gemm_rs: peers on other nodes (proxy path) are not supported yet: the reduction "
+        raise TandemError(f"tandem: {op}: peers on other nodes (proxy path) are not supported yet: the reduction "
                           "reads peers by load/store", 9, op, comm.rank)
     K = native().kernels
-    key = ("gemm_rs", id(comm), m, n, a.dtype)
+    key = (op, id(comm), m, n, a.dtype)
     ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n))
-    out = torch.empty((m // world, n), dtype=a.dtype, device=a.device)
+    out_rows = m if op == "gemm_ar" else m // world
+    out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+    run = K.gemm_ar if op == "gemm_ar" else K.gemm_rs
     args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
-    if mode == "auto" and not AUTO_FUSED["gemm_rs"]:
+    if mode == "auto" and not AUTO_FUSED[op]:
         mode = "unfused"
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
-        why = K.gemm_rs(comm.native, "check", *args, 0)
+        why = run(comm.native, "check", *args, 0)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "unfused" if why else "fused"
-    err = K.gemm_rs(comm.native, chosen, *args, _stream(a.device))
+    err = run(comm.native, chosen, *args, _stream(a.device))
     if err:
-        raise TandemError(f"tandem: gemm_rs: {err}", 5, op, comm.rank)
+        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return out
 
 
@@ -219,6 +222,23 @@ def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
     return a.new_empty((a.shape[0] // world, b.shape[1]))
 
 
+@torch.library.custom_op("tandem::gemm_ar", mutates_args=())
+def gemm_ar_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
+               sm_count: int = 0) -> torch.Tensor:
+    c = _comm(comm, "gemm_ar")
+    if c.world_size == 1:
+        _validate(c, a, b, "gemm_ar")
+        _check_mode(mode, "gemm_ar", c.rank)
+        _check_blocks(comm_blocks, "gemm_ar", c.rank)
+        return _plain_gemm(a, b)
+    return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar")
+
+
+@gemm_ar_op.register_fake
+def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
 def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0,
             return_gathered: bool = False):
     """all_gather(a_local) @ b. With return_gathered, also the gathered A: a view into the op's workspace,
@@ -247,3 +267,8 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
     esize = torch.empty((), dtype=dtype).element_size()
     g = ws[off:off + comm.world_size * m_local * k * esize].view(dtype).view(comm.world_size * m_local, k)
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
+
+
+def gemm_ar(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
+    """all_reduce(a @ b): the M x N sum over ranks, bit-identical on every rank."""
+    return torch.ops.tandem.gemm_ar(a, b, register(comm), mode, comm_blocks, sm_count)

@@ -64,7 +64,7 @@ def put(comm, dst, src, nbytes: int | None = None, *, peer: int, mode: str = "bl
 # see kernels/src/transport_probe.cu for what each measures
 PINGPONG_VARIANTS = {"api": 0, "api-relaxed": 8, "api-sys": 3, "api-hoisted": 7, "acq.gpu": 4, "rlx+fence.gpu": 5,
                      "1fence.gpu": 6, "1fence.sys": 1, "unordered": 2, "rlx.gpu": 9, "rlx.sys": 10,
-                     "api-relaxed-sys": 11}
+                     "api-relaxed-sys": 11, "api-target-relaxed": 12, "api-target": 13}
 
 
 def pingpong(comm, flag, *, peer: int, iters: int, base: int, initiator: bool, status=None, variant: str = "api"):

@@ -18,6 +18,10 @@
 //  * wait_until(...) is bounded by the communicator's default timeout. On timeout it records the error
 //    (rank, op kWaitUntil, `peer`, expected and last observed value) for the host, raises the abort flag so
 //    that every other wait of this rank stops too, and returns kTimeout.
+//
+// wait_until_backoff(...) is wait_until with a __nanosleep(sleep_ns) after every poll that failed: for flags
+// that many waiters poll at once (every block of a persistent grid waiting for one chunk), where back-to-back
+// polls of one L2 line slow down the very writers being waited for. It adds up to sleep_ns to the latency.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,9 @@ __device__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* fla
 
 __device__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
                              int peer = -1, Order order = Order::kOrdered);
+
+__device__ Status wait_until_backoff(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
+                                     uint32_t sleep_ns, int peer = -1, Order order = Order::kOrdered);
 
 }  // namespace tandem::device
 

@@ -2,6 +2,7 @@
 //
 //   AllGather+GEMM:      C (M x N) = all_gather(A_local (M/W x K)) @ B (K x N)
 //   GEMM+ReduceScatter:  out (M/W x N) = reduce_scatter(A (M x K) @ B (K x N)), rank r owns rows [r M/W, ...)
+//   GEMM+AllReduce:      out (M x N) = all_reduce(A (M x K) @ B (K x N)), the same bytes on every rank
 //
 // One launch per op. Its blocks take roles:
 //   * GEMM blocks run the CUTLASS 3 core (sm90_config.hpp) on a persistent grid sized to the SMs left over;
@@ -9,7 +10,8 @@
 //     the transport's device API (TMA bulk puts to load/store peers, the CPU proxy to other nodes), and
 //     signal each chunk's arrival; the GEMM's tile scheduler waits per chunk and takes this rank's chunk first;
 //   * RS reduce blocks wait for each rank's partial of this rank's rows, and add them in a fixed order in fp32
-//     (deterministic); the GEMM computes the chunks in the order their owners need them (next rank first).
+//     (deterministic); the GEMM computes the chunks in the order their owners need them (next rank first);
+//   * AR: the RS roles, then the reduce blocks gather every owner's reduced rows (two-shot all-reduce).
 // Cross-launch reuse is guarded by epochs kept on the device (workspace), so the launches are CUDA-graph safe.
 //
 // Host adapters in the CUTLASS manner: can_implement -> workspace_size -> run. The workspace lives in the
@@ -62,6 +64,9 @@ struct GemmRsArgs {
   tandem::DeviceComm comm{};
 };
 
+// GEMM+AllReduce: the GemmRsArgs fields, with `out` a contiguous m x n matrix (every rank gets all rows).
+struct GemmArArgs : GemmRsArgs {};
+
 // The heuristic split: AG copy blocks / RS reduce blocks ~ 1/16 of the SMs, at least 2, even.
 SmPlan plan_for(int sm_count, int world, int m, int n, int k);
 
@@ -80,5 +85,11 @@ size_t workspace_size(const GemmRsArgs& args);
 Status run(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
 // Unfused: wait until the partial buffer is free, the plain GEMM into it, then the reduction alone.
 Status run_unfused(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+Status can_implement(const GemmArArgs& args, std::string* why = nullptr);
+size_t workspace_size(const GemmArArgs& args);
+Status run(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// Unfused: the RS's unfused halves, whose reduction kernel also gathers the reduced rows.
+Status run_unfused(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
 }  // namespace tandem::kernels::tp

@@ -125,8 +125,9 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
         if (threadIdx.x == 0) {
           const int peer =
               arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
-          (void)tandem::device::wait_until(arrival_.comm, arrival_.flags + chunk, tandem::device::Cmp::kGe,
-                                           arrival_.epoch, peer);
+          (void)tandem::device::wait_until_backoff(arrival_.comm, arrival_.flags + chunk,
+                                                   tandem::device::Cmp::kGe, arrival_.epoch,
+                                                   arrival_.poll_sleep_ns, peer);
         }
         __syncwarp();
         asm volatile("fence.proxy.async.global;" ::: "memory");

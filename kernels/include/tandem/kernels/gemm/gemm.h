@@ -58,6 +58,9 @@ struct ArrivalSchedule {
   // that the block scheduler makes them resident first (a GEMM block waits for data the comm blocks move; the
   // comm blocks never wait for the GEMM of the same launch).
   int32_t gemm_block_y0 = 0;
+  // Sleep between polls of a chunk flag (ns; 0 = spin): one poller per GEMM block still adds up to a grid's
+  // worth of polls of one L2 line, which slows the copies that the wait is for.
+  uint32_t poll_sleep_ns = 0;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),

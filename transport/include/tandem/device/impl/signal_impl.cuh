@@ -8,27 +8,58 @@
 
 namespace tandem::device {
 
-__device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, uint64_t value, SignalOp op,
-                                         int peer, Order order) {
-  if (impl::is_proxy_peer(comm, peer))
-    return impl::proxy_enqueue(comm, proxy::CommandOp::kSignal, peer, nullptr, nullptr, 0, sig, value,
-                               static_cast<uint32_t>(op));
-  Status status = Status::kOk;
-  auto* remote = reinterpret_cast<uint64_t*>(
-      impl::checked_peer_ptr(comm, sig, sizeof(uint64_t), peer, DeviceOp::kSignal, &status));
-  if (remote == nullptr) return status;
-  const bool same_device = impl::peer_on_same_device(comm, peer);
-  if (order == Order::kRelaxed) {
-    if (op == SignalOp::kSet) impl::relaxed_store(remote, value, same_device);
-    else impl::relaxed_add(remote, value, same_device);
-    return Status::kOk;
+// One read of the peer's heap entry gives the path, the base and the scope (the separate helpers would read it
+// three times, and each read is a dependent constant-bank load before the store can issue).
+__device__ __forceinline__ SignalTarget signal_target(const DeviceComm& comm, uint64_t* sig, int peer) {
+  SignalTarget t;
+  t.sym = sig;
+  t.peer = peer;
+  const char* p = reinterpret_cast<const char*>(sig);
+#ifndef TANDEM_DEVICE_UNCHECKED
+  const bool in_heap = p >= comm.heap_base && comm.heap_bytes >= sizeof(uint64_t) &&
+                       static_cast<uint64_t>(p - comm.heap_base) <= comm.heap_bytes - sizeof(uint64_t);
+  if (peer < 0 || peer >= comm.world || !in_heap) {
+    impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kSignal, peer, sizeof(uint64_t),
+                       static_cast<uint64_t>(reinterpret_cast<uintptr_t>(sig)), 0);
+    t.status = Status::kInvalidArgument;
+    return t;
   }
-  if (op == SignalOp::kSet) {
-    impl::release_store(remote, value, same_device);
+#endif
+  const uint64_t entry = impl::peer_heap_entry(comm, peer);
+  const uint64_t base = entry & ~tandem::kPeerSameDeviceBit;
+  if (base == 0) {
+    if (comm.proxy_slots == nullptr) {
+      impl::report_error(comm, Status::kUnreachablePeer, DeviceOp::kSignal, peer, 0, 0, 0);
+      t.status = Status::kUnreachablePeer;
+    }
+    return t;  // remote == nullptr and status kOk: the proxy path
+  }
+  t.remote = reinterpret_cast<uint64_t*>(base + static_cast<uint64_t>(p - comm.heap_base));
+  t.same_device = (entry & tandem::kPeerSameDeviceBit) != 0;
+  return t;
+}
+
+__device__ __forceinline__ Status signal(const DeviceComm& comm, const SignalTarget& t, uint64_t value,
+                                         SignalOp op, Order order) {
+  if (t.remote == nullptr) {
+    if (t.status != Status::kOk) return t.status;
+    return impl::proxy_enqueue(comm, proxy::CommandOp::kSignal, t.peer, nullptr, nullptr, 0, t.sym, value,
+                               static_cast<uint32_t>(op));
+  }
+  if (order == Order::kRelaxed) {
+    if (op == SignalOp::kSet) impl::relaxed_store(t.remote, value, t.same_device);
+    else impl::relaxed_add(t.remote, value, t.same_device);
+  } else if (op == SignalOp::kSet) {
+    impl::release_store(t.remote, value, t.same_device);
   } else {
-    impl::release_add(remote, value, same_device);
+    impl::release_add(t.remote, value, t.same_device);
   }
   return Status::kOk;
+}
+
+__device__ __forceinline__ Status signal(const DeviceComm& comm, uint64_t* sig, uint64_t value, SignalOp op,
+                                         int peer, Order order) {
+  return signal(comm, signal_target(comm, sig, peer), value, op, order);
 }
 
 }  // namespace tandem::device

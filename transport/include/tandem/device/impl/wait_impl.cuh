@@ -39,7 +39,7 @@ __device__ __forceinline__ bool wait_at_gpu_scope(const DeviceComm& comm, int pe
 
 template <bool kGpuScope, bool kAcquire>
 __device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
-                                            uint64_t timeout_ns, uint64_t* observed) {
+                                            uint64_t timeout_ns, uint64_t* observed, uint32_t sleep_ns = 0) {
   uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t v = kAcquire ? (kGpuScope ? ld_acquire_gpu(flag) : ld_acquire_sys(flag))
@@ -55,7 +55,24 @@ __device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64
       if (start == 0) start = now;
       if (timeout_ns != 0 && now - start > timeout_ns) return Status::kTimeout;
     }
+    if (sleep_ns != 0) __nanosleep(sleep_ns);
   }
+}
+
+}  // namespace impl
+
+namespace impl {
+
+__device__ __forceinline__ Status wait_dispatch(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
+                                                uint64_t value, uint64_t timeout_ns, uint64_t* observed, int peer,
+                                                Order order, uint32_t sleep_ns) {
+  const bool gpu = wait_at_gpu_scope(comm, peer);
+  if (order == Order::kRelaxed) {
+    return gpu ? wait_spin<true, false>(comm, flag, cmp, value, timeout_ns, observed, sleep_ns)
+               : wait_spin<false, false>(comm, flag, cmp, value, timeout_ns, observed, sleep_ns);
+  }
+  return gpu ? wait_spin<true, true>(comm, flag, cmp, value, timeout_ns, observed, sleep_ns)
+             : wait_spin<false, true>(comm, flag, cmp, value, timeout_ns, observed, sleep_ns);
 }
 
 }  // namespace impl
@@ -63,23 +80,22 @@ __device__ __forceinline__ Status wait_spin(const DeviceComm& comm, const uint64
 __device__ __forceinline__ Status wait_until_timeout(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
                                                      uint64_t value, uint64_t timeout_ns, uint64_t* observed,
                                                      int peer, Order order) {
-  const bool gpu = impl::wait_at_gpu_scope(comm, peer);
-  if (order == Order::kRelaxed) {
-    return gpu ? impl::wait_spin<true, false>(comm, flag, cmp, value, timeout_ns, observed)
-               : impl::wait_spin<false, false>(comm, flag, cmp, value, timeout_ns, observed);
-  }
-  return gpu ? impl::wait_spin<true, true>(comm, flag, cmp, value, timeout_ns, observed)
-             : impl::wait_spin<false, true>(comm, flag, cmp, value, timeout_ns, observed);
+  return impl::wait_dispatch(comm, flag, cmp, value, timeout_ns, observed, peer, order, 0);
 }
 
-__device__ __forceinline__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
-                                             uint64_t value, int peer, Order order) {
+__device__ __forceinline__ Status wait_until_backoff(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
+                                                     uint64_t value, uint32_t sleep_ns, int peer, Order order) {
   uint64_t observed = 0;
-  const Status s = wait_until_timeout(comm, flag, cmp, value, comm.timeout_ns, &observed, peer, order);
+  const Status s = impl::wait_dispatch(comm, flag, cmp, value, comm.timeout_ns, &observed, peer, order, sleep_ns);
   if (s == Status::kTimeout) {
     impl::report_error(comm, s, DeviceOp::kWaitUntil, peer, value, observed, comm.timeout_ns);
   }
   return s;
+}
+
+__device__ __forceinline__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp cmp,
+                                             uint64_t value, int peer, Order order) {
+  return wait_until_backoff(comm, flag, cmp, value, 0, peer, order);
 }
 
 }  // namespace tandem::device
