@@ -167,9 +167,10 @@ void bind_kernels(py::module_& m) {
       "gemm_ar",
       [rs_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
-                uintptr_t stream) {
+                uintptr_t stream, int algo) {
         tp::GemmArArgs x;
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
+        x.algo = static_cast<tp::ArAlgo>(algo);
         auto st = reinterpret_cast<cudaStream_t>(stream);
         std::string why;
         tandem::Status s;
@@ -182,8 +183,11 @@ void bind_kernels(py::module_& m) {
         }
         return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
       },
-      "GEMM+AllReduce (two-shot: reduce-scatter, then all-gather of the reduced rows): mode 'fused', 'unfused', "
-      "'check'; returns '' or the reason. The workspace is gemm_rs_workspace_size's.");
+      "GEMM+AllReduce: mode 'fused', 'unfused', 'check'; algo 0 auto, 1 one-shot, 2 two-shot (reduce-scatter, then "
+      "all-gather of the reduced rows); returns '' or the reason. The workspace is gemm_rs_workspace_size's.",
+      py::arg("comm"), py::arg("mode"), py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a"),
+      py::arg("lda"), py::arg("b"), py::arg("ldb"), py::arg("out"), py::arg("workspace"), py::arg("sm_count"),
+      py::arg("comm_blocks"), py::arg("stream"), py::arg("algo") = 0);
 }
 
 }  // namespace tandem_py

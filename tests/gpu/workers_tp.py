@@ -81,18 +81,18 @@ def _digest(t):
     return hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 
 
-def _ar_case(comm, mr, n, k, dtype, mode):
+def _ar_case(comm, mr, n, k, dtype, mode, algo):
     world = comm.world_size
     m = mr * world
     parts = _rs_partials(world, m, n, k, dtype)
     a, b = parts[comm.rank]
-    out = tp.gemm_ar(comm, a, b, mode=mode)
+    out = tp.gemm_ar(comm, a, b, mode=mode, algo=algo)
     torch.cuda.synchronize()
     comm.check()
     ref = _ar_reference(world, parts, mr, dtype)
     exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)
     rel = float((out.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))
-    return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, wrong=int((out != ref).sum()), rel=rel,
+    return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, algo=algo, wrong=int((out != ref).sum()), rel=rel,
                 rows=out.shape[0], digest=_digest(out))
 
 
@@ -110,7 +110,8 @@ def correctness(ag_shapes, rs_shapes, dtypes, modes):
         for (mr, n, k) in rs_shapes:
             for mode in modes:
                 out["rs"].append(_rs_case(comm, mr, n, k, dtype, mode))
-                out["ar"].append(_ar_case(comm, mr, n, k, dtype, mode))
+                for algo in ("one_shot", "two_shot"):
+                    out["ar"].append(_ar_case(comm, mr, n, k, dtype, mode, algo))
     # ragged M_local is refused by the fused kernel with a clear error (auto takes the unfused path)
     try:
         tp.ag_gemm(comm, _ints(100, 64, 0, torch.bfloat16), _b(64, 64, 1, torch.bfloat16), mode="fused")
@@ -133,15 +134,18 @@ def repeat_and_graph(launches, m_local, n, k):
     ra, rb = parts[rank]
     first_ag = tp.ag_gemm(comm, a_local, b, mode="fused")
     first_rs = tp.gemm_rs(comm, ra, rb, mode="fused")
-    first_ar = tp.gemm_ar(comm, ra, rb, mode="fused")
-    same_ag = same_rs = same_ar = 0
+    first_ar = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+    first_ar1 = tp.gemm_ar(comm, ra, rb, mode="fused", algo="one_shot")
+    same_ag = same_rs = same_ar = same_ar1 = 0
     for _ in range(launches):
         same_ag += int(torch.equal(tp.ag_gemm(comm, a_local, b, mode="fused"), first_ag))
         same_rs += int(torch.equal(tp.gemm_rs(comm, ra, rb, mode="fused"), first_rs))
-        same_ar += int(torch.equal(tp.gemm_ar(comm, ra, rb, mode="fused"), first_ar))
+        same_ar += int(torch.equal(tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot"), first_ar))
+        same_ar1 += int(torch.equal(tp.gemm_ar(comm, ra, rb, mode="fused", algo="one_shot"), first_ar1))
     ag_ok = bool(torch.equal(first_ag, (a_full.float() @ b.float()).to(dtype)))
     rs_ok = bool(torch.equal(first_rs, _rs_reference(rank, world, parts, m_local, dtype)))
-    ar_ok = bool(torch.equal(first_ar, _ar_reference(world, parts, m_local, dtype)))
+    ar_ok = bool(torch.equal(first_ar, _ar_reference(world, parts, m_local, dtype))) and bool(
+        torch.equal(first_ar1, first_ar))
     # CUDA graph: capture both ops once (workspaces exist), replay with new inputs
     sa, sra = a_local.clone(), ra.clone()
     s = torch.cuda.Stream()
@@ -149,14 +153,16 @@ def repeat_and_graph(launches, m_local, n, k):
     with torch.cuda.stream(s):
         tp.ag_gemm(comm, sa, b, mode="fused")
         tp.gemm_rs(comm, sra, rb, mode="fused")
-        tp.gemm_ar(comm, sra, rb, mode="fused")
+        tp.gemm_ar(comm, sra, rb, mode="fused", algo="two_shot")
+        tp.gemm_ar(comm, sra, rb, mode="fused", algo="one_shot")
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         gc = tp.ag_gemm(comm, sa, b, mode="fused")
         go = tp.gemm_rs(comm, sra, rb, mode="fused")
-        gar = tp.gemm_ar(comm, sra, rb, mode="fused")
+        gar = tp.gemm_ar(comm, sra, rb, mode="fused", algo="two_shot")
+        gar1 = tp.gemm_ar(comm, sra, rb, mode="fused", algo="one_shot")
     graph_ok = []
     for rep in range(3):
         scale = float(rep + 2)  # 3 is not a power of two: the reference must be recomputed, not scaled
@@ -170,12 +176,12 @@ def repeat_and_graph(launches, m_local, n, k):
         ref_rs = _rs_reference(rank, world, scaled, m_local, dtype)
         ref_ar = _ar_reference(world, scaled, m_local, dtype)
         graph_ok.append(bool(torch.equal(gc, ref_ag)) and bool(torch.equal(go, ref_rs))
-                        and bool(torch.equal(gar, ref_ar)))
+                        and bool(torch.equal(gar, ref_ar)) and bool(torch.equal(gar1, ref_ar)))
     comm.check()
     del g
     tp.release_workspaces(comm)
     comm.destroy()
-    return dict(launches=launches, same_ag=same_ag, same_rs=same_rs, same_ar=same_ar, ag_ok=ag_ok, rs_ok=rs_ok,
+    return dict(launches=launches, same_ag=same_ag, same_rs=same_rs, same_ar=same_ar, same_ar1=same_ar1, ag_ok=ag_ok, rs_ok=rs_ok,
                 ar_ok=ar_ok, graph_ok=graph_ok, ar_digest=_digest(first_ar))
 
 
@@ -194,6 +200,7 @@ def rejects():
         "ar_dtype": lambda: tp.gemm_ar(comm, a.float(), b),
         "ar_inner": lambda: tp.gemm_ar(comm, a, _b(72, 64, 1, torch.bfloat16)),
         "ar_blocks": lambda: tp.gemm_ar(comm, a, b, comm_blocks=5),
+        "ar_algo": lambda: tp.gemm_ar(comm, a, b, algo="three_shot"),
         "odd_blocks": lambda: tp.ag_gemm(comm, a, b, comm_blocks=3),
         "m_not_world": lambda: tp.gemm_rs(comm, _ints(257, 64, 0, torch.bfloat16), b) if comm.world_size > 1
         else (_ for _ in ()).throw(TandemError("w1", 3)),

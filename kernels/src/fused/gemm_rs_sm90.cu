@@ -56,6 +56,7 @@ struct RsParams {
   int gemm_blocks;
   int reduce_blocks;
   RsMode mode;
+  bool one_shot;        // AR one-shot: every rank reduces every row itself (in the owners' order)
 };
 
 template <class Element>
@@ -169,6 +170,53 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   }
 }
 
+// AR one-shot: wait for every rank's whole partial, then reduce every row in registers, in the order its owner c
+// uses (acc = p[c-1]; acc += p[c-2]; ...; out = acc + p[c]): the same bits as the two-shot path, on every rank.
+template <class Element, class P>
+__device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
+  using namespace tandem::device;
+  using R = Raw<Element>;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  Status st = Status::kOk;
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &p.ctl->arrive[q], Cmp::kGe, e, q);
+  }
+  if (!block_ok(st)) return;
+  (void)rank;
+  const int64_t nvec = p.chunk_elems / 8;
+  const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  for (int c = 0; c < world; ++c) {
+    const uint4* src[kMaxFusedRsWorld];
+    for (int s = 0; s < world; ++s) {
+      const int q = ((c - 1 - s) % world + world) % world;
+      src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + c * chunk_bytes, q));
+      if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
+    }
+    uint4* dst = reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes);
+    for (int64_t v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+      float f[8];
+      for (int s = 0; s < world; ++s) {
+        const uint4 x = src[s][v];
+        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 t = R::to_float2(w[i]);
+          f[2 * i] = s == 0 ? t.x : f[2 * i] + t.x;
+          f[2 * i + 1] = s == 0 ? t.y : f[2 * i + 1] + t.y;
+        }
+      }
+      uint4 o;
+      o.x = R::from_float2(f[0], f[1]);
+      o.y = R::from_float2(f[2], f[3]);
+      o.z = R::from_float2(f[4], f[5]);
+      o.w = R::from_float2(f[6], f[7]);
+      dst[v] = o;
+    }
+  }
+}
+
 template <class Element, class GemmKernel>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
@@ -194,7 +242,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     for (int s = 0; s < world; ++s) {
       const int o = (rank + 1 + s) % world;
       if (threadIdx.x == 0 && st == Status::kOk) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
-      if (p.gather_out != nullptr && o == rank && threadIdx.x == 0) {  // AR: chunk r holds the reduced rows too
+      // AR two-shot: chunk r holds the reduced rows too; one-shot: every rank reads every chunk. Either way
+      // every rank must be done with this rank's partial of e - 1.
+      const bool wait_all = p.gather_out != nullptr && (p.one_shot ? s == 0 : o == rank);
+      if (wait_all && threadIdx.x == 0) {
         for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
       }
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
@@ -203,12 +254,18 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       op(p.gemm[o], smem);
       complete_bulk_stores();
       __syncthreads();
-      if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks))
-        (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+      if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
+        if (!p.one_shot) {
+          (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+        } else if (s + 1 == world) {  // one-shot: the whole partial is complete (every block's every chunk)
+          for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
+        }
+      }
     }
   } else {
     const int rb = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
-    rs_reduce_role<Element>(p, rb, e);
+    if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
+    else rs_reduce_role<Element>(p, rb, e);
   }
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
@@ -225,7 +282,8 @@ size_t acc_offset(const GemmRsArgs& a) {
 }
 
 template <class Element>
-Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, std::string* why) {
+Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
+                 std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
@@ -241,6 +299,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   if (all_reduce) {
     p.gather_out = static_cast<char*>(a.out);
     p.out = ws + kControlBytes + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
+    p.one_shot = one_shot;
   }
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
   p.reduce_blocks = plan.comm_blocks;
@@ -329,24 +388,35 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
 
 template <bool kAllReduce>
-static Status dispatch(const GemmRsArgs& a, bool fused, cudaStream_t stream, std::string* why) {
+static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why) {
   if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, why);
+  if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why);
 }
 
-Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) { return dispatch<false>(a, true, stream, why); }
+Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<false>(a, true, false, stream, why);
+}
 
 Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
-  return dispatch<false>(a, false, stream, why);
+  return dispatch<false>(a, false, false, stream, why);
 }
 
 // GEMM+AllReduce: the same checks (out is M x N instead of M/W x N; the workspace is the same).
 Status can_implement(const GemmArArgs& a, std::string* why) { return check_rs(a, true, why); }
 size_t workspace_size(const GemmArArgs& a) { return workspace_size(static_cast<const GemmRsArgs&>(a)); }
-Status run(const GemmArArgs& a, cudaStream_t stream, std::string* why) { return dispatch<true>(a, true, stream, why); }
+
+bool use_one_shot(const GemmArArgs& a) {
+  if (a.algo != ArAlgo::kAuto) return a.algo == ArAlgo::kOneShot;
+  return a.comm.world <= kMaxFusedRsWorld && static_cast<size_t>(a.m) * a.n * 2 <= kArOneShotMaxBytes;
+}
+
+Status run(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<true>(a, true, use_one_shot(a), stream, why);
+}
 Status run_unfused(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
-  return dispatch<true>(a, false, stream, why);
+  return dispatch<true>(a, false, use_one_shot(a), stream, why);
 }
 
 }  // namespace tandem::kernels::tp

@@ -13,7 +13,8 @@ import os
 import sys
 
 # (M total, N, K) of the layer; AG: A_local = M/W x K, B = K x N; RS: A = M x K/W, B = K/W x N.
-SHAPES = [(8192, 4096, 8192), (16384, 8192, 4096)]
+SHAPES = [(8192, 4096, 8192), (16384, 8192, 4096), (1024, 4096, 8192)]
+SMALL_OUT_BYTES = 8 << 20  # AR outputs up to this size are also timed one-shot and two-shot
 
 
 def run(shapes, reps, out_dir, command):
@@ -44,7 +45,10 @@ def run(shapes, reps, out_dir, command):
             ("rs_gemm_only", lambda: torch.matmul(a_rs, b_rs)),
             ("ar_fused", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="fused")),
             ("ar_unfused", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="unfused")),
-        ):
+        ) + ((
+            ("ar_one_shot", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="fused", algo="one_shot")),
+            ("ar_two_shot", lambda: tp.gemm_ar(comm, a_rs, b_rs, mode="fused", algo="two_shot")),
+        ) if m * n * 2 <= SMALL_OUT_BYTES else ()):
             comm.barrier()
             res[op] = common.time_launches(fn, warmup=3, reps=reps)
         comm.check()
@@ -66,6 +70,13 @@ def run(shapes, reps, out_dir, command):
         rows.append([f"{m}x{n}x{k}", "GEMM+AR", f"{res['ar_fused'] * 1e3:.3f}", f"{res['ar_unfused'] * 1e3:.3f}",
                      f"{res['rs_gemm_only'] * 1e3:.3f}", f"{d['ar_fused_tflops']:.0f}",
                      f"{d['ar_speedup_vs_unfused']:.2f}", f"{res['rs_gemm_only'] / res['ar_fused']:.2f}"])
+        for algo in ("one_shot", "two_shot"):
+            if f"ar_{algo}" in res:
+                t = res[f"ar_{algo}"]
+                rows.append([f"{m}x{n}x{k}", f"GEMM+AR {algo.replace('_', '-')}", f"{t * 1e3:.3f}",
+                             f"{res['ar_unfused'] * 1e3:.3f}", f"{res['rs_gemm_only'] * 1e3:.3f}",
+                             f"{flop_rs / t / 1e12:.0f}", f"{res['ar_unfused'] / t:.2f}",
+                             f"{res['rs_gemm_only'] / t:.2f}"])
     tp.release_workspaces(comm)
     if rank == 0:
         meta = common.header(command)

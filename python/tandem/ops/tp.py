@@ -152,7 +152,10 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     return c, gathered
 
 
-def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs"):
+_AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
+
+
+def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -169,7 +172,14 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs"):
     ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n))
     out_rows = m if op == "gemm_ar" else m // world
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    run = K.gemm_ar if op == "gemm_ar" else K.gemm_rs
+    if op == "gemm_ar":
+        if algo not in _AR_ALGOS:
+            raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", op, comm.rank)
+
+        def run(*xs):
+            return K.gemm_ar(*xs, _AR_ALGOS[algo])
+    else:
+        run = K.gemm_rs
     args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
     if mode == "auto" and not AUTO_FUSED[op]:
@@ -224,18 +234,20 @@ def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
 
 @torch.library.custom_op("tandem::gemm_ar", mutates_args=())
 def gemm_ar_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0) -> torch.Tensor:
+               sm_count: int = 0, algo: str = "auto") -> torch.Tensor:
     c = _comm(comm, "gemm_ar")
+    if algo not in _AR_ALGOS:
+        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar", c.rank)
     if c.world_size == 1:
         _validate(c, a, b, "gemm_ar")
         _check_mode(mode, "gemm_ar", c.rank)
         _check_blocks(comm_blocks, "gemm_ar", c.rank)
         return _plain_gemm(a, b)
-    return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar")
+    return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar", algo=algo)
 
 
 @gemm_ar_op.register_fake
-def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -269,6 +281,8 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
 
 
-def gemm_ar(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
-    """all_reduce(a @ b): the M x N sum over ranks, bit-identical on every rank."""
-    return torch.ops.tandem.gemm_ar(a, b, register(comm), mode, comm_blocks, sm_count)
+def gemm_ar(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0, algo: str = "auto"):
+    """all_reduce(a @ b): the M x N sum over ranks, bit-identical on every rank. algo: "one_shot" (every rank
+    reduces every row: small outputs), "two_shot" (reduce-scatter then all-gather of the reduced rows) or
+    "auto" (one-shot up to 2 MiB of output); both give the same bits."""
+    return torch.ops.tandem.gemm_ar(a, b, register(comm), mode, comm_blocks, sm_count, algo)

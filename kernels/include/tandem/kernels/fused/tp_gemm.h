@@ -65,7 +65,16 @@ struct GemmRsArgs {
 };
 
 // GEMM+AllReduce: the GemmRsArgs fields, with `out` a contiguous m x n matrix (every rank gets all rows).
-struct GemmArArgs : GemmRsArgs {};
+//   two-shot: reduce-scatter (each owner reduces its rows), then every rank gathers the owners' rows;
+//   one-shot: every rank reads every partial and reduces every row itself (one wait, W times the reads: for
+//             small outputs). Both sum in the owners' order, so the bits are the same either way.
+enum class ArAlgo : int { kAuto = 0, kOneShot = 1, kTwoShot = 2 };
+// kAuto takes one-shot up to this output size (bytes; at most 8 ranks).
+constexpr size_t kArOneShotMaxBytes = size_t(2) << 20;
+struct GemmArArgs : GemmRsArgs {
+  ArAlgo algo = ArAlgo::kAuto;
+};
+bool use_one_shot(const GemmArArgs& args);
 
 // The heuristic split: AG copy blocks / RS reduce blocks ~ 1/16 of the SMs, at least 2, even.
 SmPlan plan_for(int sm_count, int world, int m, int n, int k);
