@@ -16,6 +16,8 @@ capturable); replays are safe (epochs live on the device).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from .._native import native
@@ -32,9 +34,22 @@ _COMMS: dict[int, object] = {}
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
 
 
+_NEXT_TOKEN = itertools.count(1)
+
+
+def _token(comm) -> int:
+    """A number this communicator owns for its lifetime (id() can be reused by a later object once this one is
+    gone, which would hand a new communicator a destroyed one's workspaces)."""
+    t = getattr(comm, "_tandem_op_token", None)
+    if t is None:
+        t = next(_NEXT_TOKEN)
+        comm._tandem_op_token = t
+    return t
+
+
 def register(comm) -> int:
     """The handle of `comm` for the ops (idempotent)."""
-    h = id(comm)
+    h = _token(comm)
     _COMMS[h] = comm
     return h
 
@@ -61,7 +76,7 @@ def _workspace(comm, key: tuple, nbytes: int) -> torch.Tensor:
 
 def release_workspaces(comm=None):
     """Free the cached workspaces (of `comm`, or all). Collective: call on every rank."""
-    for k in [k for k in _WORKSPACES if comm is None or k[1] == id(comm)]:
+    for k in [k for k in _WORKSPACES if comm is None or k[1] == _token(comm)]:
         del _WORKSPACES[k]
 
 
@@ -120,7 +135,7 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     m_local, k = a_local.shape
     n = b.shape[1]
     K = native().kernels
-    key = ("ag_gemm", id(comm), m_local, k, a_local.dtype)
+    key = ("ag_gemm", _token(comm), m_local, k, a_local.dtype)
     ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k))
     off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
     gathered = ws[off:off + world * m_local * k * a_local.element_size()].view(a_local.dtype).view(world * m_local, k)
@@ -168,7 +183,7 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
         raise TandemError(f"tandem: {op}: peers on other nodes (proxy path) are not supported yet: the reduction "
                           "reads peers by load/store", 9, op, comm.rank)
     K = native().kernels
-    key = (op, id(comm), m, n, a.dtype)
+    key = (op, _token(comm), m, n, a.dtype)
     ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n))
     out_rows = m if op == "gemm_ar" else m // world
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
@@ -273,7 +288,7 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
     """This rank's slice of the AG workspace's gathered A (rows [rank m_local, ...)): write A_local there and pass
     it as a_local to run the all-gather in place (no local copy)."""
     K = native().kernels
-    key = ("ag_gemm", id(comm), m_local, k, dtype)
+    key = ("ag_gemm", _token(comm), m_local, k, dtype)
     ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k))
     off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
     esize = torch.empty((), dtype=dtype).element_size()
