@@ -8,7 +8,7 @@
 Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
-reduction kernel next to the plain GEMM, one after the other), "auto" (the measured choice, AUTO_FUSED below;
+reduction kernel next to the plain GEMM, one after the other), "auto" (the measured choice, AUTO_RULES below;
 world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
 a shape and reused: make that first call before capturing a CUDA graph (allocation is collective and not
 capturable); replays are safe (epochs live on the device).
@@ -24,11 +24,23 @@ from .._native import native
 from ..errors import TandemError, invalid
 from .gemm import _DTYPES, gemm as _plain_gemm
 
-# The crossover, measured (docs/results.md, H200 under MPS, 2026-12-03): the fused AG+GEMM is correct but slower
-# than the unfused path at every measured shape (0.19x-0.31x at the bench shapes, copy-bound), and the fused
-# GEMM+RS wins only at one of four (1.17x at 8192x4096x8192, world 4). So "auto" takes the unfused path until a
-# measurement says otherwise; mode="fused" runs the fused kernels.
-AUTO_FUSED = {"ag_gemm": False, "gemm_rs": False, "gemm_ar": False}
+# The crossover, measured (docs/results.md, one H200 under MPS, 2026-12-03, commit a03d283 at world 4 and the
+# AG poll-sleep sweep at world 2), as fused/unfused speed (M x N x K of the layer):
+#   AG+GEMM  1.58x at 8192x4096x8192, 1.03x at 16384x8192x4096, 0.95x at 1024x4096x8192 (w4); 1.59x at the
+#            first shape per rank at w2 (diag)                          -> fused from M*N*K >= 2**38
+#   GEMM+RS  1.00x, 0.95x, 1.52x (w4); 1.10x, 1.03x (w2)                -> fused
+#   GEMM+AR  1.10x, 1.03x, 0.89x (8 MiB output, w4); 1.07x, 1.02x (w2)  -> fused above 8 MiB of output
+# Few points, one GPU shared by all ranks: a multi-GPU machine will move these. mode="fused"/"unfused" force.
+AUTO_RULES = {
+    "ag_gemm": lambda m, n, k: m * n * k >= 2**38,
+    "gemm_rs": lambda m, n, k: True,
+    "gemm_ar": lambda m, n, k: m * n * 2 > (8 << 20),
+}
+
+
+def auto_fused(op: str, m: int, n: int, k: int) -> bool:
+    """What mode="auto" picks for the layer problem M x N x K (the measured rule above)."""
+    return bool(AUTO_RULES[op](m, n, k))
 
 _COMMS: dict[int, object] = {}
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
@@ -143,7 +155,7 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     dt = _DTYPES[a_local.dtype]
     args = (dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
-    if mode == "auto" and not AUTO_FUSED["ag_gemm"]:
+    if mode == "auto" and not auto_fused("ag_gemm", world * m_local, n, k):
         mode = "unfused"
     if mode in ("auto", "fused"):
         why = K.ag_gemm(comm.native, "check", *args, 0)
@@ -197,7 +209,7 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
         run = K.gemm_rs
     args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
-    if mode == "auto" and not AUTO_FUSED[op]:
+    if mode == "auto" and not auto_fused(op, m, n, k * world):
         mode = "unfused"
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
