@@ -5,6 +5,7 @@
 #include "common.h"
 #include "tandem/transport/allocator.h"
 #include "tandem/transport/comm.h"
+#include "tandem/transport/proxy.h"
 #include "peer_monitor.h"
 
 namespace tandem_py {
@@ -103,8 +104,9 @@ void bind_transport(py::module_& m) {
   py::class_<tandem::Communicator, std::shared_ptr<tandem::Communicator>>(m, "Communicator")
       .def(py::init([](py::object store, int rank, int world, uint64_t heap_bytes, double timeout_s, int device,
                        tandem::HeapKind heap, int ranks_per_node, uint32_t proxy_capacity,
-                       const std::string& proxy_host) {
+                       const std::string& proxy_host, bool external_proxy) {
              tandem::CommOptions o;
+             o.external_proxy = external_proxy;
              o.proxy_capacity = proxy_capacity;
              o.proxy_host = proxy_host;
              o.heap_bytes = heap_bytes;
@@ -117,7 +119,7 @@ void bind_transport(py::module_& m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("world"), py::arg("heap_bytes"), py::arg("timeout_s"),
            py::arg("device"), py::arg("heap"), py::arg("ranks_per_node"), py::arg("proxy_capacity") = 4096,
-           py::arg("proxy_host") = "")
+           py::arg("proxy_host") = "", py::arg("external_proxy") = false)
       .def_property_readonly("rank", &tandem::Communicator::rank)
       .def_property_readonly("world", &tandem::Communicator::world)
       .def_property_readonly("node", &tandem::Communicator::node)
@@ -183,6 +185,19 @@ void bind_transport(py::module_& m) {
           "None, or the error check() would raise, as a dict (message, status, op, rank, peer).")
       .def_property_readonly("exited_peer", &tandem::Communicator::exited_peer)
       .def_property_readonly("has_proxy", &tandem::Communicator::has_proxy)
+      .def_property_readonly(
+          "command_queue", [](const tandem::Communicator& c) { return c.command_queue(); },
+          py::return_value_policy::reference_internal,
+          "The proxy command queue (None without proxy peers); drained by the caller with external_proxy.")
+      .def(
+          "export_heap_dmabuf",
+          [](const tandem::Communicator& c) -> py::object {
+            std::string why;
+            const int fd = c.export_heap_dmabuf(&why);
+            if (fd < 0) return py::str(why);
+            return py::int_(fd);
+          },
+          "A dmabuf fd over this rank's heap (int, caller closes it), or the reason there is none (str).")
       .def_property_readonly("proxy_backend",
                              [](const tandem::Communicator& c) { return std::string(c.proxy_backend()); })
       .def("host_barrier", &tandem::Communicator::host_barrier)

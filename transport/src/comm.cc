@@ -11,6 +11,7 @@
 #include <map>
 #include <cstdio>
 
+#include "driver_api.h"
 #include "heap.h"
 #include "peer_monitor.h"
 #include "tandem/transport/allocator.h"
@@ -290,6 +291,11 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
   TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&ctl_dev, ctl_host_, 0), "communicator.proxy", rank_);
 
   queue_ = std::make_unique<CommandQueue>(cap, rank_, ring_host_, ctl_host_);
+  device_comm_.proxy_slots = static_cast<Command*>(ring_dev);
+  device_comm_.proxy_ctl = static_cast<QueueControl*>(ctl_dev);
+  device_comm_.proxy_tail = tail_dev_;
+  device_comm_.proxy_capacity = cap;
+  if (options_.external_proxy) return;  // the caller drains queue_ (command_queue())
   domain_ = std::make_unique<CudaMemoryDomain>(heap_->local_base(), heap_->bytes(), device_);
   proxy_ = std::make_unique<Proxy>(rank_, *queue_, *domain_);
   std::vector<int> peers;
@@ -305,11 +311,6 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
   backend_ = std::make_unique<TcpBackend>(*bootstrap_, next_tag("proxy"), rank_, peers, *domain_, o,
                                           [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
   proxy_->start(backend_.get(), [this] { abort(); });
-
-  device_comm_.proxy_slots = static_cast<Command*>(ring_dev);
-  device_comm_.proxy_ctl = static_cast<QueueControl*>(ctl_dev);
-  device_comm_.proxy_tail = tail_dev_;
-  device_comm_.proxy_capacity = cap;
 }
 
 void Communicator::teardown_proxy() {
@@ -327,7 +328,27 @@ void Communicator::teardown_proxy() {
   tail_dev_ = nullptr;
 }
 
-const char* Communicator::proxy_backend() const { return backend_ ? backend_->name() : "none"; }
+const char* Communicator::proxy_backend() const {
+  if (backend_) return backend_->name();
+  return queue_ ? "external" : "none";
+}
+
+int Communicator::export_heap_dmabuf(std::string* why) const {
+  const auto& api = detail::driver_api();
+  if (api.cuMemGetHandleForAddressRange == nullptr) {
+    if (why) *why = "the CUDA driver has no cuMemGetHandleForAddressRange";
+    return -1;
+  }
+  int fd = -1;
+  const CUresult r = api.cuMemGetHandleForAddressRange(
+      &fd, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(heap_->local_base())), heap_->bytes(),
+      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (r != CUDA_SUCCESS) {
+    if (why) *why = "cuMemGetHandleForAddressRange(DMA_BUF_FD) failed with CUresult " + std::to_string(static_cast<int>(r));
+    return -1;
+  }
+  return fd;
+}
 
 int Communicator::exited_peer() const { return monitor_ ? monitor_->exited_peer() : -1; }
 

@@ -33,6 +33,7 @@ DriverApi load() {
   ok &= resolve("cuMemImportFromShareableHandle", api.cuMemImportFromShareableHandle);
   ok &= resolve("cuDeviceGetAttribute", api.cuDeviceGetAttribute);
   api.complete = ok;
+  (void)resolve("cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange);
   return api;
 }
 

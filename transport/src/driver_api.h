@@ -18,6 +18,8 @@ struct DriverApi {
   decltype(&::cuMemExportToShareableHandle) cuMemExportToShareableHandle = nullptr;
   decltype(&::cuMemImportFromShareableHandle) cuMemImportFromShareableHandle = nullptr;
   decltype(&::cuDeviceGetAttribute) cuDeviceGetAttribute = nullptr;
+  // Optional (not part of `complete`): a dmabuf fd of a device range, for RDMA registration.
+  decltype(&::cuMemGetHandleForAddressRange) cuMemGetHandleForAddressRange = nullptr;
   bool complete = false;
 };
 

@@ -67,6 +67,9 @@ class Communicator:
         proxy_capacity: commands in flight to the CPU proxy (power of two; peers on other nodes only).
         proxy_host: IPv4 address other nodes reach this rank's proxy at (default TANDEM_PROXY_HOST, else
             127.0.0.1 for emulated nodes).
+        inter_node: the proxy's backend to other nodes: "tcp" (default; needs nothing) or "verbs" (RDMA RC QPs
+            through pyverbs: `pip install 'tandem[verbs]'` and an RDMA NIC; without either, a clear TandemError
+            before anything is set up). The verbs path has never run on a NIC (docs/transports.md).
     """
 
     def __init__(
@@ -82,8 +85,10 @@ class Communicator:
         ranks_per_node: int | None = None,
         proxy_capacity: int = 4096,
         proxy_host: str | None = None,
+        inter_node: str = "tcp",
     ):
         self._native = None
+        self._verbs_proxy = None
         torch = _torch()
         C = native()
         if heap not in _HEAP_KINDS:
@@ -94,6 +99,12 @@ class Communicator:
             raise invalid(f"proxy_capacity must be a power of two, got {proxy_capacity!r}", "communicator.init")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise invalid(f"timeout_s must be a positive number, got {timeout_s!r}", "communicator.init")
+        if inter_node not in ("tcp", "verbs"):
+            raise invalid(f"inter_node must be 'tcp' or 'verbs', got {inter_node!r}", "communicator.init")
+        if inter_node == "verbs":
+            from . import verbs
+
+            verbs.require_pyverbs()  # a clear TandemError, before any collective setup
         if not torch.cuda.is_available():
             raise TandemError("tandem: no CUDA device is visible to this process", 9, "communicator.init")
         store, rank, world_size = resolve(store, rank, world_size)
@@ -109,6 +120,8 @@ class Communicator:
             raise invalid(f"device {device} not in [0, {torch.cuda.device_count()})", "communicator.init", rank)
         if ranks_per_node is None:
             ranks_per_node = int(os.environ.get("TANDEM_RANKS_PER_NODE", "0"))
+        if inter_node == "verbs":
+            verbs.choose_device(device)  # no NIC near this GPU: a clear TandemError, still before setup
         torch.cuda.set_device(device)
         torch.cuda.init()
         import torch.distributed as dist
@@ -116,9 +129,34 @@ class Communicator:
         kind = {"auto": C.HeapKind.AUTO, "vmm": C.HeapKind.VMM, "ipc": C.HeapKind.IPC}[heap]
         self._native = C.Communicator(
             dist.PrefixStore("tandem", store), rank, world_size, heap_bytes, float(timeout_s), device, kind,
-            ranks_per_node, proxy_capacity, proxy_host or "",
+            ranks_per_node, proxy_capacity, proxy_host or "", inter_node == "verbs",
         )
         self._torch = torch
+        if inter_node == "verbs" and self._native.has_proxy:
+            self._start_verbs_proxy(store, device, timeout_s)
+
+    def _start_verbs_proxy(self, store, device, timeout_s):
+        """RC QPs to every rank on another node, and the Python proxy thread that drains the command queue
+        into them (tandem.transport.verbs_proxy). Collective over the store."""
+        import os as _os
+
+        from . import verbs
+        from .verbs_proxy import PyverbsDriver, VerbsProxy
+
+        n = self._native
+        local = set(n.local_ranks)
+        remote = [r for r in range(n.world) if r not in local]
+        fd = n.export_heap_dmabuf()
+        try:
+            driver = PyverbsDriver(store=store, rank=n.rank, peers=remote, heap_ptr=n.heap_base,
+                                   heap_bytes=n.heap_bytes, dmabuf_fd=fd if isinstance(fd, int) else None,
+                                   cuda_device=device, timeout_s=timeout_s)
+        finally:
+            if isinstance(fd, int):
+                _os.close(fd)  # the MR holds its own reference to the dmabuf
+        regions, peers = driver.planner_regions()
+        self._verbs_proxy = VerbsProxy(n.command_queue, verbs.planner(regions, peers), driver, rank=n.rank,
+                                       timeout_s=timeout_s, on_error=lambda err: n.abort()).start()
 
     # ---- properties -----------------------------------------------------------------------------------
     @property
@@ -199,6 +237,8 @@ class Communicator:
         err = self.native.error_info()
         if err is not None:
             raise TandemError(err["message"], err["status"], err["op"], err["rank"], err["peer"])
+        if self._verbs_proxy is not None:
+            self._verbs_proxy.check()
 
     def async_error(self):
         """The first recorded device error as a dict, or None; does not synchronize."""
@@ -223,6 +263,9 @@ class Communicator:
 
     def destroy(self):
         """Synchronize and release the heap. Symmetric tensors must not be used afterwards."""
+        if self._verbs_proxy is not None:  # before the queue it drains goes away
+            self._verbs_proxy.stop()
+            self._verbs_proxy = None
         if self._native is not None:
             self._native.destroy()
 

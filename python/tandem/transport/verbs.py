@@ -24,9 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import TandemError
-
-UNSUPPORTED = 9
+from ..errors import UNSUPPORTED, TandemError
 
 
 def require_pyverbs():

@@ -275,6 +275,7 @@ class PyverbsDriver:
         from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
         self._e = e
+        self.heap_ptr = int(heap_ptr)
         nic, port, gid_index = verbs.choose_device(cuda_device)
         self.nic, self.port, self.gid_index = nic, port, gid_index
         self.ctx = Context(name=nic.name)
@@ -340,8 +341,8 @@ class PyverbsDriver:
 
     def planner_regions(self):
         """(local, peers) dicts for verbs.planner."""
-        local = dict(base=self.heap_mr.buf if hasattr(self.heap_mr, "buf") else 0, lkey=self.heap_mr.lkey,
-                     bytes=self.heap_mr.length, scratch_addr=self.scratch_mr.buf, scratch_lkey=self.scratch_mr.lkey)
+        # The heap's base is the MR's address (peermem) or iova (dmabuf): heap_ptr either way.
+        local = dict(base=self.heap_ptr, lkey=self.heap_mr.lkey, bytes=self.heap_mr.length, scratch_addr=self.scratch_mr.buf, scratch_lkey=self.scratch_mr.lkey)
         peers = {p: dict(base=int(r["addr"]), rkey=int(r["rkey"]), bytes=int(r["bytes"]))
                  for p, r in self.remote.items()}
         return local, peers

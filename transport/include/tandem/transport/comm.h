@@ -31,6 +31,9 @@ struct CommOptions {
   uint32_t proxy_capacity = 4096;      // commands in flight per rank (power of two)
   std::string proxy_host;              // IPv4 address peers reach this rank's proxy at; empty: TANDEM_PROXY_HOST,
                                        // else 127.0.0.1 (emulated nodes on one host)
+  // true: make the command queue (and the device's view of it) but start no proxy thread or backend: the
+  // caller drains command_queue() itself (the Python verbs proxy, whose QPs pyverbs owns).
+  bool external_proxy = false;
 };
 
 // Host-side view of the first device error (a copy of the ErrorRecord).
@@ -109,8 +112,14 @@ class Communicator {
   // Rank of the first local peer seen dying, or -1.
   int exited_peer() const;
   // True if peers on other nodes are reached through the CPU proxy (name: "tcp").
-  bool has_proxy() const { return proxy_ != nullptr; }
-  const char* proxy_backend() const;
+  bool has_proxy() const { return queue_ != nullptr; }
+  const char* proxy_backend() const;  // "tcp", "external" or "none"
+  // The queue the device enqueues proxy commands into (null without proxy peers). With external_proxy the
+  // caller must drain it (release and retire tickets) for as long as kernels may use proxy peers.
+  proxy::CommandQueue* command_queue() const { return queue_.get(); }
+  // A dmabuf fd over this rank's heap (caller closes it), for RDMA registration; -1 with the reason in *why
+  // when the driver or the heap kind (cudaIpc) cannot give one.
+  int export_heap_dmabuf(std::string* why) const;
 
   // Host-side barrier over the bootstrap (no GPU work).
   void host_barrier();
