@@ -46,3 +46,15 @@ def test_bad_input_is_rejected_before_launch(run_ranks, world):
     res = run_ranks(f"{W}:rejects", world)
     for r in res:
         assert all(v == 3 for v in r.values()), r
+
+
+def test_ag_gemm_across_emulated_nodes(run_ranks):
+    # 2 emulated nodes x 2 ranks: chunks from the other node arrive through the CPU proxy (TCP)
+    res = run_ranks(f"{W}:emulated_nodes", 4, ranks_per_node=2, ag_shapes=[(256, 512, 512), (512, 1024, 2048)],
+                    timeout_s=200)
+    for r in res:
+        assert r["has_proxy"], r
+        assert len(r["ag"]) == 4
+        for c in r["ag"]:
+            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+        assert r["rs_refused"] == 9 and r["ar_refused"] == 9, r  # unsupported: the reduction reads peers by load/store

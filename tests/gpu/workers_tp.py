@@ -216,3 +216,24 @@ def rejects():
             out[name] = e.status
     comm.destroy()
     return out
+
+
+def emulated_nodes(ag_shapes):
+    """AG+GEMM with peers on another emulated node (their chunks travel through the CPU proxy), fused and
+    unfused, against the torch reference; GEMM+RS / GEMM+AR refuse proxy peers with a clear error."""
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=60)
+    out = dict(has_proxy=comm.has_proxy, ag=[])
+    for (m_local, n, k) in ag_shapes:
+        for mode in ("fused", "unfused"):
+            out["ag"].append(_ag_case(comm, m_local, n, k, torch.bfloat16, mode, in_place=False))
+    a = _ints(256 * comm.world_size, 64, 0, torch.bfloat16)
+    b = _b(64, 64, 1, torch.bfloat16)
+    for name, fn in (("rs", tp.gemm_rs), ("ar", tp.gemm_ar)):
+        try:
+            fn(comm, a, b)
+            out[f"{name}_refused"] = None
+        except TandemError as e:
+            out[f"{name}_refused"] = e.status
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
