@@ -202,19 +202,9 @@ static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   if (fused && a.m_local % 256) return fail(why, "M_local must be a multiple of 256 for the fused kernel (tile M 128 x cluster 2)");
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.ldb < a.n || a.ldc < a.n) return fail(why, "leading dimensions must be at least N");
-  if (!a.a_local || !a.b || !a.c || !a.workspace) return fail(why, "null pointer");
-  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
-  if (misaligned(a.a_local) || misaligned(a.b) || misaligned(a.c) || misaligned(a.workspace))
-    return fail(why, "A_local, B, C and the workspace must be 16-byte aligned");
-  const char* ws = static_cast<const char*>(a.workspace);
-  if (ws < a.comm.heap_base || ws + workspace_size(a) > a.comm.heap_base + a.comm.heap_bytes)
-    return fail(why, "the workspace must lie in the communicator's symmetric heap");
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
-  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
-  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
-  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
-  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
-  return Status::kOk;
+  return check_common(a.comm, a.dtype, {a.a_local, a.b, a.c}, "A_local, B, C", a.workspace, workspace_size(a), plan,
+                      why);
 }
 
 Status can_implement(const AgGemmArgs& a, std::string* why) { return check_ag(a, true, why); }

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "tandem/device.cuh"
@@ -112,6 +113,30 @@ cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cu
 inline Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
   if (why) *why = w;
   return s;
+}
+
+// What every TP op checks besides its shapes: the world size; operands and workspace non-null and 16-byte
+// aligned (TMA rows; `names` says which they are, for the message); the workspace inside the symmetric heap;
+// the resolved SM plan; the dtype.
+inline Status check_common(const tandem::DeviceComm& comm, DType dtype, std::initializer_list<const void*> operands,
+                           const char* names, const void* workspace, size_t workspace_bytes, const SmPlan& plan,
+                           std::string* why) {
+  if (comm.world < 1 || comm.world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  for (const void* p : operands)
+    if (p == nullptr) return fail(why, "null pointer");
+  if (workspace == nullptr) return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  for (const void* p : operands)
+    if (misaligned(p)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
+  if (misaligned(workspace)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
+  const char* ws = static_cast<const char*>(workspace);
+  if (ws < comm.heap_base || ws + workspace_bytes > comm.heap_base + comm.heap_bytes)
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
+  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
+  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  return Status::kOk;
 }
 
 }  // namespace tandem::kernels::tp::detail

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -17,6 +18,8 @@ from ..bootstrap import resolve
 from ..errors import TandemError, invalid
 
 __all__ = ["Communicator"]
+
+_VERBS_COMMS = itertools.count()
 
 _HEAP_KINDS = ("auto", "vmm", "ipc")
 
@@ -148,9 +151,11 @@ class Communicator:
         remote = [r for r in range(n.world) if r not in local]
         fd = n.export_heap_dmabuf()
         try:
+            # Communicators are made collectively in the same order on every rank: the count names this one.
+            tag = f"tandem/verbs-comm-{next(_VERBS_COMMS)}"
             driver = PyverbsDriver(store=store, rank=n.rank, peers=remote, heap_ptr=n.heap_base,
                                    heap_bytes=n.heap_bytes, dmabuf_fd=fd if isinstance(fd, int) else None,
-                                   cuda_device=device, timeout_s=timeout_s)
+                                   cuda_device=device, timeout_s=timeout_s, tag=tag)
         finally:
             if isinstance(fd, int):
                 _os.close(fd)  # the MR holds its own reference to the dmabuf
