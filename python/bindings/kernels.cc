@@ -76,6 +76,20 @@ void bind_kernels(py::module_& m) {
       "it did not run. Timed-out waits are recorded in the communicator.");
 
   namespace tp = tandem::kernels::tp;
+  // The TP ops' mode dispatch: "check" (can_implement), "fused" (run), anything else `other`; '' or the reason.
+  const auto run_tp_mode = [](const auto& x, const std::string& mode, uintptr_t stream, auto other) {
+    auto st = reinterpret_cast<cudaStream_t>(stream);
+    std::string why;
+    tandem::Status s;
+    if (mode == "check") {
+      s = tp::can_implement(x, &why);
+    } else if (mode == "fused") {
+      s = tp::run(x, st, &why);
+    } else {
+      s = other(x, st, &why);
+    }
+    return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+  };
   auto ag_args = [](const tandem::Communicator& c, int dtype, int m_local, int n, int k_, uintptr_t a, uintptr_t b,
                     int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count, int comm_blocks) {
     tp::AgGemmArgs x;
@@ -105,21 +119,14 @@ void bind_kernels(py::module_& m) {
   });
   k.def(
       "ag_gemm",
-      [ag_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
+      [ag_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
                 uintptr_t a, uintptr_t b, int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count,
                 int comm_blocks, uintptr_t stream) {
         auto x = ag_args(c, dtype, m_local, n, k_, a, b, ldb, cc, ldc, ws, sm_count, comm_blocks);
-        auto st = reinterpret_cast<cudaStream_t>(stream);
-        std::string why;
-        tandem::Status s;
-        if (mode == "check") {
-          s = tp::can_implement(x, &why);
-        } else if (mode == "fused") {
-          s = tp::run(x, st, &why);
-        } else {  // "gather": the copy blocks alone (the caller runs the GEMM on the gathered A)
-          s = tp::run_all_gather(x, st, &why);
-        }
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        // any other mode ("gather"): the copy blocks alone (the caller runs the GEMM on the gathered A)
+        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
+          return tp::run_all_gather(y, st, why);
+        });
       },
       "AllGather+GEMM: mode 'fused' (one kernel), 'gather' (all-gather only), 'check' (can_implement); returns '' "
       "or the reason.");
@@ -146,42 +153,26 @@ void bind_kernels(py::module_& m) {
   });
   k.def(
       "gemm_rs",
-      [rs_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
+      [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream) {
         auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
-        auto st = reinterpret_cast<cudaStream_t>(stream);
-        std::string why;
-        tandem::Status s;
-        if (mode == "check") {
-          s = tp::can_implement(x, &why);
-        } else if (mode == "fused") {
-          s = tp::run(x, st, &why);
-        } else {
-          s = tp::run_unfused(x, st, &why);
-        }
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
+          return tp::run_unfused(y, st, why);
+        });
       },
       "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'check'; returns '' or the reason.");
   k.def(
       "gemm_ar",
-      [rs_args](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
+      [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream, int algo) {
         tp::GemmArArgs x;
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         x.algo = static_cast<tp::ArAlgo>(algo);
-        auto st = reinterpret_cast<cudaStream_t>(stream);
-        std::string why;
-        tandem::Status s;
-        if (mode == "check") {
-          s = tp::can_implement(x, &why);
-        } else if (mode == "fused") {
-          s = tp::run(x, st, &why);
-        } else {
-          s = tp::run_unfused(x, st, &why);
-        }
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
+          return tp::run_unfused(y, st, why);
+        });
       },
       "GEMM+AllReduce: mode 'fused', 'unfused', 'check'; algo 0 auto, 1 one-shot, 2 two-shot (reduce-scatter, then "
       "all-gather of the reduced rows); returns '' or the reason. The workspace is gemm_rs_workspace_size's.",

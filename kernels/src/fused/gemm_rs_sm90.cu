@@ -177,13 +177,12 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   using namespace tandem::device;
   using R = Raw<Element>;
   const DeviceComm& comm = p.comm;
-  const int rank = comm.rank, world = comm.world;
+  const int world = comm.world;
   Status st = Status::kOk;
   if (threadIdx.x == 0) {
     for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &p.ctl->arrive[q], Cmp::kGe, e, q);
   }
   if (!block_ok(st)) return;
-  (void)rank;
   const int64_t nvec = p.chunk_elems / 8;
   const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
