@@ -291,11 +291,17 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
   TANDEM_CUDA_CHECK(cudaHostGetDevicePointer(&ctl_dev, ctl_host_, 0), "communicator.proxy", rank_);
 
   queue_ = std::make_unique<CommandQueue>(cap, rank_, ring_host_, ctl_host_);
-  device_comm_.proxy_slots = static_cast<Command*>(ring_dev);
-  device_comm_.proxy_ctl = static_cast<QueueControl*>(ctl_dev);
-  device_comm_.proxy_tail = tail_dev_;
-  device_comm_.proxy_capacity = cap;
-  if (options_.external_proxy) return;  // the caller drains queue_ (command_queue())
+  // Kernels see the queue only once something drains it.
+  const auto publish_to_device = [&] {
+    device_comm_.proxy_slots = static_cast<Command*>(ring_dev);
+    device_comm_.proxy_ctl = static_cast<QueueControl*>(ctl_dev);
+    device_comm_.proxy_tail = tail_dev_;
+    device_comm_.proxy_capacity = cap;
+  };
+  if (options_.external_proxy) {  // the caller drains queue_ (command_queue())
+    publish_to_device();
+    return;
+  }
   domain_ = std::make_unique<CudaMemoryDomain>(heap_->local_base(), heap_->bytes(), device_);
   proxy_ = std::make_unique<Proxy>(rank_, *queue_, *domain_);
   std::vector<int> peers;
@@ -311,6 +317,7 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
   backend_ = std::make_unique<TcpBackend>(*bootstrap_, next_tag("proxy"), rank_, peers, *domain_, o,
                                           [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
   proxy_->start(backend_.get(), [this] { abort(); });
+  publish_to_device();
 }
 
 void Communicator::teardown_proxy() {

@@ -112,7 +112,7 @@ class Communicator {
   // Rank of the first local peer seen dying, or -1.
   int exited_peer() const;
   // True if peers on other nodes are reached through the CPU proxy (name: "tcp").
-  bool has_proxy() const { return queue_ != nullptr; }
+  bool has_proxy() const { return proxy_ != nullptr || (options_.external_proxy && queue_ != nullptr); }
   const char* proxy_backend() const;  // "tcp", "external" or "none"
   // The queue the device enqueues proxy commands into (null without proxy peers). With external_proxy the
   // caller must drain it (release and retire tickets) for as long as kernels may use proxy peers.
