@@ -44,15 +44,17 @@ void bind_kernels(py::module_& m) {
   k.def(
       "gemm",
       [args](int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb, uintptr_t d,
-             int64_t ldd, float alpha, int sm_count, uintptr_t workspace, uintptr_t stream) {
+             int64_t ldd, float alpha, int sm_count, uintptr_t workspace, uintptr_t stream, int swizzle) {
         std::string why;
-        const auto s = g::run(args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, alpha, sm_count),
-                              reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why);
+        auto x = args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, alpha, sm_count);
+        x.max_swizzle = swizzle;
+        const auto s = g::run(x, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why);
         return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
       },
       py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("a"), py::arg("lda"), py::arg("b"),
       py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
-      py::arg("stream"), "Launch; returns '' or the reason it did not run.");
+      py::arg("stream"), py::arg("swizzle") = 1,
+      "Launch; returns '' or the reason it did not run. swizzle: the persistent scheduler's (1, 2, 4, 8).");
   k.def(
       "gemm_with_arrivals",
       [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,

@@ -19,6 +19,8 @@ def test_gemm_is_deterministic_and_graph_capturable(run_ranks):
     (r,) = run_ranks(f"{W}:repeat_and_graph", 1, m=2048, n=2048, k=1024, launches=1000)
     assert r["same"] == r["launches"]
     assert r["graph_ok"]
+    assert all(r["swizzle_same"].values()), r
+    assert r["swizzle_3"] == 3, r
 
 
 def test_gemm_rejects_bad_input_before_launch(run_ranks):

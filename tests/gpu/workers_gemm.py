@@ -59,7 +59,16 @@ def repeat_and_graph(m, n, k, launches):
     g.replay()
     torch.cuda.synchronize()
     graph_ok = bool(torch.equal(static_d, ((a * 2).float() @ b.float()).to(torch.bfloat16)))
-    return dict(same=same, launches=launches, graph_ok=graph_ok)
+    # the scheduler's swizzle reorders tiles, never their arithmetic: the same bits
+    from tandem.ops.gemm import gemm_with
+
+    swizzle_same = {s: bool(torch.equal(gemm_with(a, b, swizzle=s), first)) for s in (2, 4, 8)}
+    try:
+        gemm_with(a, b, swizzle=3)
+        swizzle_3 = None
+    except TandemError as e:
+        swizzle_3 = e.status
+    return dict(same=same, launches=launches, graph_ok=graph_ok, swizzle_same=swizzle_same, swizzle_3=swizzle_3)
 
 
 def rejects():

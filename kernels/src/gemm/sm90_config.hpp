@@ -72,6 +72,7 @@ struct Sm90Gemm {
          static_cast<Element*>(g.d),
          sd},
         hw};
+    args.scheduler.max_swizzle_size = g.max_swizzle;
     return args;
   }
 };

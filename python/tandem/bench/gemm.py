@@ -14,6 +14,7 @@ def run(shapes, reps, out_dir, command):
     import torch
 
     from .. import ops  # noqa: F401
+    from ..ops.gemm import gemm_with
     from . import common
 
     rows, data = [], []
@@ -28,6 +29,9 @@ def run(shapes, reps, out_dir, command):
 
         t_tandem = common.time_launches(lambda: torch.ops.tandem.gemm(*pick()), warmup=5, reps=reps)
         t_cublas = common.time_launches(lambda: torch.matmul(*pick()), warmup=5, reps=reps)
+        # the scheduler's swizzle (the op's default is 1), in the same run
+        t_swz = {s: common.time_launches(lambda s=s: gemm_with(*pick(), swizzle=s), warmup=3, reps=reps)
+                 for s in (2, 4, 8)}
         a, b = sets[0]
         ref = (a.float() @ b.float())
         got = torch.ops.tandem.gemm(a, b).float()
@@ -36,13 +40,16 @@ def run(shapes, reps, out_dir, command):
         d = dict(m=m, n=n, k=k, tandem_tflops=flop / t_tandem / 1e12, cublas_tflops=flop / t_cublas / 1e12,
                  rel_err=rel)
         d["ratio"] = d["tandem_tflops"] / d["cublas_tflops"]
+        d["swizzle_tflops"] = {s: flop / t / 1e12 for s, t in t_swz.items()}
+        best = max(d["swizzle_tflops"], key=d["swizzle_tflops"].get)
         data.append(d)
         rows.append([f"{m}x{n}x{k}", f"{d['tandem_tflops']:.0f}", f"{d['cublas_tflops']:.0f}", f"{d['ratio']:.3f}",
-                     f"{rel:.1e}"])
+                     " / ".join(f"{d['swizzle_tflops'][s]:.0f}" for s in (2, 4, 8)),
+                     f"{d['swizzle_tflops'][best] / d['cublas_tflops']:.3f} (swizzle {best})", f"{rel:.1e}"])
         sets = []  # free this shape's inputs before the next
     meta = common.header(command)
     table = common.markdown_table(["M x N x K (bf16)", "tandem TFLOP/s", "cuBLAS TFLOP/s", "tandem/cuBLAS",
-                                   "rel. error vs fp32"], rows)
+                                   "swizzle 2 / 4 / 8 TFLOP/s", "best swizzle/cuBLAS", "rel. error vs fp32"], rows)
     print(f"# tandem GEMM core vs cuBLAS — {meta['device']}, commit {meta['commit']}, {meta['date']}")
     print(table)
     common.write_outputs(out_dir, "gemm_w1", meta, table, dict(rows=data))

@@ -45,6 +45,14 @@ def _sm_count(device) -> int:
 @torch.library.custom_op("tandem::gemm", mutates_args=())
 def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A (M x K) @ B (K x N) -> D (M x N), bf16/fp16 in, fp32 accumulate."""
+    return gemm_with(a, b)
+
+
+def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
+    """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
+    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse)."""
+    if swizzle not in (1, 2, 4, 8):
+        raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
     validate(a, b)
     m, k = a.shape
     n = b.shape[1]
@@ -53,7 +61,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ws_bytes = K.gemm_workspace_size(m, n, k, _DTYPES[a.dtype])
     ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device=a.device)
     err = K.gemm(m, n, k, _DTYPES[a.dtype], a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), d.data_ptr(),
-                 d.stride(0), 1.0, _sm_count(a.device), ws.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream)
+                 d.stride(0), 1.0, _sm_count(a.device), ws.data_ptr(), torch.cuda.current_stream(a.device).cuda_stream,
+                 int(swizzle))
     if err:
         raise TandemError(f"tandem: gemm: {err}", 5, "gemm")
     return d

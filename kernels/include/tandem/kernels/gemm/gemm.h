@@ -32,6 +32,9 @@ struct GemmArgs {
   float alpha = 1.0f;
   float beta = 0.0f;
   int sm_count = 0;         // SMs the persistent grid may use (the rank's MPS share); 0 = the device's
+  // The persistent scheduler's swizzle (1, 2, 4 or 8): that many consecutive tiles along the raster walk together,
+  // which changes L2 reuse (not the arithmetic: every tile's result is the same bits).
+  int max_swizzle = 1;
 };
 
 // What the arrival-aware variant waits for before computing a tile (the AG+GEMM mainloop's contract):
