@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 session in one call: build, GPU tests (MPS ranks at world 1/2/4), benchmarks. Logs go to $OUT.
 #   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches,
-#          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench)
+#          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench,
+#          TANDEM_DIAG=1 also runs the tuning diagnostics: flag_latency, ag_scaling --quick, ar_crossover at world 2)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
 mkdir -p "$OUT"
@@ -38,4 +39,10 @@ if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   done
   # at most 8 files come back from the device: one archive for all benchmark outputs
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
+fi
+if [ "${TANDEM_DIAG:-0}" = 1 ]; then
+  nvcc -std=c++20 -arch=sm_90a -O3 -Itransport/include tools/diag/flag_latency.cu -o /tmp/flag_latency 2>/dev/null \
+    && /tmp/flag_latency 20000 | tee "$OUT/diag_flag_latency.txt"
+  timeout 150 python3 -m tandem.launch -n 2 -- python3 tools/diag/ag_scaling.py --quick 2>&1 | tail -14 | tee "$OUT/diag_ag.txt"
+  timeout 150 python3 -m tandem.launch -n 2 -- python3 tools/diag/ar_crossover.py 2>&1 | tail -12 | tee "$OUT/diag_ar.txt"
 fi
