@@ -58,15 +58,19 @@ __device__ __forceinline__ void relaxed_add(uint64_t* remote, uint64_t v, bool s
   else red_relaxed_sys_add(remote, v);
 }
 
+// True if [p, p + bytes) lies in this rank's heap (so at the same offset in every peer's).
+__device__ __forceinline__ bool sym_in_heap(const DeviceComm& comm, const char* p, size_t bytes) {
+  return p >= comm.heap_base && bytes <= comm.heap_bytes &&
+         static_cast<uint64_t>(p - comm.heap_base) <= comm.heap_bytes - bytes;
+}
+
 // Translate [sym, sym + bytes) to `peer`; on failure record the error (op), store its code in *status and
 // return nullptr.
 __device__ __forceinline__ char* checked_peer_ptr(const DeviceComm& comm, const void* sym, size_t bytes,
                                                   int peer, DeviceOp op, Status* status) {
   const char* p = static_cast<const char*>(sym);
 #ifndef TANDEM_DEVICE_UNCHECKED
-  const bool in_heap = p >= comm.heap_base && bytes <= comm.heap_bytes &&
-                       static_cast<uint64_t>(p - comm.heap_base) <= comm.heap_bytes - bytes;
-  if (peer < 0 || peer >= comm.world || !in_heap) {
+  if (peer < 0 || peer >= comm.world || !sym_in_heap(comm, p, bytes)) {
     report_error(comm, Status::kInvalidArgument, op, peer, static_cast<uint64_t>(bytes),
                  static_cast<uint64_t>(reinterpret_cast<uintptr_t>(sym)), 0);
     *status = Status::kInvalidArgument;

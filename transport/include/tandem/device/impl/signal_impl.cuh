@@ -16,9 +16,7 @@ __device__ __forceinline__ SignalTarget signal_target(const DeviceComm& comm, ui
   t.peer = peer;
   const char* p = reinterpret_cast<const char*>(sig);
 #ifndef TANDEM_DEVICE_UNCHECKED
-  const bool in_heap = p >= comm.heap_base && comm.heap_bytes >= sizeof(uint64_t) &&
-                       static_cast<uint64_t>(p - comm.heap_base) <= comm.heap_bytes - sizeof(uint64_t);
-  if (peer < 0 || peer >= comm.world || !in_heap) {
+  if (peer < 0 || peer >= comm.world || !impl::sym_in_heap(comm, p, sizeof(uint64_t))) {
     impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kSignal, peer, sizeof(uint64_t),
                        static_cast<uint64_t>(reinterpret_cast<uintptr_t>(sig)), 0);
     t.status = Status::kInvalidArgument;
