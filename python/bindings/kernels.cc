@@ -108,6 +108,7 @@ void bind_kernels(py::module_& m) {
     x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
     x.plan.comm_blocks = comm_blocks;
     x.comm = c.device_comm();
+    x.ranks_per_node = c.uniform_ranks_per_node();
     return x;
   };
   k.def("ag_gemm_workspace_size", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
@@ -148,6 +149,7 @@ void bind_kernels(py::module_& m) {
     x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
     x.plan.comm_blocks = comm_blocks;
     x.comm = c.device_comm();
+    x.ranks_per_node = c.uniform_ranks_per_node();
     return x;
   };
   k.def("gemm_rs_workspace_size", [rs_args](const tandem::Communicator& c, int m_, int n) {

@@ -125,6 +125,8 @@ void bind_transport(py::module_& m) {
       .def_property_readonly("node", &tandem::Communicator::node)
       .def_property_readonly("num_nodes", &tandem::Communicator::num_nodes)
       .def_property_readonly("local_ranks", &tandem::Communicator::local_ranks)
+      .def_property_readonly("uniform_ranks_per_node", &tandem::Communicator::uniform_ranks_per_node,
+                             "L if nodes are groups of L consecutive ranks, else 0")
       .def_property_readonly("local_rank", &tandem::Communicator::local_rank)
       .def_property_readonly("device", &tandem::Communicator::device)
       .def_property_readonly("sm_count", &tandem::Communicator::sm_count)

@@ -74,6 +74,23 @@ def main():
                     ep.signal(peer, 8, r, 0)
             ep.quiet()
             out.update(wrong=wrong, bytes=rounds * size)
+        elif mode == "duplex":
+            # Both ranks stream large puts to each other at once (every frame is acked by the receiver): a receive
+            # thread must never block on its own socket write, or both sides stop reading.
+            rounds, size = args["rounds"], args["round_mib"] * MiB
+            src0, dst0 = flags, flags + rounds * size
+            for r in range(rounds):
+                heap[src0 + r * size:src0 + (r + 1) * size] = np.random.default_rng(1000 * rank + r).integers(
+                    0, 256, size, dtype=np.uint8)
+            for r in range(rounds):
+                ep.put_signal(peer, src0 + r * size, dst0 + r * size, size, 0, r + 1, 0)  # flag 0 := r + 1
+            ep.wait_ge(0, rounds, args.get("timeout_s", 10.0) * 3)
+            wrong = 0
+            for r in range(rounds):
+                exp = np.random.default_rng(1000 * peer + r).integers(0, 256, size, dtype=np.uint8)
+                wrong += int(np.count_nonzero(heap[dst0 + r * size:dst0 + (r + 1) * size] != exp))
+            ep.quiet()
+            out.update(wrong=wrong, bytes=rounds * size, retired=ep.retired)
         elif mode == "cut":
             # Rank 0 streams large puts until something fails; rank 1 waits for a flag that never comes. The
             # test cuts the link meanwhile; both must raise within the timeout.

@@ -110,6 +110,15 @@ def test_one_gib_arrives_bit_exact(netns_pair):
     assert recv["wrong"] == 0
 
 
+def test_both_directions_at_full_speed_do_not_deadlock(netns_pair):
+    # 64 MiB each way at once in 4 MiB frames: with acks written by the receive threads both sides could block
+    # writing while neither reads (found on the H200 between emulated nodes)
+    outs = _run_pair(netns_pair, "duplex", dict(rounds=16, round_mib=4, heap_mib=132, timeout_s=10.0), timeout=120)
+    for r in outs:
+        assert r["bytes"] == 64 << 20 and r["wrong"] == 0, r
+        assert r["retired"] == 16, r
+
+
 def test_link_cut_mid_transfer_fails_both_sides_within_timeout(netns_pair):
     timeout_s = 2.0
     cut = {}

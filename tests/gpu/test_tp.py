@@ -48,13 +48,21 @@ def test_bad_input_is_rejected_before_launch(run_ranks, world):
         assert all(v == 3 for v in r.values()), r
 
 
-def test_ag_gemm_across_emulated_nodes(run_ranks):
-    # 2 emulated nodes x 2 ranks: chunks from the other node arrive through the CPU proxy (TCP)
-    res = run_ranks(f"{W}:emulated_nodes", 4, ranks_per_node=2, ag_shapes=[(256, 512, 512), (512, 1024, 2048)],
-                    timeout_s=200)
+@pytest.mark.parametrize("ranks_per_node", [2, 1])
+def test_tp_ops_across_emulated_nodes(run_ranks, ranks_per_node):
+    # world 4 as 2 nodes x 2 ranks, and as 4 nodes x 1 rank: traffic between nodes goes through the CPU proxy (TCP)
+    res = run_ranks(f"{W}:emulated_nodes", 4, ranks_per_node=ranks_per_node,
+                    ag_shapes=[(256, 512, 512), (512, 1024, 2048)],
+                    rs_shapes=[(256, 512, 1024), (300, 520, 1032)], launches=20, timeout_s=240)
     for r in res:
-        assert r["has_proxy"], r
-        assert len(r["ag"]) == 4
+        assert r["has_proxy"] and r["num_nodes"] == 4 // ranks_per_node, r
+        assert r["ranks_per_node"] == ranks_per_node, r
+        assert len(r["ag"]) == 4 and len(r["rs"]) == 4 and len(r["ar"]) == 4, r
         for c in r["ag"]:
             assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
-        assert r["rs_refused"] == 9 and r["ar_refused"] == 9, r  # unsupported: the reduction reads peers by load/store
+        for c in r["rs"] + r["ar"]:
+            assert c["wrong"] == 0 and c["rel"] < 1e-2, c
+        assert r["repeat_same"] == dict(rs=20, ar=20, ag=20), r
+        assert r["one_shot_refused"] == 3, r
+    for i in range(4):  # every rank holds the same all-reduced bytes
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i

@@ -218,22 +218,84 @@ def rejects():
     return out
 
 
-def emulated_nodes(ag_shapes):
-    """AG+GEMM with peers on another emulated node (their chunks travel through the CPU proxy), fused and
-    unfused, against the torch reference; GEMM+RS / GEMM+AR refuse proxy peers with a clear error."""
+def _rs_reference_nodes(owner, world, L, parts, mr, dtype):
+    """The cross-node order (gemm_rs_sm90.cu): the other nodes' partials (n-1, n-2, ...), each the fp32 sum of its
+    ranks j = 0 .. L-1 rounded once, then the owner's node's partials (l-1, l-2, ..., l); one final rounding."""
+    nodes = world // L
+    n, l = divmod(owner, L)
+
+    def p(q):
+        a, b = parts[q]
+        return (a.float() @ b.float()).to(dtype).float()[owner * mr:(owner + 1) * mr]
+
+    terms = []
+    for s in range(nodes - 1):
+        n2 = (n - 1 - s) % nodes
+        node_sum = p(n2 * L)
+        for j in range(1, L):
+            node_sum = node_sum + p(n2 * L + j)
+        terms.append(node_sum.to(dtype).float())
+    terms += [p(n * L + (l - 1 - s) % L) for s in range(L)]
+    acc = terms[0]
+    for t in terms[1:]:
+        acc = acc + t
+    return acc.to(dtype)
+
+
+def emulated_nodes(ag_shapes, rs_shapes, launches=20):
+    """The TP ops with peers on other emulated nodes (their traffic goes through the CPU proxy, TCP): AG+GEMM,
+    GEMM+RS and GEMM+AR (two-shot), fused and unfused, against torch references in the cross-node order; AR
+    outputs bit-identical across ranks; `launches` back-to-back launches identical (cross-epoch reuse of the
+    buffers the proxy reads and writes); the one-shot AR refused (one node only)."""
     comm = Communicator(heap_bytes=1 << 30, timeout_s=60)
-    out = dict(has_proxy=comm.has_proxy, ag=[])
+    rank, world = comm.rank, comm.world_size
+    L = comm.native.uniform_ranks_per_node
+    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.native.num_nodes, ranks_per_node=L, ag=[], rs=[], ar=[])
     for (m_local, n, k) in ag_shapes:
         for mode in ("fused", "unfused"):
             out["ag"].append(_ag_case(comm, m_local, n, k, torch.bfloat16, mode, in_place=False))
-    a = _ints(256 * comm.world_size, 64, 0, torch.bfloat16)
-    b = _b(64, 64, 1, torch.bfloat16)
-    for name, fn in (("rs", tp.gemm_rs), ("ar", tp.gemm_ar)):
-        try:
-            fn(comm, a, b)
-            out[f"{name}_refused"] = None
-        except TandemError as e:
-            out[f"{name}_refused"] = e.status
+    for (mr, n, k) in rs_shapes:
+        m = mr * world
+        parts = _rs_partials(world, m, n, k, torch.bfloat16)
+        a, b = parts[rank]
+        ref_rs = _rs_reference_nodes(rank, world, L, parts, mr, torch.bfloat16)
+        ref_ar = torch.cat([_rs_reference_nodes(c, world, L, parts, mr, torch.bfloat16) for c in range(world)])
+        exact = sum((pa.float() @ pb.float()) for pa, pb in parts)
+        for mode in ("fused", "unfused"):
+            rs = tp.gemm_rs(comm, a, b, mode=mode)
+            ar = tp.gemm_ar(comm, a, b, mode=mode, algo="two_shot")
+            torch.cuda.synchronize()
+            comm.check()
+            mine = exact[rank * mr:(rank + 1) * mr]
+            out["rs"].append(dict(shape=[m, n, k], mode=mode, wrong=int((rs != ref_rs).sum()),
+                                  rel=float((rs.float() - mine).norm() / mine.norm().clamp_min(1e-6))))
+            out["ar"].append(dict(shape=[m, n, k], mode=mode, wrong=int((ar != ref_ar).sum()), digest=_digest(ar),
+                                  rel=float((ar.float() - exact).norm() / exact.norm().clamp_min(1e-6))))
+    # back-to-back launches on one workspace: every buffer the proxy touches is reused across epochs
+    mr, n, k = rs_shapes[0]
+    parts = _rs_partials(world, mr * world, n, k, torch.bfloat16)
+    a, b = parts[rank]
+    rs0, ar0 = tp.gemm_rs(comm, a, b, mode="fused"), tp.gemm_ar(comm, a, b, mode="fused", algo="auto")
+    m_local, n_ag, k_ag = ag_shapes[0]
+    a_ag = _ints(world * m_local, k_ag, 0, torch.bfloat16)[rank * m_local:(rank + 1) * m_local].clone()
+    b_ag = _b(k_ag, n_ag, 1, torch.bfloat16)
+    ag0 = tp.ag_gemm(comm, a_ag, b_ag, mode="fused")
+    same = dict(rs=0, ar=0, ag=0)
+    for _ in range(launches):
+        rs = tp.gemm_rs(comm, a, b, mode="fused")
+        ar = tp.gemm_ar(comm, a, b, mode="fused", algo="auto")
+        ag = tp.ag_gemm(comm, a_ag, b_ag, mode="fused")
+        same["rs"] += bool(torch.equal(rs, rs0))
+        same["ar"] += bool(torch.equal(ar, ar0))
+        same["ag"] += bool(torch.equal(ag, ag0))
+    torch.cuda.synchronize()
+    comm.check()
+    out["repeat_same"] = same
+    try:
+        tp.gemm_ar(comm, a, b, algo="one_shot")
+        out["one_shot_refused"] = None
+    except TandemError as e:
+        out["one_shot_refused"] = e.status
     tp.release_workspaces(comm)
     comm.destroy()
     return out

@@ -189,6 +189,14 @@ void Communicator::detect_topology() {
     if (node[r] == node_) local_ranks_.push_back(r);
 }
 
+int Communicator::uniform_ranks_per_node() const {
+  if (num_nodes_ < 1 || world_ % num_nodes_) return 0;
+  const int l = world_ / num_nodes_;
+  for (int r = 0; r < world_; ++r)
+    if (node_of_rank_[r] != r / l) return 0;
+  return l;
+}
+
 int Communicator::local_rank() const {
   for (size_t i = 0; i < local_ranks_.size(); ++i)
     if (local_ranks_[i] == rank_) return static_cast<int>(i);

@@ -11,6 +11,13 @@
 //   GEMM     tiles of chunk c start once arrive[c] >= e (scheduler), chunk r first
 //   end      the last block of the launch sets ready[r] = e on every peer and completes the epoch
 //
+// Across nodes (N nodes of L consecutive ranks, rank r = (n, l)) a chunk crosses the network once per node:
+//   copy     own rows -> the rank (n', l) of every other node n' first (proxy; arrive[r] = e there), then this
+//            node's ranks as above
+//   forward  chunk c = (n', l) of another node, once arrive[c] >= e here: put slice b to this node's other ranks
+//            (after their ready >= e - 1), and the last of the C blocks sets arrive[c] = e on each of them
+//   end      the last block also waits until the proxy has delivered every command (quiet): the next launch
+//            overwrites this rank's rows, which the proxy reads from the heap
 // Without the GEMM role (the unfused path) the copy blocks run alone and finally wait for every chunk, so the
 // GEMM launched after them on the stream reads a complete gathered A.
 #include <cuda_runtime_api.h>
@@ -37,6 +44,7 @@ struct AgParams {
   int copy_rows_y;   // blocks with blockIdx.y below this copy; the GEMM's follow (when gemm_role)
   int comm_blocks;
   bool gemm_role;
+  int ranks_per_node;  // L; world / L nodes
 };
 
 template <class P>
@@ -58,8 +66,10 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
     const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, rank);
     if (st == Status::kOk) st = s;
   }
-  for (int d = 1; d < world && block_ok(st); ++d) {
-    const int q = (rank + d) % world;
+  const Topology t = Topology::of(rank, world, p.ranks_per_node);
+  // Destinations: the same local index on every other node (proxy), then this node's ranks l+1, l+2, ...
+  for (int i = 1; i <= t.N + t.L - 2 && block_ok(st); ++i) {
+    const int q = i < t.N ? t.rank_of(t.node_at(i), t.local) : t.rank_of(t.node, t.local_at(i - t.N + 1));
     if (threadIdx.x == 0) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
     if (!block_ok(st)) break;
     // Source: this rank's slice of its own gathered buffer (in the heap, which the proxy path needs).
@@ -68,6 +78,26 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
     if (threadIdx.x == 0 && last_of(&ctl->local_count[q], p.comm_blocks)) {
       const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
       if (st == Status::kOk) st = s;
+    }
+  }
+  // Republish the chunks of the other nodes that came to this rank (their local index is mine) to this node.
+  for (int d = 1; d < t.N && t.L > 1 && block_ok(st); ++d) {
+    const int c = t.rank_of(t.node_at(-d), t.local);
+    if (threadIdx.x == 0) st = wait_until(comm, &ctl->arrive[c], Cmp::kGe, e, c);
+    if (!block_ok(st)) break;
+    char* rows = p.gathered + static_cast<size_t>(c) * p.chunk_bytes;
+    for (int dl = 1; dl < t.L && block_ok(st); ++dl) {
+      const int q = t.rank_of(t.node, t.local_at(dl));
+      if (threadIdx.x == 0) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+      if (!block_ok(st)) break;
+      if (hi > lo) st = put_bulk_block(comm, rows + lo, rows + lo, hi - lo, q, stage, kStageBytes, bars);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && last_of(&ctl->forward_count[c], p.comm_blocks)) {
+      for (int dl = 1; dl < t.L; ++dl) {
+        const Status s = signal(comm, &ctl->arrive[c], e, SignalOp::kSet, t.rank_of(t.node, t.local_at(dl)));
+        if (st == Status::kOk) st = s;
+      }
     }
   }
   if (!p.gemm_role && threadIdx.x == 0) {
@@ -96,6 +126,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     ag_copy_role(p, cb, e, smem);
   }
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+    // The proxy reads this rank's rows from the heap: they may be overwritten once every command is delivered.
+    if (p.ranks_per_node < comm.world) (void)quiet(comm);
     if (!p.gemm_role) return;  // without the GEMM, the next launch's start says it
     for (int q = 0; q < comm.world; ++q)
       if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e, SignalOp::kSet, q);
@@ -126,6 +158,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
   p.chunk_bytes = static_cast<size_t>(a.m_local) * a.k * sizeof(Element);
   p.comm_blocks = plan.comm_blocks;
   p.gemm_role = gemm_role;
+  p.ranks_per_node = Topology::of(rank, world, a.ranks_per_node).L;
   dim3 grid;
   if (gemm_role) {
     gemm::GemmArgs g;
@@ -203,6 +236,10 @@ static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.ldb < a.n || a.ldc < a.n) return fail(why, "leading dimensions must be at least N");
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
+  if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
+    return fail(why, "ranks_per_node must divide the world size");
+  if (Topology::of(a.comm.rank, world, a.ranks_per_node).N > 1 && a.comm.proxy_slots == nullptr)
+    return fail(why, "ranks on other nodes need the communicator's proxy path");
   return check_common(a.comm, a.dtype, {a.a_local, a.b, a.c}, "A_local, B, C", a.workspace, workspace_size(a), plan,
                       why);
 }

@@ -23,8 +23,22 @@
 // overwrites chunk r of its partial (computed last), its GEMM waits ready[q] >= e - 1 from every q (everyone
 // finished reading r's reduced rows of e - 1).
 //
-// Reduce blocks read peers by load/store: a communicator whose peers include other nodes (proxy path) is
-// refused by can_implement (the hierarchical inter-node reduction is not written yet).
+// Across nodes (N nodes of L consecutive ranks, rank r = (n, l); N = 1 is all of the above). Chunk o = (n_o, l_o)
+// is reduced in two levels, each chunk crossing the network once per node:
+//   order    the GEMM computes the chunks of the other nodes first (node n+1, n+2, ...; local index 0 .. L-1, so
+//            the ranks of a node finish the same chunk together), then its own node's (l+1, l+2, ..., l)
+//   node     chunk o of a node other than n_o is reduced on node n by its representative (n, l_o): the GEMM
+//            tells it node_arrive[n_o L + l_q] = e; it adds the L local partials (j = 0 .. L-1, fp32), rounds,
+//            writes the node partial over its own partial of chunk o and puts slice rb to the owner's recv slot
+//            n through the proxy, signalling partial_in[n][rb] = e there
+//   owner    acc = node partials of nodes n-1, n-2, ... (each rounded once), then its own node's partials
+//            (l-1, l-2, ..., l) as in the one-node order; fp32, one final rounding
+//   AR       the owner writes its reduced rows into its own partial chunk (as above) and puts slice rb to the
+//            representative of every other node (its own partial chunk o, free by then; reduced_in[n_o][rb]);
+//            that rank copies it out and tells its node (forwarded[o][rb] = e), whose ranks read it there
+// Flow control is the one-node rule carried through the chain: a buffer of epoch e - 1 is overwritten only
+// after ready[] of the ranks that read it, directly or through the owner (who reads the node partial only after
+// its representative read the local partials). The one-shot all-reduce is one node only.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -57,7 +71,31 @@ struct RsParams {
   int reduce_blocks;
   RsMode mode;
   bool one_shot;        // AR one-shot: every rank reduces every row itself (in the owners' order)
+  int ranks_per_node;   // L; world / L nodes
+  char* recv;           // symmetric, N > 1: node partials of my rows, slot n = node n's (N x chunk)
+  NodeFlags* node_flags;
 };
+
+// The chunk the GEMM computes at step s: other nodes first (node n+1, ...; local index 0 .. L-1), then this node's
+// chunks l+1, l+2, ..., l (one node: r+1, r+2, ..., r).
+__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s) {
+  const int remote = (t.N - 1) * t.L;
+  if (s < remote) return t.rank_of(t.node_at(1 + s / t.L), s % t.L);
+  return t.rank_of(t.node, t.local_at(1 + s - remote));
+}
+
+// Tell the reducer of chunk o that this rank's partial of it is complete: its owner on this node, else this
+// node's representative of o.
+template <class P>
+__device__ __forceinline__ void announce_chunk(const P& p, const Topology& t, int o, uint64_t e) {
+  using namespace tandem::device;
+  if (t.node_of(o) == t.node) {
+    (void)signal(p.comm, &p.ctl->arrive[p.comm.rank], e, SignalOp::kSet, o);
+  } else {
+    (void)signal(p.comm, &p.ctl->node_arrive[t.node_of(o) * t.L + t.local], e, SignalOp::kSet,
+                 t.rank_of(t.node, t.local_of(o)));
+  }
+}
 
 template <class Element>
 struct Raw;
@@ -115,58 +153,133 @@ __device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int wor
   }
 }
 
-template <class Element, class P>
-__device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
-  using namespace tandem::device;
-  const DeviceComm& comm = p.comm;
-  const int rank = comm.rank, world = comm.world;
-  Control* ctl = p.ctl;
-  const int64_t nvec = p.chunk_elems / 8;
-  const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
-  const char* my_rows = p.partial + static_cast<size_t>(rank) * p.chunk_elems * sizeof(Element);
-  char* own_out = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(rank) * p.chunk_elems * sizeof(Element)
-                                          : nullptr;
-  Status st = Status::kOk;
-  for (int s = 0; s < world; ++s) {
-    const int q = ((rank - 1 - s) % world + world) % world;
-    if (threadIdx.x == 0) st = wait_until(comm, &ctl->arrive[q], Cmp::kGe, e, q);
-    if (!block_ok(st)) return;
-    const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));
-    if (src == nullptr) return;  // refused on the host (load/store peers only)
+// Stream `steps` sources into this block's slice [lo, hi) of the reduction (fp32 in acc; the last step rounds
+// into out and out2). source(s) waits for source s (thread 0) and returns its slice base, or null to stop.
+template <class Element, class Source>
+__device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi, float* acc, char* out, char* out2,
+                                              Source&& source) {
+  for (int s = 0; s < steps; ++s) {
+    const uint4* src = source(s);
+    if (src == nullptr) return false;
     const int64_t stride = blockDim.x;
     int64_t v = lo + threadIdx.x;
     // Four independent 16-byte loads in flight per thread.
     for (; v + 3 * stride < hi; v += 4 * stride) {
       const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
-      reduce_vec<Element>(x0, v, s, world, p.acc, p.out, own_out);
-      reduce_vec<Element>(x1, v + stride, s, world, p.acc, p.out, own_out);
-      reduce_vec<Element>(x2, v + 2 * stride, s, world, p.acc, p.out, own_out);
-      reduce_vec<Element>(x3, v + 3 * stride, s, world, p.acc, p.out, own_out);
+      reduce_vec<Element>(x0, v, s, steps, acc, out, out2);
+      reduce_vec<Element>(x1, v + stride, s, steps, acc, out, out2);
+      reduce_vec<Element>(x2, v + 2 * stride, s, steps, acc, out, out2);
+      reduce_vec<Element>(x3, v + 3 * stride, s, steps, acc, out, out2);
     }
-    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, world, p.acc, p.out, own_out);
+    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, steps, acc, out, out2);
     __syncthreads();
   }
-  if (p.gather_out == nullptr) return;
-  // AR: publish this rank's reduced rows, then gather every peer's (same slicing on every rank: same plan).
-  if (threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
-    for (int o = 0; o < world; ++o)
-      if (o != rank) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, o);
+  return true;
+}
+
+// Copy this block's slice [lo, hi) (16-byte vectors) of src to dst.
+__device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t lo, int64_t hi) {
+  const int64_t stride = blockDim.x;
+  int64_t v = lo + threadIdx.x;
+  for (; v + 3 * stride < hi; v += 4 * stride) {
+    const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
+    dst[v] = x0, dst[v + stride] = x1, dst[v + 2 * stride] = x2, dst[v + 3 * stride] = x3;
   }
-  for (int d = 1; d < world; ++d) {
-    const int q = (rank + d) % world;
-    if (threadIdx.x == 0) st = wait_until(comm, &ctl->reduced[q], Cmp::kGe, e, q);
-    if (!block_ok(st)) return;
-    const size_t off = static_cast<size_t>(q) * p.chunk_elems * sizeof(Element);
-    const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + off, q));
-    uint4* dst = reinterpret_cast<uint4*>(p.gather_out + off);
-    if (src == nullptr) return;
-    const int64_t stride = blockDim.x;
-    int64_t v = lo + threadIdx.x;
-    for (; v + 3 * stride < hi; v += 4 * stride) {
-      const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
-      dst[v] = x0, dst[v + stride] = x1, dst[v + 2 * stride] = x2, dst[v + 3 * stride] = x3;
+  for (; v < hi; v += stride) dst[v] = src[v];
+}
+
+template <class Element, class P>
+__device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
+  using namespace tandem::device;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const Topology t = Topology::of(rank, world, p.ranks_per_node);
+  Control* ctl = p.ctl;
+  const int64_t nvec = p.chunk_elems / 8;
+  const int64_t lo = nvec * rb / p.reduce_blocks, hi = nvec * (rb + 1) / p.reduce_blocks;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
+  char* own_out = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(rank) * chunk_bytes : nullptr;
+  Status st = Status::kOk;
+  // 1. Representative of the chunks (n_o, l) of the other nodes, in the GEMM's order: reduce the node's partials
+  //    (j = 0 .. L-1) over this rank's own partial of o, then put the slice to the owner through the proxy.
+  for (int d = 1; d < t.N; ++d) {
+    const int n_o = t.node_at(d), o = t.rank_of(n_o, t.local);
+    char* chunk = const_cast<char*>(p.partial) + static_cast<size_t>(o) * chunk_bytes;
+    if (t.L > 1) {
+      const bool ok = reduce_stream<Element>(t.L, lo, hi, p.acc, chunk, nullptr, [&](int j) -> const uint4* {
+        const int q = t.rank_of(t.node, j);
+        if (threadIdx.x == 0) st = wait_until(comm, &ctl->node_arrive[n_o * t.L + j], Cmp::kGe, e, q);
+        if (!block_ok(st)) return nullptr;
+        return reinterpret_cast<const uint4*>(peer_ptr(comm, chunk, q));
+      });
+      if (!ok) return;
+    } else {  // one rank per node: the node partial is this rank's own
+      if (threadIdx.x == 0) st = wait_until(comm, &ctl->node_arrive[n_o], Cmp::kGe, e, rank);
+      if (!block_ok(st)) return;
     }
-    for (; v < hi; v += stride) dst[v] = src[v];
+    const size_t off = static_cast<size_t>(lo) * 16, bytes = static_cast<size_t>(hi - lo) * 16;
+    st = put_signal<Group::kBlock>(comm, p.recv + static_cast<size_t>(t.node) * chunk_bytes + off, chunk + off,
+                                   bytes, &p.node_flags->partial_in[t.node][rb], e, SignalOp::kSet, o);
+    if (!block_ok(st)) return;
+  }
+  // 2. This rank's rows: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
+  const bool ok = reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, [&](int s) -> const uint4* {
+    if (s < t.N - 1) {
+      const int n = t.node_at(-1 - s);
+      if (threadIdx.x == 0)
+        st = wait_until(comm, &p.node_flags->partial_in[n][rb], Cmp::kGe, e, t.rank_of(n, t.local));
+      if (!block_ok(st)) return nullptr;
+      return reinterpret_cast<const uint4*>(p.recv + static_cast<size_t>(n) * chunk_bytes);
+    }
+    const int q = t.rank_of(t.node, t.local_at(-1 - (s - (t.N - 1))));
+    if (threadIdx.x == 0) st = wait_until(comm, &ctl->arrive[q], Cmp::kGe, e, q);
+    if (!block_ok(st)) return nullptr;
+    return reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));  // null: refused on the host
+  });
+  if (!ok || p.gather_out == nullptr) return;
+  // AR: publish this rank's reduced rows (its partial chunk, p.out): to this node by a flag, to the other nodes'
+  // representatives of this chunk by puts of each slice; then gather every chunk (same slicing on every rank).
+  {
+    const size_t off = static_cast<size_t>(lo) * 16, bytes = static_cast<size_t>(hi - lo) * 16;
+    for (int d = 1; d < t.N; ++d) {
+      st = put_signal<Group::kBlock>(comm, p.out + off, p.out + off, bytes, &p.node_flags->reduced_in[t.node][rb], e,
+                                     SignalOp::kSet, t.rank_of(t.node_at(d), t.local));
+      if (!block_ok(st)) return;
+    }
+  }
+  if (threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
+    for (int l = 0; l < t.L; ++l)
+      if (l != t.local) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, t.rank_of(t.node, l));
+  }
+  // Chunks of the other nodes this rank represents: copy out, then tell this node's ranks where to read them.
+  for (int d = 1; d < t.N; ++d) {
+    const int n_o = t.node_at(d), o = t.rank_of(n_o, t.local);
+    if (threadIdx.x == 0) st = wait_until(comm, &p.node_flags->reduced_in[n_o][rb], Cmp::kGe, e, o);
+    if (!block_ok(st)) return;
+    const size_t off = static_cast<size_t>(o) * chunk_bytes;
+    copy_slice(reinterpret_cast<uint4*>(p.gather_out + off), reinterpret_cast<const uint4*>(p.partial + off), lo, hi);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int l = 0; l < t.L; ++l)
+        if (l != t.local) (void)signal(comm, &p.node_flags->forwarded[o][rb], e, SignalOp::kSet, t.rank_of(t.node, l));
+    }
+  }
+  // Every other chunk, read where it sits on this node: at its owner (this node's) or at its representative.
+  for (int d = 0; d < t.N; ++d) {
+    const int n_o = t.node_at(d);
+    for (int dl = d == 0 ? 1 : 0; dl < t.L; ++dl) {
+      const int l = t.local_at(dl);
+      if (d > 0 && l == t.local) continue;  // copied above
+      const int o = t.rank_of(n_o, l), holder = t.rank_of(t.node, l);
+      uint64_t* flag = d == 0 ? &ctl->reduced[o] : &p.node_flags->forwarded[o][rb];
+      if (threadIdx.x == 0) st = wait_until(comm, flag, Cmp::kGe, e, holder);
+      if (!block_ok(st)) return;
+      const size_t off = static_cast<size_t>(o) * chunk_bytes;
+      const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + off, holder));
+      if (src == nullptr) return;
+      copy_slice(reinterpret_cast<uint4*>(p.gather_out + off), src, lo, hi);
+    }
   }
 }
 
@@ -232,18 +345,20 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     }
     return;
   }
+  const Topology t = Topology::of(rank, world, p.ranks_per_node);
   if (p.mode == RsMode::kReduceOnly && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-    for (int o = 0; o < world; ++o) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+    for (int o = 0; o < world; ++o) announce_chunk(p, t, o, e);
   }
   const bool gemm_block = p.mode == RsMode::kFused && static_cast<int>(blockIdx.y) >= p.reduce_rows_y;
   if (gemm_block) {
     Status st = Status::kOk;
     for (int s = 0; s < world; ++s) {
-      const int o = (rank + 1 + s) % world;
+      const int o = rs_chunk_at(t, s);
       if (threadIdx.x == 0 && st == Status::kOk) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
-      // AR two-shot: chunk r holds the reduced rows too; one-shot: every rank reads every chunk. Either way
-      // every rank must be done with this rank's partial of e - 1.
-      const bool wait_all = p.gather_out != nullptr && (p.one_shot ? s == 0 : o == rank);
+      // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
+      // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
+      // done with this rank's partial of e - 1.
+      const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
       if (wait_all && threadIdx.x == 0) {
         for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
       }
@@ -255,7 +370,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       __syncthreads();
       if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
         if (!p.one_shot) {
-          (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, o);
+          announce_chunk(p, t, o, e);
         } else if (s + 1 == world) {  // one-shot: the whole partial is complete (every block's every chunk)
           for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
         }
@@ -275,9 +390,15 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
+// Workspace: control block | node flags | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
+constexpr size_t round256(size_t b) { return (b + 255) & ~size_t(255); }
+constexpr size_t kPartialOffset = kControlBytes + round256(kNodeFlagBytes);
+Topology topology_of(const GemmRsArgs& a) { return Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node); }
+size_t recv_offset(const GemmRsArgs& a) { return kPartialOffset + round256(static_cast<size_t>(a.m) * a.n * 2); }
 size_t acc_offset(const GemmRsArgs& a) {
-  const size_t partial = static_cast<size_t>(a.m) * a.n * 2;
-  return kControlBytes + ((partial + 255) & ~size_t(255));
+  const Topology t = topology_of(a);
+  const size_t chunk = static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * 2;
+  return recv_offset(a) + (t.N > 1 ? round256(t.N * chunk) : 0);
 }
 
 template <class Element>
@@ -292,12 +413,15 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   RsParams<Kernel> p{};
   p.comm = a.comm;
   p.ctl = reinterpret_cast<Control*>(ws);
-  p.partial = ws + kControlBytes;
+  p.partial = ws + kPartialOffset;
   p.acc = reinterpret_cast<float*>(ws + acc_offset(a));
   p.out = static_cast<char*>(a.out);
+  p.ranks_per_node = topology_of(a).L;
+  p.recv = ws + recv_offset(a);
+  p.node_flags = reinterpret_cast<NodeFlags*>(ws + kControlBytes);
   if (all_reduce) {
     p.gather_out = static_cast<char*>(a.out);
-    p.out = ws + kControlBytes + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
+    p.out = ws + kPartialOffset + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
     p.one_shot = one_shot;
   }
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
@@ -370,6 +494,13 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   if (a.k % 8 || a.n % 8 || a.lda % 8 || a.ldb % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.lda < a.k || a.ldb < a.n) return fail(why, "leading dimensions too small");
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m, a.n, a.k);
+  if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
+    return fail(why, "ranks_per_node must divide the world size");
+  if (topology_of(a).N > 1) {
+    if (a.comm.proxy_slots == nullptr) return fail(why, "ranks on other nodes need the communicator's proxy path");
+    if (plan.comm_blocks > kMaxNodeReduceBlocks)
+      return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
+  }
   return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace, workspace_size(a), plan, why);
 }
 
@@ -379,6 +510,8 @@ template <bool kAllReduce>
 static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why) {
   if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
+  if (one_shot && topology_of(a).N > 1)
+    return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why);
   return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why);
 }
@@ -392,12 +525,18 @@ Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
 }
 
 // GEMM+AllReduce: the same checks (out is M x N instead of M/W x N; the workspace is the same).
-Status can_implement(const GemmArArgs& a, std::string* why) { return check_rs(a, true, why); }
+Status can_implement(const GemmArArgs& a, std::string* why) {
+  if (const Status s = check_rs(a, true, why); s != Status::kOk) return s;
+  if (a.algo == ArAlgo::kOneShot && topology_of(a).N > 1)
+    return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
+  return Status::kOk;
+}
 size_t workspace_size(const GemmArArgs& a) { return workspace_size(static_cast<const GemmRsArgs&>(a)); }
 
 bool use_one_shot(const GemmArArgs& a) {
   if (a.algo != ArAlgo::kAuto) return a.algo == ArAlgo::kOneShot;
-  return a.comm.world <= kMaxFusedRsWorld && static_cast<size_t>(a.m) * a.n * 2 <= kArOneShotMaxBytes;
+  return a.comm.world <= kMaxFusedRsWorld && topology_of(a).N == 1 &&
+         static_cast<size_t>(a.m) * a.n * 2 <= kArOneShotMaxBytes;
 }
 
 Status run(const GemmArArgs& a, cudaStream_t stream, std::string* why) {

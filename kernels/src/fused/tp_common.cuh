@@ -38,9 +38,47 @@ struct alignas(128) Control {
                                    // RS: rank o finished reading my partial of its rows
                                    // (AR: and my reduced rows)
   uint64_t reduced[kMaxWorld];     // AR: rank q's reduced rows (its partial chunk q) are complete
+  // Across nodes (nodes of L consecutive ranks; the rank of each node with local index l is the node's
+  // representative for every chunk whose owner has local index l):
+  uint64_t node_arrive[kMaxWorld]; // RS/AR at a representative: [n_o * L + j] = local rank j's partial of chunk
+                                   // (n_o, my local index) is complete
+  uint64_t forward_count[kMaxWorld]; // local: AG blocks done republishing chunk c to this node's ranks
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
+
+// Node layout of a TP op: W ranks in N = W / L nodes of L consecutive ranks (rank = node * L + local). One node
+// (L = W) is the load/store case; with N > 1 peers of other nodes are reached through the proxy, and every
+// cross-node transfer goes between ranks of the same local index (one per node and chunk: the hierarchical
+// schedule of docs/fused-kernels.md).
+struct Topology {
+  int L = 1, N = 1, node = 0, local = 0;
+  __host__ __device__ static Topology of(int rank, int world, int ranks_per_node) {
+    Topology t;
+    t.L = ranks_per_node > 0 && ranks_per_node <= world ? ranks_per_node : world;
+    t.N = world / t.L;
+    t.node = rank / t.L;
+    t.local = rank % t.L;
+    return t;
+  }
+  __host__ __device__ int rank_of(int node_, int local_) const { return node_ * L + local_; }
+  __host__ __device__ int node_of(int rank) const { return rank / L; }
+  __host__ __device__ int local_of(int rank) const { return rank % L; }
+  __host__ __device__ int node_at(int d) const { return ((node + d) % N + N) % N; }    // d nodes after mine
+  __host__ __device__ int local_at(int d) const { return ((local + d) % L + L) % L; }  // d ranks after me
+};
+
+// Per-slice flags of the cross-node RS/AR (reduce block rb handles the same slice on every rank: every rank runs
+// the same plan). In the workspace after the control block.
+constexpr int kMaxNodeReduceBlocks = 64;
+struct NodeFlags {
+  uint64_t partial_in[kMaxWorld][kMaxNodeReduceBlocks];  // at an owner: [n][rb] node n's partial, slice rb, landed
+  uint64_t reduced_in[kMaxWorld][kMaxNodeReduceBlocks];  // at a representative: [n][rb] the owner's reduced rows
+                                                         // (node n, my local index), slice rb, landed
+  uint64_t forwarded[kMaxWorld][kMaxNodeReduceBlocks];   // [o][rb] chunk o's reduced slice rb sits at this node's
+                                                         // representative of o (read it there)
+};
+constexpr size_t kNodeFlagBytes = sizeof(NodeFlags);
 
 __device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
   uint64_t old;

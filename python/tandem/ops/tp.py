@@ -136,8 +136,19 @@ def _check_blocks(comm_blocks, op, rank):
         raise invalid(f"comm_blocks must be 0 (heuristic) or a positive even number, got {comm_blocks}", op, rank)
 
 
+def _check_nodes(comm, op):
+    # Across nodes the kernels route every chunk between ranks of one local index: nodes must be groups of
+    # consecutive ranks of one size (emulated nodes always are; so are the usual launchers' layouts).
+    n = comm.native
+    if n.num_nodes > 1 and n.uniform_ranks_per_node == 0:
+        raise TandemError(f"tandem: {op}: the nodes are not groups of consecutive ranks of one size (local ranks "
+                          f"{list(n.local_ranks)} of world {comm.world_size}); relaunch with ranks grouped by node",
+                          9, op, comm.rank)
+
+
 def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     op = "ag_gemm"
+    _check_nodes(comm, op)
     _validate(comm, a_local, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -191,9 +202,10 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
     n = b.shape[1]
     if m % world:
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
-    if comm.has_proxy and world > 1:
-        raise TandemError(f"tandem: {op}: peers on other nodes (proxy path) are not supported yet: the reduction "
-                          "reads peers by load/store", 9, op, comm.rank)
+    _check_nodes(comm, op)
+    if op == "gemm_ar" and algo == "one_shot" and comm.native.num_nodes > 1:
+        raise invalid("the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)",
+                      op, comm.rank)
     K = native().kernels
     key = (op, _token(comm), m, n, a.dtype)
     ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n))

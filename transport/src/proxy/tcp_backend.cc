@@ -195,6 +195,7 @@ struct TcpBackend::Link {
   std::deque<uint64_t> awaiting_ack;  // tickets of frames sent with kFlagAck, in send order
   std::atomic<int64_t> last_send_ns{0};
   std::atomic<bool> closed{false};
+  std::atomic<uint64_t> acks_owed{0};  // frames received and applied, not yet acknowledged (ack_loop sends)
 };
 
 TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
@@ -285,6 +286,7 @@ TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, c
   }
   ::close(lfd);
   for (auto& l : links_) threads_.emplace_back([this, link = l.get()] { receive_loop(link); });
+  threads_.emplace_back([this] { ack_loop(); });
   threads_.emplace_back([this] { heartbeat_loop(); });
 }
 
@@ -334,12 +336,15 @@ void TcpBackend::receive_loop(Link* link) {
   try {
     for (;;) {
       // One cumulative ack once the input is drained (or enough frames wait), not one per frame.
+      // (Sent by ack_loop: this thread never writes to the socket, so it never stops reading.)
       if (pending_acks > 0 && (!reader.buffered() || pending_acks >= kMaxPendingAcks)) {
-        FrameHeader ack{kMagic, kAck, pending_acks, {}};
-        std::lock_guard<std::mutex> g(link->send_mu);
-        write_all(link->fd, &ack, sizeof(ack), rank_, link->peer);
-        link->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+        link->acks_owed.fetch_add(pending_acks);
         pending_acks = 0;
+        {
+          std::lock_guard<std::mutex> g(acks_mu_);
+          acks_due_ = true;
+        }
+        acks_cv_.notify_one();
       }
       FrameHeader h{};
       if (!reader.read(&h, sizeof(h), true)) {
@@ -391,6 +396,28 @@ void TcpBackend::receive_loop(Link* link) {
   }
 }
 
+void TcpBackend::ack_loop() {
+  std::unique_lock<std::mutex> lk(acks_mu_);
+  while (!stopping_.load()) {
+    acks_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return acks_due_ || stopping_.load(); });
+    acks_due_ = false;
+    lk.unlock();
+    for (auto& l : links_) {
+      const uint64_t n = l->acks_owed.exchange(0);
+      if (n == 0 || l->closed.load()) continue;
+      FrameHeader ack{kMagic, kAck, n, {}};
+      try {
+        std::lock_guard<std::mutex> g(l->send_mu);  // may wait for a data frame; the peer keeps reading
+        write_all(l->fd, &ack, sizeof(ack), rank_, l->peer);
+        l->last_send_ns.store(std::chrono::steady_clock::now().time_since_epoch().count());
+      } catch (const Error& e) {
+        if (!stopping_.load()) fail(e);
+      }
+    }
+    lk.lock();
+  }
+}
+
 void TcpBackend::heartbeat_loop() {
   const auto period = std::max(std::chrono::milliseconds(10), options_.timeout / 4);
   while (!stopping_.load()) {
@@ -413,6 +440,11 @@ void TcpBackend::heartbeat_loop() {
 
 void TcpBackend::shutdown() {
   if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> g(acks_mu_);
+    acks_due_ = true;
+  }
+  acks_cv_.notify_all();
   for (auto& l : links_) {
     if (l->fd < 0) continue;
     std::lock_guard<std::mutex> g(l->send_mu);

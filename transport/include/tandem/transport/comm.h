@@ -78,6 +78,9 @@ class Communicator {
   // Ranks that share this rank's node (load/store reachable), ascending; includes this rank.
   const std::vector<int>& local_ranks() const { return local_ranks_; }
   int local_rank() const;
+  // L if the nodes are groups of L consecutive ranks (node of rank r = r / L, the layout of emulated nodes and of
+  // the usual launchers), else 0: the hierarchical schedules of the TP kernels need it.
+  int uniform_ranks_per_node() const;
   int device() const { return device_; }
   // Multiprocessors this rank's context may use (under MPS the active-thread share, not the chip's count).
   int sm_count() const { return sm_count_; }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -143,6 +144,7 @@ class TcpBackend final : public Backend {
  private:
   struct Link;
   void receive_loop(Link* link);
+  void ack_loop();
   void heartbeat_loop();
   void fail(const Error& e);
   Link* link_for(int peer);
@@ -154,6 +156,12 @@ class TcpBackend final : public Backend {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stopping_{false};
+  // Acks leave from their own thread: a receive thread that wrote them itself could block on a full socket
+  // while the peer's receive thread blocks the same way (both sides sending large frames): a deadlock, seen on
+  // the H200 with 2 emulated nodes x 2 ranks. Receive threads only read and apply, so every write completes.
+  std::mutex acks_mu_;
+  std::condition_variable acks_cv_;
+  bool acks_due_ = false;
   std::mutex error_mu_;
   std::unique_ptr<Error> error_;  // first failure, rethrown by check()
 };

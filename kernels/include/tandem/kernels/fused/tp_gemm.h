@@ -12,6 +12,10 @@
 //   * RS reduce blocks wait for each rank's partial of this rank's rows, and add them in a fixed order in fp32
 //     (deterministic); the GEMM computes the chunks in the order their owners need them (next rank first);
 //   * AR: the RS roles, then the reduce blocks gather every owner's reduced rows (two-shot all-reduce).
+// Across nodes (ranks_per_node < world) every chunk crosses the network once per node, between ranks of the same
+// local index: AG sends its rows to one rank per other node, which republishes them over NVLink; RS reduces each
+// chunk inside the node first (at the node's rank with the owner's local index) and sends one node partial to
+// the owner; AR sends the owner's reduced rows back the same way.
 // Cross-launch reuse is guarded by epochs kept on the device (workspace), so the launches are CUDA-graph safe.
 //
 // Host adapters in the CUTLASS manner: can_implement -> workspace_size -> run. The workspace lives in the
@@ -49,6 +53,9 @@ struct AgGemmArgs {
   void* workspace = nullptr;      // symmetric: workspace_size bytes, zeroed before first use
   SmPlan plan{};
   tandem::DeviceComm comm{};
+  // Nodes of this many consecutive ranks (Communicator::uniform_ranks_per_node()); 0 or world: one node. Peers
+  // of other nodes go through the communicator's proxy; chunks cross nodes once per node (hierarchical).
+  int ranks_per_node = 0;
 };
 
 struct GemmRsArgs {
@@ -62,6 +69,9 @@ struct GemmRsArgs {
   void* workspace = nullptr;      // symmetric: workspace_size bytes, zeroed before first use
   SmPlan plan{};
   tandem::DeviceComm comm{};
+  // Nodes of this many consecutive ranks (Communicator::uniform_ranks_per_node()); 0 or world: one node. Peers
+  // of other nodes go through the communicator's proxy; chunks cross nodes once per node (hierarchical).
+  int ranks_per_node = 0;
 };
 
 // GEMM+AllReduce: the GemmRsArgs fields, with `out` a contiguous m x n matrix (every rank gets all rows).
