@@ -117,6 +117,10 @@ void bind_kernels(py::module_& m) {
   k.def("ag_gemm_gathered_offset", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
     return tp::gathered_offset(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
   });
+  k.def("preload_kernels", [] {
+    const cudaError_t e = tp::preload_kernels();
+    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+  }, "Load every GEMM/TP kernel now (see tp_gemm.h); '' or the CUDA error.");
   k.def("tp_default_comm_blocks", [](int sm_count, int world, int m, int n, int k_) {
     return tp::plan_for(sm_count, world, m, n, k_).comm_blocks;
   });

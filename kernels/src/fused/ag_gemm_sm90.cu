@@ -223,6 +223,15 @@ SmPlan plan_for(int sm_count, int world, int m, int n, int k) {
 
 size_t gathered_offset(const AgGemmArgs&) { return kControlBytes; }
 
+cudaError_t preload_ag_kernels() {
+  cudaFuncAttributes attr{};
+  const cudaError_t a = cudaFuncGetAttributes(
+      &attr, ag_gemm_kernel<gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel>);
+  const cudaError_t b = cudaFuncGetAttributes(
+      &attr, ag_gemm_kernel<gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel>);
+  return a != cudaSuccess ? a : b;
+}
+
 size_t workspace_size(const AgGemmArgs& a) {
   const size_t esize = 2;
   return kControlBytes + static_cast<size_t>(a.comm.world) * a.m_local * a.k * esize;

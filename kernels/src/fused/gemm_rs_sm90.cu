@@ -481,6 +481,22 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
 
 }  // namespace
 
+cudaError_t preload_rs_kernels() {
+  using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
+  using H = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel;
+  cudaFuncAttributes attr{};
+  const cudaError_t a = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B>);
+  const cudaError_t b = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H>);
+  return a != cudaSuccess ? a : b;
+}
+
+cudaError_t preload_kernels() {
+  const cudaError_t e[] = {gemm::preload_kernels(), preload_ag_kernels(), preload_rs_kernels()};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
+}
+
 size_t workspace_size(const GemmRsArgs& a) {
   return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
 }

@@ -89,4 +89,22 @@ Status run_with_arrivals(const GemmArgs& g, const ArrivalSchedule& a, void* work
   return run_typed<cutlass::bfloat16_t, ArrivalSchedulerTag>(g, workspace, stream, why, &a);
 }
 
+// Load every kernel this file can launch. With lazy module loading (the CUDA 12+ default) the first launch of
+// a kernel loads its module, and that load waited for a running persistent kernel on the H200 under MPS; the
+// running kernel waited for data the proxy thread could not copy meanwhile (its CUDA calls queued behind the
+// load): a deadlock until the device timeout. Loading up front, before anything waits, avoids it.
+cudaError_t preload_kernels() {
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaSuccess;
+  const auto load = [&](const void* f) {
+    const cudaError_t r = cudaFuncGetAttributes(&attr, f);
+    if (e == cudaSuccess) e = r;
+  };
+  load(reinterpret_cast<const void*>(cutlass::device_kernel<Sm90Gemm<cutlass::bfloat16_t>::Kernel>));
+  load(reinterpret_cast<const void*>(cutlass::device_kernel<Sm90Gemm<cutlass::half_t>::Kernel>));
+  load(reinterpret_cast<const void*>(cutlass::device_kernel<Sm90Gemm<cutlass::bfloat16_t, ArrivalSchedulerTag>::Kernel>));
+  load(reinterpret_cast<const void*>(cutlass::device_kernel<Sm90Gemm<cutlass::half_t, ArrivalSchedulerTag>::Kernel>));
+  return e;
+}
+
 }  // namespace tandem::kernels::gemm

@@ -73,12 +73,28 @@ def _comm(handle: int, op: str):
     return c
 
 
+_PRELOADED = False
+
+
+def _preload(op, rank):
+    # Load every GEMM/TP kernel before the first launch: with lazy module loading, a kernel's first launch
+    # behind a running kernel that waits for proxy traffic can hold that traffic up until the device timeout
+    # (seen on the H200: the unfused AG's GEMM behind its copy kernel). tp_gemm.h: preload_kernels.
+    global _PRELOADED
+    if not _PRELOADED:
+        err = native().kernels.preload_kernels()
+        if err:
+            raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
+        _PRELOADED = True
+
+
 def _workspace(comm, key: tuple, nbytes: int) -> torch.Tensor:
     ws = _WORKSPACES.get(key)
     if ws is None:
         if torch.cuda.is_current_stream_capturing():
             raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
                           "run the op once before capturing", key[0], comm.rank)
+        _preload(key[0], comm.rank)
         ws = comm.zeros(nbytes, torch.uint8)
         torch.cuda.synchronize()
         comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
@@ -177,12 +193,13 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
             if err:
                 raise TandemError(f"tandem: ag_gemm: {err}", 5, op, comm.rank)
             return c, gathered
+    m = world * m_local
+    gws_bytes = K.gemm_workspace_size(m, n, k, dt)
+    # allocated before the all-gather runs: nothing on this thread should wait on the device meanwhile
+    gws = torch.empty(max(gws_bytes, 1), dtype=torch.uint8, device=a_local.device)
     err = K.ag_gemm(comm.native, "gather", *args, _stream(a_local.device))
     if err:
         raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
-    m = world * m_local
-    gws_bytes = K.gemm_workspace_size(m, n, k, dt)
-    gws = torch.empty(max(gws_bytes, 1), dtype=torch.uint8, device=a_local.device)
     err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
                  int(sm_count) or comm.sm_count, gws.data_ptr(), _stream(a_local.device))
     if err:

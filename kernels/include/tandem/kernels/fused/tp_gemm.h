@@ -86,6 +86,14 @@ struct GemmArArgs : GemmRsArgs {
 };
 bool use_one_shot(const GemmArArgs& args);
 
+// Load every kernel the TP ops (and the GEMM core) can launch. Call once per process before the first TP op on a
+// communicator with proxy peers: with lazy module loading the first launch of a kernel loads its module, which
+// was seen to wait for a running kernel; if that kernel waits for proxy traffic, whose CUDA copies queue behind
+// the load, nothing moves until the device timeout (the unfused AG's GEMM, launched behind its copy kernel).
+cudaError_t preload_kernels();
+cudaError_t preload_ag_kernels();
+cudaError_t preload_rs_kernels();
+
 // The heuristic split: AG copy blocks / RS reduce blocks ~ 1/16 of the SMs, at least 2, even.
 SmPlan plan_for(int sm_count, int world, int m, int n, int k);
 

@@ -72,6 +72,9 @@ Status can_implement(const GemmArgs& args, std::string* why = nullptr);
 size_t workspace_size(const GemmArgs& args);
 // Launch on `stream`. `workspace` must hold workspace_size(args) bytes (may be null when that is 0).
 Status run(const GemmArgs& args, void* workspace, cudaStream_t stream, std::string* why = nullptr);
+// Load the GEMM core's kernels now (lazy module loading would load them at their first launch, which can wait
+// for a running kernel: see tp::preload_kernels).
+cudaError_t preload_kernels();
 
 // The same GEMM, but each output tile starts only after its chunk of A rows has arrived (ArrivalSchedule), and
 // chunks are taken in arrival order. Needs M == chunks * chunk_rows. A timed-out wait is recorded in
