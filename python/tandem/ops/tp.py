@@ -338,5 +338,6 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
 def gemm_ar(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0, algo: str = "auto"):
     """all_reduce(a @ b): the M x N sum over ranks, bit-identical on every rank. algo: "one_shot" (every rank
     reduces every row: small outputs), "two_shot" (reduce-scatter then all-gather of the reduced rows) or
-    "auto" (one-shot up to 2 MiB of output); both give the same bits."""
+    "auto" (two-shot: one-shot lost at every measured size on the H200, see tp_gemm.h); both give the same
+    bits."""
     return torch.ops.tandem.gemm_ar(a, b, register(comm), mode, comm_blocks, sm_count, algo)

@@ -79,8 +79,11 @@ struct GemmRsArgs {
 //   one-shot: every rank reads every partial and reduces every row itself (one wait, W times the reads: for
 //             small outputs). Both sum in the owners' order, so the bits are the same either way.
 enum class ArAlgo : int { kAuto = 0, kOneShot = 1, kTwoShot = 2 };
-// kAuto takes one-shot up to this output size (bytes; at most 8 ranks).
-constexpr size_t kArOneShotMaxBytes = size_t(2) << 20;
+// kAuto takes one-shot up to this output size (bytes; at most 8 ranks, one node). Measured (H200, world 2 under
+// MPS, K 4096 per rank, tools/diag/ar_crossover.py, docs/results/ar_crossover_w2.md): one-shot lost to two-shot
+// at every size from 0.5 to 128 MiB (0.206 vs 0.189 ms at 0.5 MiB), so auto never takes it here; on NVLink
+// peers, where a round trip costs more than on one GPU, the crossover is to be measured again.
+constexpr size_t kArOneShotMaxBytes = 0;
 struct GemmArArgs : GemmRsArgs {
   ArAlgo algo = ArAlgo::kAuto;
 };

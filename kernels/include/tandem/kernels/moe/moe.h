@@ -1,0 +1,99 @@
+// tandem kernels — MoE expert parallelism: token dispatch fused with the experts' grouped GEMM, and the combine.
+//
+//   dispatch+GEMM:  every (token t, slot s) of this rank goes to the rank owning expert topk_ids[t, s]; each local
+//                   expert j computes y_j = x_j @ W_j (x_j: the rows it received, W_j: H x I) as soon as its rows
+//                   are there.
+//   combine:        out[t] = sum_s topk_weights[t, s] * z[row(t, s)], where z is any per-row result in the dispatch
+//                   layout (typically the experts' second GEMM), sent back to the token's rank.
+//
+// E = world * experts_per_rank experts; expert e lives on rank e / experts_per_rank as local expert
+// e % experts_per_rank. Every size is a runtime argument.
+//
+// The dispatch layout (computed on the GPU, no host sync) on the receiving rank: local expert j's rows are
+//   rows [expert_offset[j], expert_offset[j] + expert_rows[j]) of y (and of the receive buffer), ordered by source
+//   rank, then by (token, slot) within a source. source_offset[j * (world + 1) + s] is where source s's rows of
+//   expert j begin (relative to expert_offset[j]), and row_source[r] the flat index t * k + s of row r at its source.
+// Rows of a token that chose two experts of one rank are sent twice (once per expert).
+//
+// One launch per call; launches are ordered by epochs kept in the workspace (CUDA-graph safe, like the TP ops).
+// Host adapters in the CUTLASS manner: can_implement -> workspace_size -> run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tandem/kernels/fused/tp_gemm.h"
+#include "tandem/kernels/gemm/gemm.h"
+#include "tandem/transport/device_comm.h"
+
+namespace tandem::kernels::moe {
+
+using gemm::DType;
+using tp::SmPlan;
+
+struct MoeShape {
+  int tokens = 0;            // T: this rank's tokens (may be 0, may differ between ranks)
+  int max_tokens = 0;        // T_max >= T: the same on every rank (sizes the symmetric buffers)
+  int hidden = 0;            // H: multiple of 8
+  int inter = 0;             // I: the GEMM's N, multiple of 8
+  int topk = 0;              // k in [1, E]
+  int experts_per_rank = 0;  // E_local >= 1
+};
+
+// Rows a rank can receive: every token of every rank, once per local expert it chose (at most min(k, E_local)).
+int64_t receive_capacity(const MoeShape& s, int world);
+
+struct DispatchArgs {
+  DType dtype = DType::kBF16;
+  MoeShape shape{};
+  const void* x = nullptr;            // T x H, contiguous rows
+  const int32_t* topk_ids = nullptr;  // T x k; ids outside [0, E) are dropped and reported (kInvalidArgument)
+  const void* w = nullptr;            // E_local x H x I, each H x I row-major
+  void* workspace = nullptr;          // symmetric, workspace_size bytes, zeroed before first use
+  SmPlan plan{};                      // comm_blocks: dispatch blocks beside the GEMM (0 = heuristic)
+  tandem::DeviceComm comm{};
+};
+
+// Offsets (bytes) of the outputs inside the workspace, valid after the launch until the next dispatch on it:
+struct DispatchLayout {
+  size_t y;               // receive_capacity x I, dtype: the experts' outputs
+  size_t expert_rows;     // int32[E_local]
+  size_t expert_offset;   // int32[E_local + 1]
+  size_t source_offset;   // int32[E_local * (world + 1)]
+  size_t row_source;      // int32[receive_capacity]
+  size_t received;        // int32[1]: rows received in all (expert_offset[E_local])
+};
+DispatchLayout dispatch_layout(const DispatchArgs& args);
+
+Status can_implement(const DispatchArgs& args, std::string* why = nullptr);
+size_t workspace_size(const DispatchArgs& args);
+// Fused: one persistent kernel, dispatch blocks beside the grouped GEMM's; each expert's tiles start when its
+// rows have arrived from every source that sends it rows.
+Status run(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// Unfused: the dispatch kernel alone (it waits for every row), then the grouped GEMM kernel.
+Status run_unfused(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+struct CombineArgs {
+  DType dtype = DType::kBF16;
+  MoeShape shape{};                   // as dispatched (inter unused)
+  int dim = 0;                        // D: columns of z and out, multiple of 8
+  const void* z = nullptr;            // receive_capacity x D (rows in the dispatch layout; unused rows ignored)
+  const float* topk_weights = nullptr;  // T x k
+  const int32_t* topk_ids = nullptr;  // T x k (ids outside [0, E) contribute nothing)
+  void* out = nullptr;                // T x D
+  const void* dispatch_workspace = nullptr;  // the DispatchArgs workspace whose layout z follows
+  void* workspace = nullptr;          // symmetric, combine_workspace_size bytes, zeroed before first use
+  SmPlan plan{};
+  tandem::DeviceComm comm{};
+};
+Status can_implement(const CombineArgs& args, std::string* why = nullptr);
+size_t workspace_size(const CombineArgs& args);
+// out[t] = sum over slots s in order 0..k-1 of w[t, s] * z-row (fp32, one rounding): deterministic.
+Status run(const CombineArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+cudaError_t preload_kernels();
+
+}  // namespace tandem::kernels::moe
