@@ -4,6 +4,7 @@
 #include "common.h"
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/moe/moe.h"
 #include "tandem/transport/comm.h"
 
 namespace tandem_py {
@@ -187,6 +188,101 @@ void bind_kernels(py::module_& m) {
       py::arg("comm"), py::arg("mode"), py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a"),
       py::arg("lda"), py::arg("b"), py::arg("ldb"), py::arg("out"), py::arg("workspace"), py::arg("sm_count"),
       py::arg("comm_blocks"), py::arg("stream"), py::arg("algo") = 0);
+
+  // MoE (expert parallelism): dispatch + grouped GEMM, combine.
+  namespace moe = tandem::kernels::moe;
+  auto moe_shape = [](int tokens, int max_tokens, int hidden, int inter, int topk, int experts_per_rank) {
+    moe::MoeShape s;
+    s.tokens = tokens;
+    s.max_tokens = max_tokens;
+    s.hidden = hidden;
+    s.inter = inter;
+    s.topk = topk;
+    s.experts_per_rank = experts_per_rank;
+    return s;
+  };
+  k.def("moe_layout_index", [moe_shape](int world, int max_tokens, int topk, int experts_per_rank) {
+    const auto li = moe::layout_index(moe_shape(0, max_tokens, 8, 8, topk, experts_per_rank), world);
+    return py::make_tuple(li.rows, li.offset, li.source, li.row_source, li.size);
+  }, "(rows, offset, source, row_source, size) of the dispatch layout array (moe.h)");
+  k.def("moe_receive_capacity", [moe_shape](int world, int max_tokens, int topk, int experts_per_rank) {
+    return moe::receive_capacity(moe_shape(0, max_tokens, 8, 8, topk, experts_per_rank), world);
+  });
+  auto dispatch_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int hidden,
+                                   int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
+                                   uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks) {
+    moe::DispatchArgs a;
+    a.dtype = static_cast<g::DType>(dtype);
+    a.shape = moe_shape(tokens, max_tokens, hidden, inter, topk, epr);
+    a.x = reinterpret_cast<const void*>(x);
+    a.topk_ids = reinterpret_cast<const int32_t*>(ids);
+    a.w = reinterpret_cast<const void*>(w);
+    a.y = reinterpret_cast<void*>(y);
+    a.layout = reinterpret_cast<int32_t*>(layout);
+    a.workspace = reinterpret_cast<void*>(ws);
+    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
+    a.plan.comm_blocks = comm_blocks;
+    a.comm = c.device_comm();
+    return a;
+  };
+  k.def("moe_dispatch_workspace_size",
+        [dispatch_args](const tandem::Communicator& c, int max_tokens, int hidden, int inter, int topk, int epr) {
+          return moe::workspace_size(dispatch_args(c, 0, 0, max_tokens, hidden, inter, topk, epr, 0, 0, 0, 0, 0, 0, 0, 0));
+        });
+  k.def(
+      "moe_dispatch_gemm",
+      [dispatch_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
+                      int hidden, int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
+                      uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks, uintptr_t stream) {
+        const auto a = dispatch_args(c, dtype, tokens, max_tokens, hidden, inter, topk, epr, x, ids, w, y, layout, ws,
+                                     sm_count, comm_blocks);
+        std::string why;
+        tandem::Status s;
+        const auto st = reinterpret_cast<cudaStream_t>(stream);
+        if (mode == "check") s = moe::can_implement(a, &why);
+        else if (mode == "fused") s = moe::run(a, st, &why);
+        else s = moe::run_unfused(a, st, &why);
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "MoE dispatch + grouped GEMM: mode 'fused', 'unfused', 'check'; returns '' or the reason.");
+  auto combine_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int topk,
+                                  int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
+                                  uintptr_t out, uintptr_t ws, int sm_count) {
+    moe::CombineArgs a;
+    a.dtype = static_cast<g::DType>(dtype);
+    a.shape = moe_shape(tokens, max_tokens, 8, 8, topk, epr);
+    a.dim = dim;
+    a.z = reinterpret_cast<const void*>(z);
+    a.topk_weights = reinterpret_cast<const float*>(weights);
+    a.topk_ids = reinterpret_cast<const int32_t*>(ids);
+    a.layout = reinterpret_cast<const int32_t*>(layout);
+    a.out = reinterpret_cast<void*>(out);
+    a.workspace = reinterpret_cast<void*>(ws);
+    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
+    a.comm = c.device_comm();
+    return a;
+  };
+  k.def("moe_combine_workspace_size",
+        [combine_args](const tandem::Communicator& c, int max_tokens, int topk, int epr, int dim) {
+          return moe::workspace_size(combine_args(c, 0, 0, max_tokens, topk, epr, dim, 0, 0, 0, 0, 0, 0, 0));
+        });
+  k.def(
+      "moe_combine",
+      [combine_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
+                     int topk, int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
+                     uintptr_t out, uintptr_t ws, int sm_count, uintptr_t stream) {
+        const auto a = combine_args(c, dtype, tokens, max_tokens, topk, epr, dim, z, weights, ids, layout, out, ws,
+                                    sm_count);
+        std::string why;
+        const tandem::Status s = mode == "check" ? moe::can_implement(a, &why)
+                                                 : moe::run(a, reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "MoE combine: mode 'run' or 'check'; returns '' or the reason.");
+  k.def("moe_preload_kernels", [] {
+    const cudaError_t e = moe::preload_kernels();
+    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+  });
 }
 
 }  // namespace tandem_py

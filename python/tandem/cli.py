@@ -10,6 +10,7 @@ commands:
   bench transport [-n N] [--out DIR] ...   put bandwidth and flag latency (N ranks; MPS on one GPU)
   bench gemm [--out DIR]                   the GEMM core vs cuBLAS at world 1
   bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS fused vs unfused vs the GEMM alone
+  bench moe -n N [--out DIR]               MoE dispatch+grouped GEMM fused vs unfused vs torch per expert
   launch -n N -- CMD ...                   run CMD as N ranks (same as python -m tandem.launch)
   info                                     GPUs, SM counts, MPS, build
 """
@@ -60,6 +61,10 @@ def main(argv=None) -> int:
             from .bench.tp import main as bench_tp
 
             return bench_tp(rest[1:])
+        if rest[0] == "moe":
+            from .bench.moe import main as bench_moe
+
+            return bench_moe(rest[1:])
         print(f"unknown benchmark {rest[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     if cmd == "launch":

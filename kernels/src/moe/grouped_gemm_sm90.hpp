@@ -99,8 +99,8 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
       using namespace tandem::device;
       const uint64_t epoch = impl::ld_relaxed_gpu(a.epoch_counter) + 1;
       const int expert = a.expert0 + group;
-      Status st = Status::kOk;
-      for (int s = 0; s < a.world && st == Status::kOk; ++s) {
+      tandem::Status st = tandem::Status::kOk;
+      for (int s = 0; s < a.world && st == tandem::Status::kOk; ++s) {
         if (a.counts[s * a.experts_total + expert] == 0) continue;
         st = wait_until_backoff(a.comm, a.flags + group * a.world + s, Cmp::kGe, epoch, a.poll_sleep_ns, s);
       }

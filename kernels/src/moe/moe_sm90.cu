@@ -50,7 +50,8 @@ struct alignas(128) MoeControl {
   uint64_t epoch;
   uint64_t done_blocks;
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
-  uint64_t pad0[13];
+  uint64_t staged;                 // local: dispatch blocks done staging x (monotonic: e * blocks after epoch e)
+  uint64_t pad0[12];
   uint64_t counts_flag[kMaxWorldMoe];  // source s's count row landed
   uint64_t ready[kMaxWorldMoe];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorldMoe];         // combine: rank q sent every row of this rank's tokens
@@ -63,9 +64,8 @@ int experts_total(const MoeShape& s, int world) { return s.experts_per_rank * wo
 // Byte offsets of everything in the dispatch workspace (the same on every rank: only shapes and world enter).
 struct DispatchOffsets {
   size_t arrive, counts_all, local_counts, rows_done, keys, keys_sorted, vals, vals_sorted, cub_temp, cub_bytes;
-  size_t expert_rows, expert_offset, source_offset, received, row_source;
-  size_t shapes, ptr_a, ptr_b, ptr_d, stride_a, stride_b, stride_d, cutlass_ws;
-  size_t recv_src, x_stage, recv_x, y, total;
+  size_t shapes, ptr_a, ptr_b, ptr_d, stride_a, stride_b, stride_d, cutlass_ws, cutlass_ws_bytes;
+  size_t recv_src, x_stage, recv_x, total;
 };
 
 template <class Element>
@@ -78,7 +78,7 @@ size_t cub_temp_bytes(int n) {
   return bytes;
 }
 
-int grid_blocks(const SmPlan& plan) { return plan.sm_count & ~1; }
+constexpr size_t kCutlassWorkspaceBytes = size_t(1) << 20;  // tensormaps, 512 B per block: grids up to 2048
 
 DispatchOffsets offsets_of(const DispatchArgs& a) {
   const MoeShape& s = a.shape;
@@ -101,11 +101,6 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   o.vals_sorted = take(sizeof(int32_t) * n);
   o.cub_bytes = cub_temp_bytes(static_cast<int>(n));
   o.cub_temp = take(o.cub_bytes);
-  o.expert_rows = take(sizeof(int32_t) * el);
-  o.expert_offset = take(sizeof(int32_t) * (el + 1));
-  o.source_offset = take(sizeof(int32_t) * el * (world + 1));
-  o.received = take(sizeof(int32_t));
-  o.row_source = take(sizeof(int32_t) * cap);
   using G = Gg<cutlass::bfloat16_t>;
   o.shapes = take(sizeof(typename G::Shape3) * el);
   o.ptr_a = take(sizeof(void*) * el);
@@ -114,11 +109,11 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   o.stride_a = take(sizeof(typename G::StrideA) * el);
   o.stride_b = take(sizeof(typename G::StrideB) * el);
   o.stride_d = take(sizeof(typename G::StrideD) * el);
-  o.cutlass_ws = take(size_t(128) * 8 * (grid_blocks(a.plan) + 2));  // tensormaps: a few per block of the grid
+  o.cutlass_ws_bytes = kCutlassWorkspaceBytes;
+  o.cutlass_ws = take(kCutlassWorkspaceBytes);
   o.recv_src = take(sizeof(int32_t) * cap);
   o.x_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
   o.recv_x = take(cap * s.hidden * 2);
-  o.y = take(cap * s.inter * 2);
   o.total = at;
   return o;
 }
@@ -129,6 +124,26 @@ struct Common {
   int tokens, hidden, inter, topk, el, experts;  // experts: E
   int64_t capacity;
 };
+
+// Every block at its very end: the last one waits until the proxy delivered every command (the next launch
+// overwrites what it reads from the heap), tells every rank this one is done with the epoch, and completes it.
+// release = false: the unfused dispatch, whose GEMM (the next kernel) still reads the received rows; the release
+// kernel after it does this part.
+__device__ __forceinline__ void moe_release(const Common& c, uint64_t e) {
+  using namespace tandem::device;
+  if (c.comm.proxy_slots != nullptr) (void)quiet(c.comm);
+  for (int q = 0; q < c.comm.world; ++q) (void)signal(c.comm, &c.ctl->ready[c.comm.rank], e, SignalOp::kSet, q);
+  impl::st_relaxed_gpu(&c.ctl->epoch, e);
+}
+
+__device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_blocks, uint64_t e, bool release = true) {
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&c.ctl->done_blocks, total_blocks) && release) moe_release(c, e);
+}
+
+__global__ void moe_release_kernel(Common c) {
+  if (threadIdx.x == 0) moe_release(c, tandem::device::impl::ld_relaxed_gpu(&c.ctl->epoch) + 1);
+}
 
 template <class Element>
 struct DispatchParams {
@@ -176,7 +191,7 @@ __global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, 
 
 // Receive layout of this rank and the grouped GEMM's arrays (one block; E_l entries).
 template <class Element>
-__device__ void write_layout(const DispatchParams<Element>& p) {
+__device__ void write_layout(const DispatchParams<Element>& p, uint64_t e) {
   const Common& c = p.c;
   const int world = c.comm.world, rank = c.comm.rank;
   if (threadIdx.x == 0) {
@@ -211,7 +226,7 @@ __device__ void write_layout(const DispatchParams<Element>& p) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    tandem::device::impl::st_release_gpu(&c.ctl->shapes_ready, tandem::device::impl::ld_relaxed_gpu(&c.ctl->epoch) + 1);
+    tandem::device::impl::st_release_gpu(&c.ctl->shapes_ready, e);
   }
 }
 
@@ -247,16 +262,14 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   if (p.x_stage != nullptr) {  // every block's staged slice, before any block sends a row of it
-    // (a grid-wide point: count the dispatch blocks through the rows_done counter of the invalid id E)
     if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(&p.rows_done[E], 1u);
-      while (atomicAdd(&p.rows_done[E], 0u) < static_cast<uint32_t>(p.dispatch_blocks)) __nanosleep(256);
-      __threadfence();
+      tandem::device::impl::fence_acq_rel_gpu();
+      atomicAdd(reinterpret_cast<unsigned long long*>(&c.ctl->staged), 1ull);
+      st = wait_until(comm, &c.ctl->staged, Cmp::kGe, e * static_cast<uint64_t>(p.dispatch_blocks), rank);
     }
-    __syncthreads();
+    if (!block_ok(st)) return;
   }
-  if (db == 0) write_layout(p);
+  if (db == 0) write_layout(p, e);
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
   // seg[x] = where x's pairs start in the sorted list.
   int32_t* base = smem_i;
@@ -291,25 +304,48 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
-  for (int32_t i = db * warps + warp; i < valid && st == Status::kOk; i += p.dispatch_blocks * warps) {
-    int32_t idx = i + rot;
-    if (idx >= valid) idx -= valid;
-    const int x = p.keys_sorted[idx];
-    const int32_t flat = p.vals_sorted[idx];
-    const int t = flat / c.topk, q = x / c.el, j = x % c.el;
-    const int32_t pos = base[x] + (idx - seg[x]);
-    st = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes, p.x + t * row_bytes, row_bytes, q);
+  // Each warp takes a contiguous run of the (rotated) sorted pairs. Consecutive pairs of one expert land in
+  // consecutive rows of one destination, so their row sources leave as one put, and the warp counts them with
+  // one fence and one atomic per expert it touches (not per row).
+  const int total_warps = p.dispatch_blocks * warps;
+  const int32_t per_warp = (valid + total_warps - 1) / total_warps;
+  const int32_t i0 = min(valid, (db * warps + warp) * per_warp), i1 = min(valid, i0 + per_warp);
+  int run_x = -1;
+  int32_t run_idx = 0, run_pos = 0, run_n = 0;
+  const auto flush = [&]() {
+    if (run_n == 0) return;
+    __syncwarp();  // every lane's row stores precede lane 0's release below
     if (lane == 0) {
-      if (st == Status::kOk) st = put<Group::kThread>(comm, p.recv_src + pos, p.vals_sorted + idx, sizeof(int32_t), q);
-      // the last row of expert x from this rank: tell x's rank (release after every warp's rows)
-      if (atomicAdd(&p.rows_done[x], 1u) + 1 == static_cast<uint32_t>(p.local_counts[x])) {
-        __threadfence_system();
-        const Status s2 = signal(comm, &p.arrive[j * world + rank], e, SignalOp::kSet, q);
+      const int q = run_x / c.el, j = run_x % c.el;
+      Status s2 = put<Group::kThread>(comm, p.recv_src + run_pos, p.vals_sorted + run_idx, sizeof(int32_t) * run_n, q);
+      if (st == Status::kOk) st = s2;
+      tandem::device::impl::fence_acq_rel_sys();
+      const uint32_t done = atomicAdd(&p.rows_done[run_x], static_cast<uint32_t>(run_n)) + run_n;
+      if (done == static_cast<uint32_t>(p.local_counts[run_x])) {  // the last rows of expert x from this rank
+        tandem::device::impl::fence_acq_rel_sys();
+        s2 = signal(comm, &p.arrive[j * world + rank], e, SignalOp::kSet, q);
         if (st == Status::kOk) st = s2;
       }
     }
     st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
+    run_n = 0;
+  };
+  for (int32_t i = i0; i < i1 && st == Status::kOk; ++i) {
+    int32_t idx = i + rot;
+    if (idx >= valid) idx -= valid;
+    const int x = p.keys_sorted[idx];
+    const int32_t pos = base[x] + (idx - seg[x]);
+    if (x != run_x || idx != run_idx + run_n) {
+      flush();
+      run_x = x, run_idx = idx, run_pos = pos;
+    }
+    const int t = p.vals_sorted[idx] / c.topk;
+    const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
+                                        p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
+    if (st == Status::kOk) st = s2;
+    ++run_n;
   }
+  flush();
   __syncthreads();
   // Every row addressed to this rank has landed: the GEMM (unfused: launched next) may read them all, and the
   // row sources are copied out before ready[r] = e lets the next epoch's senders overwrite them.
@@ -322,7 +358,9 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     }
   }
   if (!block_ok(st)) return;
-  const int32_t received = p.expert_offset[c.el];
+  int32_t received = 0;  // (from the counts: block 0's layout writes are not ordered before this block)
+  for (int j = 0; j < c.el; ++j)
+    for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
   for (int32_t r = db * blockDim.x + threadIdx.x; r < received; r += p.dispatch_blocks * blockDim.x)
     p.row_source[r] = p.recv_src[r];
 }
@@ -337,24 +375,8 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.dispatch_rows_y;
   if (gemm_block) {
     Status st = Status::kOk;
-    if (threadIdx.x == 0) {  // shapes and pointers of this epoch (written by dispatch block 0)
-      uint64_t start = 0;
-      while (impl::ld_acquire_gpu(&ctl->shapes_ready) < e) {
-        if (impl::aborted(p.c.comm)) {
-          st = Status::kAborted;
-          break;
-        }
-        const uint64_t now = impl::globaltimer_ns();
-        if (start == 0) start = now;
-        if (p.c.comm.timeout_ns != 0 && now - start > p.c.comm.timeout_ns) {
-          impl::report_error(p.c.comm, Status::kTimeout, DeviceOp::kWaitUntil, p.c.comm.rank, e,
-                             impl::ld_relaxed_gpu(&ctl->shapes_ready), now - start);
-          st = Status::kTimeout;
-          break;
-        }
-        __nanosleep(1000);
-      }
-    }
+    // shapes and pointers of this epoch (written by dispatch block 0)
+    if (threadIdx.x == 0) st = wait_until_backoff(p.c.comm, &ctl->shapes_ready, Cmp::kGe, e, 1000, p.c.comm.rank);
     if (block_ok(st)) {
       typename Gg<Element>::Kernel op;
       op(p.gemm, smem);
@@ -363,9 +385,443 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
     const int db = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
     dispatch_role(p, db, e, reinterpret_cast<int32_t*>(smem));
   }
-  finish_block(reinterpret_cast<tp::detail::Control*>(nullptr) == nullptr ? nullptr : nullptr, 0, 0, [] {});
+  moe_finish(p.c, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, p.gemm_role);
+}
+
+// The experts' GEMM alone (unfused: after the dispatch kernel, which waited for every row).
+template <class Element>
+__global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
+    moe_gemm_kernel(const __grid_constant__ typename Gg<Element>::Kernel::Params p) {
+  extern __shared__ __align__(128) char smem[];
+  typename Gg<Element>::Kernel op;
+  op(p, smem);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Combine.
+
+constexpr int kCombineThreads = 512;
+
+struct CombineParams {
+  Common c;
+  int dim;
+  const char* z;          // rows the sends read: the user's z, or z_stage (proxy peers)
+  const char* z_user;
+  char* z_stage;
+  const int32_t* layout;
+  LayoutIndex li;
+  const int32_t* topk_ids;
+  const float* weights;
+  char* comb_in;          // symmetric: T_max * k rows of D
+  char* out;
+  uint32_t* rows_sent;    // [world]
+  int blocks;
+  int esize;
+};
+
+template <class Element>
+__device__ __forceinline__ float to_f(Element v) { return static_cast<float>(v); }
+
+template <class Element>
+__global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const __grid_constant__ CombineParams p) {
+  using namespace tandem::device;
+  __shared__ int32_t expected[kMaxWorldMoe];
+  const Common& c = p.c;
+  const DeviceComm& comm = c.comm;
+  const int world = comm.world, rank = comm.rank;
+  MoeControl* ctl = c.ctl;
+  const uint64_t e = impl::ld_relaxed_gpu(&ctl->epoch) + 1;
+  const int b = blockIdx.x;
+  const int32_t* offset = p.layout + p.li.offset;
+  const int32_t* source = p.layout + p.li.source;
+  const int32_t* row_source = p.layout + p.li.row_source;
+  const int32_t received = p.layout[0];
+  const size_t row_bytes = static_cast<size_t>(p.dim) * p.esize;
+  Status st = Status::kOk;
+  if (threadIdx.x == 0) {  // every source is done reading its combine buffer of e - 1
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+  }
+  if (!block_ok(st)) goto finish;
+  for (int s = threadIdx.x; s < world; s += blockDim.x) {
+    int32_t n = 0;
+    for (int j = 0; j < c.el; ++j) n += source[j * (world + 1) + s + 1] - source[j * (world + 1) + s];
+    expected[s] = n;
+  }
+  if (p.z_stage != nullptr) {  // rows in the heap for the proxy, then a grid-wide point before sending
+    size_t lo, hi;
+    tp::detail::split16(static_cast<size_t>(received) * row_bytes, p.blocks, b, &lo, &hi);
+    for (size_t i = lo + 16 * threadIdx.x; i < hi; i += 16 * blockDim.x)
+      *reinterpret_cast<uint4*>(p.z_stage + i) = *reinterpret_cast<const uint4*>(p.z_user + i);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      impl::fence_acq_rel_gpu();
+      atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->staged), 1ull);
+      st = wait_until(comm, &ctl->staged, Cmp::kGe, e * static_cast<uint64_t>(p.blocks), rank);
+    }
+    if (!block_ok(st)) goto finish;
+  }
+  __syncthreads();
+  if (b == 0 && threadIdx.x == 0) {  // sources this rank holds no rows of: nothing will complete them
+    for (int s = 0; s < world; ++s)
+      if (expected[s] == 0) (void)signal(comm, &ctl->done[rank], e, SignalOp::kSet, s);
+  }
+  {
+    const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int total_warps = p.blocks * warps;
+    const int32_t per_warp = (received + total_warps - 1) / total_warps;
+    const int32_t r0 = min(received, (b * warps + warp) * per_warp), r1 = min(received, r0 + per_warp);
+    int run_s = -1, run_n = 0;
+    const auto flush = [&]() {
+      if (run_n == 0) return;
+      __syncwarp();
+      if (lane == 0) {
+        impl::fence_acq_rel_sys();
+        if (atomicAdd(&p.rows_sent[run_s], static_cast<uint32_t>(run_n)) + run_n ==
+            static_cast<uint32_t>(expected[run_s])) {
+          impl::fence_acq_rel_sys();
+          const Status s2 = signal(comm, &ctl->done[rank], e, SignalOp::kSet, run_s);
+          if (st == Status::kOk) st = s2;
+        }
+      }
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
+      run_n = 0;
+    };
+    int j = 0;
+    for (int32_t r = r0; r < r1 && st == Status::kOk; ++r) {
+      while (j + 1 < c.el && offset[j + 1] <= r) ++j;  // rows ascend: the expert only moves forward
+      if (r < offset[j]) {                               // (r0 may start past several experts)
+        j = 0;
+        while (j + 1 < c.el && offset[j + 1] <= r) ++j;
+      }
+      const int32_t rel = r - offset[j];
+      int s = 0;
+      while (s + 1 < world && source[j * (world + 1) + s + 1] <= rel) ++s;
+      if (s != run_s) {
+        flush();
+        run_s = s;
+      }
+      const int32_t flat = row_source[r];
+      const Status s2 = put<Group::kWarp>(comm, p.comb_in + static_cast<size_t>(flat) * row_bytes,
+                                          p.z + static_cast<size_t>(r) * row_bytes, row_bytes, s);
+      if (st == Status::kOk) st = s2;
+      ++run_n;
+    }
+    flush();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // every rank's rows of this rank's tokens have landed
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->done[q], Cmp::kGe, e, q);
+  }
+  if (!block_ok(st)) goto finish;
+  {
+    // out[t] = sum over slots in order of w * row (fp32), 8 columns per thread step
+    const int vecs = p.dim / 8;
+    const int64_t items = static_cast<int64_t>(c.tokens) * vecs;
+    for (int64_t it = static_cast<int64_t>(b) * blockDim.x + threadIdx.x; it < items;
+         it += static_cast<int64_t>(p.blocks) * blockDim.x) {
+      const int t = static_cast<int>(it / vecs), v = static_cast<int>(it % vecs);
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int slot = 0; slot < c.topk; ++slot) {
+        const int id = p.topk_ids[t * c.topk + slot];
+        if (id < 0 || id >= c.experts) continue;
+        const float w = p.weights[t * c.topk + slot];
+        const Element* row = reinterpret_cast<const Element*>(p.comb_in + static_cast<size_t>(t * c.topk + slot) * row_bytes);
+        const uint4 raw = reinterpret_cast<const uint4*>(row)[v];
+        const Element* x = reinterpret_cast<const Element*>(&raw);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += w * to_f(x[i]);
+      }
+      uint4 o;
+      Element* y = reinterpret_cast<Element*>(&o);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = Element(acc[i]);
+      reinterpret_cast<uint4*>(p.out + static_cast<size_t>(t) * row_bytes)[v] = o;
+    }
+  }
+finish:
+  moe_finish(c, gridDim.x, e);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side.
+
+int bits_for(int values) {  // radix-sort bits for keys in [0, values]
+  int b = 1;
+  while ((1 << b) <= values) ++b;
+  return b;
+}
+
+Status check_shape(const MoeShape& s, const tandem::DeviceComm& comm, std::string* why) {
+  const int world = comm.world;
+  if (world < 1 || world > kMaxWorldMoe) return fail(why, "world size must be in [1, 64]");
+  if (s.experts_per_rank < 1) return fail(why, "experts_per_rank must be at least 1");
+  const int E = experts_total(s, world);
+  if (E > kMaxExperts) return fail(why, "at most 4096 experts in all");
+  if (s.topk < 1 || s.topk > E) return fail(why, "topk must be in [1, experts]");
+  if (s.tokens < 0 || s.max_tokens < 1 || s.tokens > s.max_tokens) return fail(why, "need 0 <= tokens <= max_tokens, max_tokens >= 1");
+  if (s.hidden <= 0 || s.hidden % 8) return fail(why, "hidden must be a positive multiple of 8");
+  const int64_t cap = receive_capacity(s, world);
+  if (static_cast<int64_t>(s.max_tokens) * s.topk > (int64_t(1) << 30) || cap > (int64_t(1) << 30))
+    return fail(why, "max_tokens * topk (and the receive capacity) must stay below 2^30");
+  return Status::kOk;
+}
+
+Status check_common_moe(const tandem::DeviceComm& comm, DType dtype, const void* workspace, size_t ws_bytes,
+                        std::string* why) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  if (workspace == nullptr) return fail(why, "null workspace");
+  if (reinterpret_cast<uintptr_t>(workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
+  const char* ws = static_cast<const char*>(workspace);
+  if (ws < comm.heap_base || ws + ws_bytes > comm.heap_base + comm.heap_bytes)
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  return Status::kOk;
+}
+
+SmPlan resolve(const SmPlan& plan) {
+  SmPlan p = plan;
+  if (p.comm_blocks <= 0) {
+    int c = p.sm_count / 8;
+    p.comm_blocks = (c < 2 ? 2 : c) & ~1;
+  }
+  return p;
+}
+
+template <class Element>
+Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::string* why) {
+  using G = Gg<Element>;
+  using Kernel = typename G::Kernel;
+  const MoeShape& s = a.shape;
+  const int world = a.comm.world, rank = a.comm.rank, el = s.experts_per_rank, E = experts_total(s, world);
+  const SmPlan plan = resolve(a.plan);
+  const DispatchOffsets o = offsets_of(a);
+  const LayoutIndex li = layout_index(s, world);
+  char* ws = static_cast<char*>(a.workspace);
+  DispatchParams<Element> p{};
+  p.c.comm = a.comm;
+  p.c.ctl = reinterpret_cast<MoeControl*>(ws);
+  p.c.tokens = s.tokens;
+  p.c.hidden = s.hidden;
+  p.c.inter = s.inter;
+  p.c.topk = s.topk;
+  p.c.el = el;
+  p.c.experts = E;
+  p.c.capacity = receive_capacity(s, world);
+  p.x_user = static_cast<const char*>(a.x);
+  p.x_stage = a.comm.proxy_slots != nullptr ? ws + o.x_stage : nullptr;
+  p.x = p.x_stage != nullptr ? p.x_stage : p.x_user;
+  p.w = static_cast<const Element*>(a.w);
+  p.arrive = reinterpret_cast<uint64_t*>(ws + o.arrive);
+  p.counts_all = reinterpret_cast<int32_t*>(ws + o.counts_all);
+  p.local_counts = reinterpret_cast<int32_t*>(ws + o.local_counts);
+  p.rows_done = reinterpret_cast<uint32_t*>(ws + o.rows_done);
+  p.keys_sorted = reinterpret_cast<const int32_t*>(ws + o.keys_sorted);
+  p.vals_sorted = reinterpret_cast<const int32_t*>(ws + o.vals_sorted);
+  p.received = a.layout;
+  p.expert_rows = a.layout + li.rows;
+  p.expert_offset = a.layout + li.offset;
+  p.source_offset = a.layout + li.source;
+  p.row_source = a.layout + li.row_source;
+  p.recv_src = reinterpret_cast<int32_t*>(ws + o.recv_src);
+  p.recv_x = ws + o.recv_x;
+  p.y = static_cast<char*>(a.y);
+  p.arrays.shapes = reinterpret_cast<typename G::Shape3*>(ws + o.shapes);
+  p.arrays.a = reinterpret_cast<const Element**>(ws + o.ptr_a);
+  p.arrays.b = reinterpret_cast<const Element**>(ws + o.ptr_b);
+  p.arrays.d = reinterpret_cast<Element**>(ws + o.ptr_d);
+  p.arrays.da = reinterpret_cast<typename G::StrideA*>(ws + o.stride_a);
+  p.arrays.db = reinterpret_cast<typename G::StrideB*>(ws + o.stride_b);
+  p.arrays.dd = reinterpret_cast<typename G::StrideD*>(ws + o.stride_d);
+  p.dispatch_blocks = plan.comm_blocks;
+  p.dispatch_rows_y = plan.comm_blocks / 2;
+
+  // prepare: counts and the sorted (token, slot) pairs
+  const int n = s.tokens * s.topk;
+  if (cudaMemsetAsync(p.local_counts, 0, sizeof(int32_t) * E, stream) != cudaSuccess ||
+      cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess)
+    return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
+  if (n > 0) {
+    int32_t* keys = reinterpret_cast<int32_t*>(ws + o.keys);
+    int32_t* vals = reinterpret_cast<int32_t*>(ws + o.vals);
+    moe_prepare_kernel<<<(n + 255) / 256, 256, 0, stream>>>(a.comm, a.topk_ids, n, E, keys, vals, p.local_counts);
+    size_t temp = o.cub_bytes;
+    if (cub::DeviceRadixSort::SortPairs(ws + o.cub_temp, temp, keys, const_cast<int32_t*>(p.keys_sorted), vals,
+                                        const_cast<int32_t*>(p.vals_sorted), n, 0, bits_for(E), stream) != cudaSuccess)
+      return fail(why, "the routing sort failed", Status::kCudaError);
+  }
+  const int grid_y = plan.sm_count / 2;
+  detail::ExpertArrivals arr;
+  arr.comm = a.comm;
+  arr.world = world;
+  arr.expert0 = rank * el;
+  arr.experts_total = E;
+  if (fused) {
+    arr.flags = p.arrive;
+    arr.counts = p.counts_all;
+    arr.epoch_counter = &p.c.ctl->epoch;
+    arr.gemm_block_y0 = p.dispatch_rows_y;
+    arr.gemm_grid_y = grid_y - p.dispatch_rows_y;
+  }
+  auto args = G::arguments(el, p.arrays, arr, fused ? 2 * grid_y : 2 * grid_y);
+  if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
+  if (Kernel::get_workspace_size(args) > o.cutlass_ws_bytes)
+    return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
+  p.gemm = Kernel::to_underlying_arguments(args, ws + o.cutlass_ws);
+  const int dispatch_smem = static_cast<int>(sizeof(int32_t) * (2 * E + 2));
+  const auto launch = [&](auto kernel, dim3 grid, int smem, const auto& params) {
+    const cudaError_t err = launch_clustered(kernel, grid, Kernel::MaxThreadsPerBlock, smem, stream, params);
+    return err == cudaSuccess ? Status::kOk
+                              : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+  };
+  if (fused) {
+    p.gemm_role = true;
+    const int smem = Kernel::SharedStorageSize > dispatch_smem ? static_cast<int>(Kernel::SharedStorageSize) : dispatch_smem;
+    return launch(moe_dispatch_kernel<Element>, dim3(2, grid_y, 1), smem, p);
+  }
+  p.gemm_role = false;
+  if (Status st = launch(moe_dispatch_kernel<Element>, dim3(2, p.dispatch_rows_y, 1), dispatch_smem, p);
+      st != Status::kOk)
+    return st;
+  if (Status st = launch(moe_gemm_kernel<Element>, dim3(2, grid_y, 1), static_cast<int>(Kernel::SharedStorageSize),
+                         p.gemm);
+      st != Status::kOk)
+    return st;
+  moe_release_kernel<<<1, 32, 0, stream>>>(p.c);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
+struct CombineOffsets {
+  size_t comb_in, rows_sent, z_stage, total;
+};
+
+CombineOffsets combine_offsets(const CombineArgs& a) {
+  const MoeShape& s = a.shape;
+  CombineOffsets o{};
+  size_t at = kControlBytes;
+  auto take = [&](size_t bytes) {
+    const size_t r = at;
+    at += align_up(bytes);
+    return r;
+  };
+  o.comb_in = take(static_cast<size_t>(s.max_tokens) * s.topk * a.dim * 2);
+  o.rows_sent = take(sizeof(uint32_t) * a.comm.world);
+  o.z_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(receive_capacity(s, a.comm.world)) * a.dim * 2 : 0);
+  o.total = at;
+  return o;
 }
 
 }  // namespace
+
+int64_t receive_capacity(const MoeShape& s, int world) {
+  const int per = s.topk < s.experts_per_rank ? s.topk : s.experts_per_rank;
+  return static_cast<int64_t>(world) * s.max_tokens * (per > 0 ? per : 0);
+}
+
+LayoutIndex layout_index(const MoeShape& s, int world) {
+  LayoutIndex li;
+  li.rows = 1;
+  li.offset = li.rows + s.experts_per_rank;
+  li.source = li.offset + s.experts_per_rank + 1;
+  li.row_source = li.source + static_cast<int64_t>(s.experts_per_rank) * (world + 1);
+  li.size = li.row_source + receive_capacity(s, world);
+  return li;
+}
+
+size_t workspace_size(const DispatchArgs& a) { return offsets_of(a).total; }
+
+Status can_implement(const DispatchArgs& a, std::string* why) {
+  if (Status st = check_shape(a.shape, a.comm, why); st != Status::kOk) return st;
+  if (a.shape.inter <= 0 || a.shape.inter % 8) return fail(why, "inter must be a positive multiple of 8");
+  if ((a.x == nullptr && a.shape.tokens > 0) || (a.topk_ids == nullptr && a.shape.tokens > 0) || a.w == nullptr ||
+      a.y == nullptr || a.layout == nullptr)
+    return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.x) || misaligned(a.w) || misaligned(a.y)) return fail(why, "x, w and y must be 16-byte aligned");
+  const SmPlan plan = resolve(a.plan);
+  if (plan.sm_count < 4) return fail(why, "sm_count must be the SMs this rank has");
+  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
+  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  return check_common_moe(a.comm, a.dtype, a.workspace, workspace_size(a), why);
+}
+
+Status run(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+}
+
+Status run_unfused(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, false, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, false, why);
+}
+
+size_t workspace_size(const CombineArgs& a) { return combine_offsets(a).total; }
+
+Status can_implement(const CombineArgs& a, std::string* why) {
+  if (Status st = check_shape(a.shape, a.comm, why); st != Status::kOk) return st;
+  if (a.dim <= 0 || a.dim % 8) return fail(why, "dim must be a positive multiple of 8");
+  if (a.z == nullptr || a.layout == nullptr || a.out == nullptr ||
+      (a.shape.tokens > 0 && (a.topk_weights == nullptr || a.topk_ids == nullptr)))
+    return fail(why, "null pointer");
+  if ((reinterpret_cast<uintptr_t>(a.z) | reinterpret_cast<uintptr_t>(a.out)) & 15u)
+    return fail(why, "z and out must be 16-byte aligned");
+  if (a.plan.sm_count < 1) return fail(why, "sm_count must be the SMs this rank has");
+  return check_common_moe(a.comm, a.dtype, a.workspace, workspace_size(a), why);
+}
+
+Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  const CombineOffsets o = combine_offsets(a);
+  char* ws = static_cast<char*>(a.workspace);
+  CombineParams p{};
+  p.c.comm = a.comm;
+  p.c.ctl = reinterpret_cast<MoeControl*>(ws);
+  p.c.tokens = a.shape.tokens;
+  p.c.hidden = a.shape.hidden;
+  p.c.topk = a.shape.topk;
+  p.c.el = a.shape.experts_per_rank;
+  p.c.experts = experts_total(a.shape, a.comm.world);
+  p.c.capacity = receive_capacity(a.shape, a.comm.world);
+  p.dim = a.dim;
+  p.z_user = static_cast<const char*>(a.z);
+  p.z_stage = a.comm.proxy_slots != nullptr ? ws + o.z_stage : nullptr;
+  p.z = p.z_stage != nullptr ? p.z_stage : p.z_user;
+  p.layout = a.layout;
+  p.li = layout_index(a.shape, a.comm.world);
+  p.topk_ids = a.topk_ids;
+  p.weights = a.topk_weights;
+  p.comb_in = ws + o.comb_in;
+  p.out = static_cast<char*>(a.out);
+  p.rows_sent = reinterpret_cast<uint32_t*>(ws + o.rows_sent);
+  p.esize = 2;
+  const int blocks = a.plan.sm_count < 32 ? a.plan.sm_count : 32;
+  p.blocks = blocks;
+  if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * a.comm.world, stream) != cudaSuccess)
+    return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
+  if (a.dtype == DType::kFP16) moe_combine_kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
+  else moe_combine_kernel<__nv_bfloat16><<<blocks, kCombineThreads, 0, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
+cudaError_t preload_kernels() {
+  cudaFuncAttributes attr{};
+  const void* fs[] = {
+      reinterpret_cast<const void*>(moe_prepare_kernel),
+      reinterpret_cast<const void*>(moe_release_kernel),
+      reinterpret_cast<const void*>(moe_dispatch_kernel<cutlass::bfloat16_t>),
+      reinterpret_cast<const void*>(moe_dispatch_kernel<cutlass::half_t>),
+      reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::bfloat16_t>),
+      reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::half_t>),
+      reinterpret_cast<const void*>(moe_combine_kernel<__nv_bfloat16>),
+      reinterpret_cast<const void*>(moe_combine_kernel<__half>),
+  };
+  for (const void* f : fs)
+    if (const cudaError_t e = cudaFuncGetAttributes(&attr, f); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
 
 }  // namespace tandem::kernels::moe

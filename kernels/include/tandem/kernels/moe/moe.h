@@ -52,21 +52,23 @@ struct DispatchArgs {
   const void* x = nullptr;            // T x H, contiguous rows
   const int32_t* topk_ids = nullptr;  // T x k; ids outside [0, E) are dropped and reported (kInvalidArgument)
   const void* w = nullptr;            // E_local x H x I, each H x I row-major
+  void* y = nullptr;                  // out: receive_capacity x I (rows past `received` are left as they were)
+  int32_t* layout = nullptr;          // out: layout_size int32 (LayoutIndex below)
   void* workspace = nullptr;          // symmetric, workspace_size bytes, zeroed before first use
   SmPlan plan{};                      // comm_blocks: dispatch blocks beside the GEMM (0 = heuristic)
   tandem::DeviceComm comm{};
 };
 
-// Offsets (bytes) of the outputs inside the workspace, valid after the launch until the next dispatch on it:
-struct DispatchLayout {
-  size_t y;               // receive_capacity x I, dtype: the experts' outputs
-  size_t expert_rows;     // int32[E_local]
-  size_t expert_offset;   // int32[E_local + 1]
-  size_t source_offset;   // int32[E_local * (world + 1)]
-  size_t row_source;      // int32[receive_capacity]
-  size_t received;        // int32[1]: rows received in all (expert_offset[E_local])
+// The layout array (int32), in this order:
+//   [0]                              received: rows this rank received in all
+//   [rows, rows + E_l)               expert_rows[j]
+//   [offset, offset + E_l + 1)       expert_offset[j] (prefix sums of expert_rows)
+//   [source, source + E_l (W + 1))   source_offset[j * (W + 1) + s]
+//   [row_source, + capacity)         row_source[r] = t * k + slot at the row's source
+struct LayoutIndex {
+  int64_t rows, offset, source, row_source, size;
 };
-DispatchLayout dispatch_layout(const DispatchArgs& args);
+LayoutIndex layout_index(const MoeShape& s, int world);
 
 Status can_implement(const DispatchArgs& args, std::string* why = nullptr);
 size_t workspace_size(const DispatchArgs& args);
@@ -84,7 +86,7 @@ struct CombineArgs {
   const float* topk_weights = nullptr;  // T x k
   const int32_t* topk_ids = nullptr;  // T x k (ids outside [0, E) contribute nothing)
   void* out = nullptr;                // T x D
-  const void* dispatch_workspace = nullptr;  // the DispatchArgs workspace whose layout z follows
+  const int32_t* layout = nullptr;    // the dispatch's layout array that z follows
   void* workspace = nullptr;          // symmetric, combine_workspace_size bytes, zeroed before first use
   SmPlan plan{};
   tandem::DeviceComm comm{};

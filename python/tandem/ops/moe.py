@@ -1,0 +1,224 @@
+"""MoE expert parallelism as torch.library ops: torch.ops.tandem.moe_dispatch_gemm and torch.ops.tandem.moe_combine.
+
+    y, layout = tandem.ops.moe_dispatch_gemm(comm, x, topk_ids, w1)   # tokens to their experts, y_j = x_j @ W1_j
+    z = per_expert(act(y))                       # any per-row work in the dispatch layout (e.g. the 2nd GEMM)
+    out = tandem.ops.moe_combine(comm, z, layout, topk_ids, topk_weights)
+
+E = world * experts_per_rank experts (w1 holds this rank's experts_per_rank); expert e lives on rank
+e // experts_per_rank. The layout (kernels/include/tandem/kernels/moe/moe.h) says which rows of y belong to which
+local expert and source: `layout_view(comm, layout, ...)` slices it. Every rank must pass the same max_tokens
+(it sizes the symmetric buffers); token counts may differ between ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._native import native
+from ..errors import TandemError, invalid
+from .tp import _DTYPES, _comm, _stream, _token, _WORKSPACES, register
+
+_PRELOADED = False
+
+
+def _preload(op, rank):
+    # Load the MoE kernels before the first launch (see tandem.ops.tp._preload: lazy module loading behind a
+    # running kernel that waits for proxy traffic stalls the proxy).
+    global _PRELOADED
+    if not _PRELOADED:
+        for err in (native().kernels.moe_preload_kernels(), native().kernels.preload_kernels()):
+            if err:
+                raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
+        _PRELOADED = True
+
+
+def _workspace(comm, key, nbytes):
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
+                          "run the op once before capturing", key[0], comm.rank)
+        _preload(key[0], comm.rank)
+        ws = comm.zeros(nbytes, torch.uint8)
+        torch.cuda.synchronize()
+        comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
+        _WORKSPACES[key] = ws
+    return ws
+
+
+def _dev_check(comm, t, name, op):
+    dev = torch.device("cuda", comm.device)
+    if not isinstance(t, torch.Tensor):
+        raise invalid(f"{name} must be a tensor", op, comm.rank)
+    if t.device != dev:
+        raise invalid(f"{name} must be on the communicator's device {dev}, got {t.device}", op, comm.rank)
+
+
+def _ids(comm, topk_ids, tokens, experts, op, check_ids):
+    _dev_check(comm, topk_ids, "topk_ids", op)
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
+        raise invalid(f"topk_ids must be ({tokens}, k), got {tuple(topk_ids.shape)}", op, comm.rank)
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise invalid(f"topk_ids must be int32 or int64, got {topk_ids.dtype}", op, comm.rank)
+    k = topk_ids.shape[1]
+    if k < 1 or k > experts:
+        raise invalid(f"k (topk_ids.shape[1] = {k}) must be in [1, {experts}] (the number of experts)", op, comm.rank)
+    if check_ids and tokens > 0 and not torch.cuda.is_current_stream_capturing():
+        bad = ((topk_ids < 0) | (topk_ids >= experts)).sum().item()  # one sync; the kernel also reports them
+        if bad:
+            raise invalid(f"{bad} expert ids outside [0, {experts})", op, comm.rank)
+    return topk_ids.to(torch.int32).contiguous(), k
+
+
+def _check_rows(comm, t, name, op, dims=2):
+    _dev_check(comm, t, name, op)
+    if t.dim() != dims:
+        raise invalid(f"{name} must be {dims}-D, got shape {tuple(t.shape)}", op, comm.rank)
+    if t.dtype not in _DTYPES:
+        raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, comm.rank)
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        raise invalid(f"{name} must be contiguous and 16-byte aligned", op, comm.rank)
+
+
+def layout_index(world, max_tokens, topk, experts_per_rank):
+    """(rows, offset, source, row_source, size): where each part of the layout array starts."""
+    return tuple(native().kernels.moe_layout_index(world, max_tokens, topk, experts_per_rank))
+
+
+def layout_view(comm, layout, experts_per_rank, max_tokens, topk):
+    """The layout array's parts (views): received (1), expert_rows (E_l), expert_offset (E_l + 1), source_offset
+    (E_l x (world + 1)), row_source (receive capacity)."""
+    world = comm.world_size
+    rows, off, src, rs, size = layout_index(world, max_tokens, topk, experts_per_rank)
+    return dict(received=layout[0:1], expert_rows=layout[rows:rows + experts_per_rank],
+                expert_offset=layout[off:off + experts_per_rank + 1],
+                source_offset=layout[src:rs].view(experts_per_rank, world + 1), row_source=layout[rs:size])
+
+
+def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, check_ids=True):
+    op = "moe_dispatch_gemm"
+    if mode not in ("auto", "fused", "unfused"):
+        raise invalid(f"mode must be 'auto', 'fused' or 'unfused', got {mode!r}", op, comm.rank)
+    if comm_blocks < 0 or comm_blocks % 2:
+        raise invalid(f"comm_blocks must be 0 (heuristic) or a positive even number, got {comm_blocks}", op, comm.rank)
+    _check_rows(comm, x, "x", op)
+    _check_rows(comm, w, "w", op, dims=3)
+    if w.dtype != x.dtype:
+        raise invalid(f"x and w must have the same dtype, got {x.dtype} and {w.dtype}", op, comm.rank)
+    tokens, hidden = x.shape
+    epr, wh, inter = w.shape
+    if wh != hidden:
+        raise invalid(f"w must be (experts_per_rank, {hidden}, I), got {tuple(w.shape)}", op, comm.rank)
+    if hidden % 8 or inter % 8:
+        raise invalid(f"H ({hidden}) and I ({inter}) must be multiples of 8 (16-byte rows)", op, comm.rank)
+    world = comm.world_size
+    experts = epr * world
+    ids, k = _ids(comm, topk_ids, tokens, experts, op, check_ids)
+    max_tokens = int(max_tokens) or tokens
+    if max_tokens < max(tokens, 1):
+        raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
+    K = native().kernels
+    key = (op, _token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
+    ws = _workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr))
+    cap = K.moe_receive_capacity(world, max_tokens, k, epr)
+    size = layout_index(world, max_tokens, k, epr)[4]
+    y = torch.empty((cap, inter), dtype=x.dtype, device=x.device)
+    layout = torch.zeros(size, dtype=torch.int32, device=x.device)
+    args = (_DTYPES[x.dtype], tokens, max_tokens, hidden, inter, k, epr, x.data_ptr(), ids.data_ptr(), w.data_ptr(),
+            y.data_ptr(), layout.data_ptr(), ws.data_ptr(), int(sm_count), int(comm_blocks))
+    why = K.moe_dispatch_gemm(comm.native, "check", *args, 0)
+    if why:
+        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
+    err = K.moe_dispatch_gemm(comm.native, "unfused" if mode == "unfused" else "fused", *args, _stream(x.device))
+    if err:
+        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
+    return y, layout
+
+
+def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
+    op = "moe_combine"
+    _check_rows(comm, z, "z", op)
+    _dev_check(comm, topk_weights, "topk_weights", op)
+    _dev_check(comm, layout, "layout", op)
+    world = comm.world_size
+    tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
+    if topk_weights.shape != topk_ids.shape:
+        raise invalid(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} differ", op,
+                      comm.rank)
+    k = topk_ids.shape[1]
+    max_tokens = int(max_tokens) or tokens
+    K = native().kernels
+    # the experts per rank follow from the layout's size (moe.h: 1 + E_l + E_l + 1 + E_l (W + 1) + capacity),
+    # which grows with E_l
+    epr = None
+    for e in range(1, 4096 // max(world, 1) + 1):
+        size = 2 + e * (world + 3) + world * max_tokens * min(k, e)
+        if size >= layout.numel():
+            epr = e if size == layout.numel() else None
+            break
+    if epr is None or layout.dtype != torch.int32:
+        raise invalid("layout is not a dispatch layout of this communicator, max_tokens and k (pass the "
+                      "dispatch's max_tokens)", op, comm.rank)
+    ids, _ = _ids(comm, topk_ids, tokens, epr * world, op, check_ids)
+    cap = K.moe_receive_capacity(world, max_tokens, k, epr)
+    if z.shape[0] != cap:
+        raise invalid(f"z must have the dispatch's {cap} rows (the receive capacity), got {z.shape[0]}", op, comm.rank)
+    dim = z.shape[1]
+    if dim % 8:
+        raise invalid(f"z's columns ({dim}) must be a multiple of 8", op, comm.rank)
+    weights = topk_weights.to(torch.float32).contiguous()
+    key = (op, _token(comm), max_tokens, k, epr, dim, z.dtype)
+    ws = _workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim))
+    out = torch.empty((tokens, dim), dtype=z.dtype, device=z.device)
+    args = (_DTYPES[z.dtype], tokens, max_tokens, k, epr, dim, z.data_ptr(), weights.data_ptr(), ids.data_ptr(),
+            layout.data_ptr(), out.data_ptr(), ws.data_ptr(), int(sm_count))
+    why = K.moe_combine(comm.native, "check", *args, 0)
+    if why:
+        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
+    err = K.moe_combine(comm.native, "run", *args, _stream(z.device))
+    if err:
+        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
+    return out
+
+
+@torch.library.custom_op("tandem::moe_dispatch_gemm", mutates_args=())
+def moe_dispatch_gemm_op(x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, comm: int, max_tokens: int = 0,
+                         mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _dispatch(_comm(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count)
+
+
+@moe_dispatch_gemm_op.register_fake
+def _(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
+    c = _comm(comm, "moe_dispatch_gemm")
+    mt = int(max_tokens) or x.shape[0]
+    k, epr = topk_ids.shape[1], w.shape[0]
+    cap = native().kernels.moe_receive_capacity(c.world_size, mt, k, epr)
+    size = layout_index(c.world_size, mt, k, epr)[4]
+    return x.new_empty((cap, w.shape[2])), x.new_empty((size,), dtype=torch.int32)
+
+
+@torch.library.custom_op("tandem::moe_combine", mutates_args=())
+def moe_combine_op(z: torch.Tensor, layout: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                   comm: int, max_tokens: int = 0, sm_count: int = 0) -> torch.Tensor:
+    return _combine(_comm(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens, sm_count)
+
+
+@moe_combine_op.register_fake
+def _(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
+    return z.new_empty((topk_ids.shape[0], z.shape[1]))
+
+
+def moe_dispatch_gemm(comm, x, topk_ids, w, *, max_tokens: int = 0, mode: str = "auto", comm_blocks: int = 0,
+                      sm_count: int = 0):
+    """Send every (token, slot) of x to the rank owning expert topk_ids[t, slot] and compute each local expert's
+    rows @ w[j] there, in one kernel (mode "fused"/"auto"; "unfused": dispatch, then the grouped GEMM).
+    Returns (y, layout): y has receive-capacity rows, of which layout_view(...)["expert_offset"] says where each
+    local expert's begin. Ids outside [0, E) raise (checked with one host sync; under graph capture the kernel
+    drops and reports them)."""
+    return torch.ops.tandem.moe_dispatch_gemm(x, topk_ids, w, register(comm), max_tokens, mode, comm_blocks, sm_count)
+
+
+def moe_combine(comm, z, layout, topk_ids, topk_weights, *, max_tokens: int = 0, sm_count: int = 0):
+    """out[t] = sum over slots (in order) of topk_weights[t, slot] * z[row of (t, slot)], computed in fp32 on the
+    token's rank: z follows the dispatch layout (receive-capacity rows)."""
+    return torch.ops.tandem.moe_combine(z, layout, topk_ids, topk_weights, register(comm), max_tokens, sm_count)

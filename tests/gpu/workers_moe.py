@@ -1,0 +1,204 @@
+"""Rank-side bodies of the MoE tests (run in every rank by tests/conftest.py:run_ranks).
+
+Every rank regenerates every rank's tokens and routing from seeds, so it can build the torch reference of its own
+experts (all_to_all of the routed rows, then per-expert matmul) and of its own tokens' combine without any
+communication. Values are small multiples of 1/8, so the fp32 sums are exact and the comparisons bit-exact."""
+
+from __future__ import annotations
+
+import torch
+
+import tandem.ops  # noqa: F401
+from tandem.errors import TandemError
+from tandem.ops import moe
+from tandem.transport import Communicator
+
+
+def _tokens(counts, rank):
+    return counts[rank]
+
+
+def _x(rank, tokens, hidden, dtype):
+    i = torch.arange(tokens, device="cuda").view(-1, 1)
+    j = torch.arange(hidden, device="cuda").view(1, -1)
+    return ((((i * 7 + j * 3 + rank * 5) % 17) - 8).to(dtype) / 8).contiguous()
+
+
+def _w_expert(x, hidden, inter, dtype):
+    i = torch.arange(hidden, device="cuda").view(-1, 1)
+    j = torch.arange(inter, device="cuda").view(1, -1)
+    return ((((i * 5 + j * 11 + x * 3) % 13) - 6).to(dtype) / 8).contiguous()
+
+
+def _ids(kind, rank, tokens, k, experts):
+    g = torch.Generator(device="cpu").manual_seed(1000 * rank + {"uniform": 1, "skewed": 2, "empty": 3}[kind])
+    if kind == "uniform":
+        ids = torch.rand(tokens, experts, generator=g).topk(k, dim=1).indices
+    elif kind == "skewed":  # expert 0 in every token's first slot
+        rest = torch.rand(tokens, experts - 1, generator=g).topk(k - 1, dim=1).indices + 1
+        ids = torch.cat([torch.zeros(tokens, 1, dtype=torch.long), rest], dim=1)
+    else:  # only even experts: every odd expert receives nothing
+        ids = torch.rand(tokens, experts // 2, generator=g).topk(k, dim=1).indices * 2
+    return ids.to(torch.int32).cuda()
+
+
+def _weights(rank, tokens, k):
+    t = torch.arange(tokens, device="cuda").view(-1, 1)
+    s = torch.arange(k, device="cuda").view(1, -1)
+    return (((t + 2 * s + rank) % 5 + 1).float() / 8).contiguous()
+
+
+def _reference(rank, world, counts, kind, k, epr, hidden, inter, dtype):
+    experts = epr * world
+    y, rows, source_off, row_source = [], [], [], []
+    xs = [_x(s, counts[s], hidden, dtype) for s in range(world)]
+    ids = [_ids(kind, s, counts[s], k, experts) for s in range(world)]
+    for j in range(epr):
+        e = rank * epr + j
+        parts, srcs, offs, m = [], [], [], 0
+        for s in range(world):
+            flat = (ids[s].view(-1) == e).nonzero().view(-1)  # (token, slot) order
+            offs.append(m)
+            m += flat.numel()
+            parts.append(xs[s][flat // k])
+            srcs.append(flat.to(torch.int32))
+        offs.append(m)
+        a = torch.cat(parts)
+        y.append((a.float() @ _w_expert(e, hidden, inter, dtype).float()).to(dtype))
+        rows.append(m)
+        source_off.append(offs)
+        row_source.append(torch.cat(srcs))
+    # this rank's combine with z = y: out[t] = sum_slot w * (x[t] @ W_id)
+    mine = ids[rank].long()
+    wts = _weights(rank, counts[rank], k)
+    out = torch.zeros(counts[rank], inter, device="cuda")
+    for slot in range(k):
+        w_all = torch.stack([_w_expert(e, hidden, inter, dtype) for e in range(experts)])  # E x H x I
+        z = torch.bmm(xs[rank].float().unsqueeze(1), w_all[mine[:, slot]].float()).squeeze(1).to(dtype).float()
+        out = out + wts[:, slot:slot + 1] * z
+    return y, rows, source_off, row_source, out.to(dtype), ids[rank], wts
+
+
+def _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode):
+    rank, world = comm.rank, comm.world_size
+    max_tokens = max(counts)
+    x = _x(rank, counts[rank], hidden, dtype)
+    w = torch.stack([_w_expert(rank * epr + j, hidden, inter, dtype) for j in range(epr)])
+    y_ref, rows_ref, so_ref, rs_ref, out_ref, ids, wts = _reference(rank, world, counts, kind, k, epr, hidden, inter,
+                                                                    dtype)
+    y, layout = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=max_tokens, mode=mode)
+    out = moe.moe_combine(comm, y, layout, ids, wts, max_tokens=max_tokens)
+    torch.cuda.synchronize()
+    comm.check()
+    lv = moe.layout_view(comm, layout, epr, max_tokens, k)
+    offs = lv["expert_offset"].tolist()
+    wrong_y = wrong_layout = 0
+    for j in range(epr):
+        wrong_layout += int(lv["expert_rows"][j].item() != rows_ref[j])
+        wrong_layout += int(lv["source_offset"][j].tolist() != so_ref[j])
+        got = y[offs[j]:offs[j] + rows_ref[j]]
+        wrong_y += int((got != y_ref[j]).sum()) if got.shape == y_ref[j].shape else got.numel() + 1
+        src = lv["row_source"][offs[j]:offs[j] + rows_ref[j]]
+        wrong_layout += int((src != rs_ref[j]).sum()) if src.shape == rs_ref[j].shape else 1
+    wrong_layout += int(lv["received"].item() != sum(rows_ref))
+    return dict(kind=kind, k=k, epr=epr, mode=mode, dtype=str(dtype), tokens=counts[rank], received=sum(rows_ref),
+                wrong_y=wrong_y, wrong_layout=wrong_layout, wrong_out=int((out != out_ref).sum()))
+
+
+def correctness(counts, hidden, inter, epr, cases, dtypes=("bfloat16",)):
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    res = []
+    for name in dtypes:
+        for kind, k in cases:
+            for mode in ("fused", "unfused"):
+                res.append(_case(comm, counts, kind, k, epr, hidden, inter, getattr(torch, name), mode))
+    from tandem.ops import tp
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res
+
+
+def repeat_and_graph(counts, hidden, inter, epr, k, launches):
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    dtype = torch.bfloat16
+    mt = max(counts)
+    x = _x(rank, counts[rank], hidden, dtype)
+    w = torch.stack([_w_expert(rank * epr + j, hidden, inter, dtype) for j in range(epr)])
+    ids = _ids("uniform", rank, counts[rank], k, epr * world)
+    wts = _weights(rank, counts[rank], k)
+    y0, l0 = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=mt)
+    o0 = moe.moe_combine(comm, y0, l0, ids, wts, max_tokens=mt)
+    n0 = int(l0[0].item())
+    same = 0
+    for i in range(launches):
+        y, lay = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=mt, mode="fused" if i % 2 else "unfused")
+        o = moe.moe_combine(comm, y, lay, ids, wts, max_tokens=mt)
+        same += int(torch.equal(y[:n0], y0[:n0]) and torch.equal(lay, l0) and torch.equal(o, o0))
+    torch.cuda.synchronize()
+    # CUDA graph: capture dispatch + combine, replay with new token values in the captured input
+    xs = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            yg, lg = moe.moe_dispatch_gemm(comm, xs, ids, w, max_tokens=mt)
+            og = moe.moe_combine(comm, yg, lg, ids, wts, max_tokens=mt)
+    torch.cuda.current_stream().wait_stream(s)
+    graph_ok = []
+    for scale in (1.0, 0.5, -1.0):
+        xs.copy_(x * scale)
+        comm.barrier()
+        g.replay()
+        torch.cuda.synchronize()
+        ye, le = moe.moe_dispatch_gemm(comm, xs, ids, w, max_tokens=mt)
+        oe = moe.moe_combine(comm, ye, le, ids, wts, max_tokens=mt)
+        torch.cuda.synchronize()
+        graph_ok.append(bool(torch.equal(yg[:n0], ye[:n0]) and torch.equal(og, oe) and torch.equal(lg, le)))
+    comm.check()
+    from tandem.ops import tp
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return dict(same=same, graph_ok=graph_ok)
+
+
+def rejects():
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=10)
+    world = comm.world_size
+    epr, hidden, inter, k = 2, 64, 64, 2
+    x = _x(comm.rank, 16, hidden, torch.bfloat16)
+    w = torch.stack([_w_expert(j, hidden, inter, torch.bfloat16) for j in range(epr)])
+    ids = _ids("uniform", comm.rank, 16, k, epr * world)
+    bad = ids.clone()
+    bad[3, 1] = epr * world
+    cases = {
+        "id_out_of_range": lambda: moe.moe_dispatch_gemm(comm, x, bad, w),
+        "negative_id": lambda: moe.moe_dispatch_gemm(comm, x, bad.neg(), w),
+        "k_gt_experts": lambda: moe.moe_dispatch_gemm(comm, x, torch.zeros(16, epr * world + 1, dtype=torch.int32,
+                                                                           device="cuda"), w),
+        "dtype": lambda: moe.moe_dispatch_gemm(comm, x, ids, w.half()),
+        "float_x": lambda: moe.moe_dispatch_gemm(comm, x.float(), ids, w.float()),
+        "w_shape": lambda: moe.moe_dispatch_gemm(comm, x, ids, w[:, :32]),
+        "cpu": lambda: moe.moe_dispatch_gemm(comm, x.cpu(), ids, w),
+        "ids_rows": lambda: moe.moe_dispatch_gemm(comm, x, ids[:8], w),
+        "max_tokens": lambda: moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=8),
+        "mode": lambda: moe.moe_dispatch_gemm(comm, x, ids, w, mode="fast"),
+        "h_not_8": lambda: moe.moe_dispatch_gemm(comm, _x(0, 16, 60, torch.bfloat16), ids,
+                                                 torch.stack([_w_expert(j, 60, inter, torch.bfloat16)
+                                                              for j in range(epr)])),
+        "combine_layout": lambda: moe.moe_combine(comm, torch.zeros(8, inter, dtype=torch.bfloat16, device="cuda"),
+                                                  torch.zeros(5, dtype=torch.int32, device="cuda"), ids,
+                                                  _weights(0, 16, k)),
+    }
+    out = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out[name] = None
+        except TandemError as e:
+            out[name] = e.status
+    comm.check()
+    comm.destroy()
+    return out
