@@ -16,7 +16,8 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-from .tp import _DTYPES, _comm, _stream, _token, _WORKSPACES, register
+from .tp import _DTYPES, _comm, _stream, _token, register
+from .tp import _workspace as _tp_workspace
 
 _PRELOADED = False
 
@@ -33,17 +34,7 @@ def _preload(op, rank):
 
 
 def _workspace(comm, key, nbytes):
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
-                          "run the op once before capturing", key[0], comm.rank)
-        _preload(key[0], comm.rank)
-        ws = comm.zeros(nbytes, torch.uint8)
-        torch.cuda.synchronize()
-        comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
-        _WORKSPACES[key] = ws
-    return ws
+    return _tp_workspace(comm, key, nbytes, preload=_preload)
 
 
 def _dev_check(comm, t, name, op):

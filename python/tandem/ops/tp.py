@@ -88,13 +88,13 @@ def _preload(op, rank):
         _PRELOADED = True
 
 
-def _workspace(comm, key: tuple, nbytes: int) -> torch.Tensor:
+def _workspace(comm, key: tuple, nbytes: int, preload=None) -> torch.Tensor:
     ws = _WORKSPACES.get(key)
     if ws is None:
         if torch.cuda.is_current_stream_capturing():
             raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
                           "run the op once before capturing", key[0], comm.rank)
-        _preload(key[0], comm.rank)
+        (preload or _preload)(key[0], comm.rank)
         ws = comm.zeros(nbytes, torch.uint8)
         torch.cuda.synchronize()
         comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
