@@ -46,6 +46,16 @@ constexpr int kMaxWorldMoe = 64;
 constexpr size_t kAlign = 256;
 constexpr size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
+// Hands out consecutive 256-byte aligned ranges of a workspace, from `at` on.
+struct Carver {
+  size_t at;
+  size_t take(size_t bytes) {
+    const size_t r = at;
+    at += align_up(bytes);
+    return r;
+  }
+};
+
 struct alignas(128) MoeControl {
   uint64_t epoch;
   uint64_t done_blocks;
@@ -85,12 +95,8 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   const int world = a.comm.world, el = s.experts_per_rank, e = experts_total(s, world);
   const size_t n = static_cast<size_t>(s.max_tokens) * s.topk, cap = static_cast<size_t>(receive_capacity(s, world));
   DispatchOffsets o{};
-  size_t at = kControlBytes;
-  auto take = [&](size_t bytes) {
-    const size_t r = at;
-    at += align_up(bytes);
-    return r;
-  };
+  Carver w{kControlBytes};
+  const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.arrive = take(sizeof(uint64_t) * el * world);
   o.counts_all = take(sizeof(int32_t) * world * e);
   o.local_counts = take(sizeof(int32_t) * e);
@@ -114,7 +120,7 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   o.recv_src = take(sizeof(int32_t) * cap);
   o.x_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
   o.recv_x = take(cap * s.hidden * 2);
-  o.total = at;
+  o.total = w.at;
   return o;
 }
 
@@ -661,7 +667,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
     arr.gemm_block_y0 = p.dispatch_rows_y;
     arr.gemm_grid_y = grid_y - p.dispatch_rows_y;
   }
-  auto args = G::arguments(el, p.arrays, arr, fused ? 2 * grid_y : 2 * grid_y);
+  auto args = G::arguments(el, p.arrays, arr, 2 * grid_y);  // tensormap slots: every block of the grid
   if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
   if (Kernel::get_workspace_size(args) > o.cutlass_ws_bytes)
     return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
@@ -698,16 +704,12 @@ struct CombineOffsets {
 CombineOffsets combine_offsets(const CombineArgs& a) {
   const MoeShape& s = a.shape;
   CombineOffsets o{};
-  size_t at = kControlBytes;
-  auto take = [&](size_t bytes) {
-    const size_t r = at;
-    at += align_up(bytes);
-    return r;
-  };
+  Carver w{kControlBytes};
+  const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.comb_in = take(static_cast<size_t>(s.max_tokens) * s.topk * a.dim * 2);
   o.rows_sent = take(sizeof(uint32_t) * a.comm.world);
   o.z_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(receive_capacity(s, a.comm.world)) * a.dim * 2 : 0);
-  o.total = at;
+  o.total = w.at;
   return o;
 }
 

@@ -74,3 +74,50 @@ def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, dat
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(f"{name}: {meta['date']}, {meta['device']}, commit {meta['commit']}\n\n`{meta['command']}`\n\n")
         f.write(table_md + "\n")
+
+
+def relaunch(name: str, nprocs: int | None, argv, **launch_kw) -> int | None:
+    """Run `python -m tandem bench <name> <argv>` as `nprocs` ranks (MPS on one GPU) when asked for and not already
+    a rank; returns the exit code then, None when the caller is to run the benchmark itself."""
+    import os
+    import sys
+
+    if nprocs is None or "RANK" in os.environ:
+        return None
+    from ..errors import TandemError
+    from ..launch import launch
+
+    cmd = [sys.executable, "-m", "tandem", "bench", name] + list(argv if argv is not None else sys.argv[3:])
+    try:
+        res = launch(cmd, nprocs, **launch_kw)
+    except TandemError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return 0 if res.ok else 1
+
+
+def grouped_bars(path: str, labels: list, series: list, ylabel: str, title: str):
+    """Grouped bar chart: series = [(name, values)], one group per label. Skipped without matplotlib."""
+    import sys
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    xs = range(len(labels))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
+    for i, (name, values) in enumerate(series):
+        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width=width, label=name)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")

@@ -83,27 +83,12 @@ def run(configs, tokens_list, reps, out_dir, command):
 
 
 def plot(rows, world, path):
-    try:
-        import matplotlib
+    from . import common
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
-        return
-    labels = [f"{r[0]}\nT={r[2]}" for r in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    for i, (name, col) in enumerate((("fused", 4), ("unfused", 5), ("torch per-expert (no comm)", 6))):
-        ax.bar([x + (i - 1) * 0.27 for x in xs], [float(r[col]) for r in rows], width=0.27, label=name)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per rank")
-    ax.set_title(f"tandem MoE dispatch + grouped GEMM, world {world} (MPS ranks on one GPU)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"plot: {path}")
+    common.grouped_bars(path, [f"{r[0]}\nT={r[2]}" for r in rows],
+                        [(name, [float(r[col]) for r in rows])
+                         for name, col in (("fused", 4), ("unfused", 5), ("torch per-expert (no comm)", 6))],
+                        "ms per rank", f"tandem MoE dispatch + grouped GEMM, world {world} (MPS ranks on one GPU)")
 
 
 def main(argv=None) -> int:
@@ -115,17 +100,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1024,4096,16384")
     ap.add_argument("--configs", default="small,deepseek")
     a = ap.parse_args(argv)
-    if a.nprocs is not None and "RANK" not in os.environ:
-        from ..errors import TandemError
-        from ..launch import launch
+    from . import common
 
-        cmd = [sys.executable, "-m", "tandem", "bench", "moe"] + list(argv if argv is not None else sys.argv[3:])
-        try:
-            res = launch(cmd, a.nprocs)
-        except TandemError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        return 0 if res.ok else 1
+    rc = common.relaunch("moe", a.nprocs, argv)
+    if rc is not None:
+        return rc
     run(a.configs.split(","), [int(t) for t in a.tokens.split(",")], a.reps, a.out,
         "python -m tandem bench moe " + " ".join(argv if argv is not None else sys.argv[3:]))
     return 0

@@ -93,28 +93,13 @@ def run(shapes, reps, out_dir, command):
 
 
 def plot(rows, world, path):
-    """Grouped bars: fused / unfused / GEMM alone (ms) per shape and op. Skipped without matplotlib."""
-    try:
-        import matplotlib
+    """Grouped bars: fused / unfused / GEMM alone (ms) per shape and op."""
+    from . import common
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
-        return
-    labels = [f"{r[1]}\n{r[0]}" for r in rows]
-    xs = range(len(rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
-    for i, (name, col) in enumerate((("fused", 2), ("unfused", 3), ("GEMM alone (cuBLAS)", 4))):
-        ax.bar([x + (i - 1) * 0.27 for x in xs], [float(r[col]) for r in rows], width=0.27, label=name)
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("ms per rank")
-    ax.set_title(f"tandem TP ops, world {world} (MPS ranks on one GPU)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"plot: {path}")
+    common.grouped_bars(path, [f"{r[1]}\n{r[0]}" for r in rows],
+                        [(name, [float(r[col]) for r in rows])
+                         for name, col in (("fused", 2), ("unfused", 3), ("GEMM alone (cuBLAS)", 4))],
+                        "ms per rank", f"tandem TP ops, world {world} (MPS ranks on one GPU)")
 
 
 def main(argv=None) -> int:
@@ -125,17 +110,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=None, help="MxNxK,...")
     a = ap.parse_args(argv)
-    if a.nprocs is not None and "RANK" not in os.environ:
-        from ..errors import TandemError
-        from ..launch import launch
+    from . import common
 
-        cmd = [sys.executable, "-m", "tandem", "bench", "tp"] + list(argv if argv is not None else sys.argv[3:])
-        try:
-            res = launch(cmd, a.nprocs)
-        except TandemError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        return 0 if res.ok else 1
+    rc = common.relaunch("tp", a.nprocs, argv)
+    if rc is not None:
+        return rc
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     run(shapes, a.reps, a.out, "python -m tandem bench tp " + " ".join(argv if argv is not None else sys.argv[3:]))
     return 0

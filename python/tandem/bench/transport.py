@@ -182,17 +182,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks-per-node", type=int, default=None,
                     help="emulate nodes of this many ranks (1: rank 1 is on another node, the proxy path)")
     a = ap.parse_args(argv)
-    if a.nprocs is not None and "RANK" not in os.environ:
-        from ..launch import launch
-        from ..errors import TandemError
+    from . import common
 
-        cmd = [sys.executable, "-m", "tandem", "bench", "transport"] + [x for x in (argv or sys.argv[3:])]
-        try:
-            res = launch(cmd, a.nprocs, ranks_per_node=a.ranks_per_node)
-        except TandemError as e:
-            print(str(e), file=sys.stderr)
-            return 2
-        return 0 if res.ok else 1
+    rc = common.relaunch("transport", a.nprocs, argv, ranks_per_node=a.ranks_per_node)
+    if rc is not None:
+        return rc
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
     if not a.sizes and (os.environ.get("TANDEM_RANKS_PER_NODE") == "1"):
         sizes = [s for s in DEFAULT_SIZES if s <= 64 << 20]  # the proxy path over TCP: keep the run short
