@@ -1,6 +1,8 @@
 // Bindings of the kernels layer (raw pointers + stream; validation happens in tandem.ops before launch).
 #include <cuda_runtime_api.h>
 
+#include <pybind11/stl.h>
+
 #include "common.h"
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
@@ -279,6 +281,12 @@ void bind_kernels(py::module_& m) {
         return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
       },
       "MoE combine: mode 'run' or 'check'; returns '' or the reason.");
+  k.def("moe_trace_snapshot", [] {
+    std::vector<uint64_t> v;
+    const cudaError_t e = moe::trace_snapshot(&v);
+    if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
+    return v;
+  }, "Diagnostic: 512 blocks x 8 globaltimer slots of the last dispatch launched with TANDEM_MOE_TRACE=1.");
   k.def("moe_preload_kernels", [] {
     const cudaError_t e = moe::preload_kernels();
     return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));

@@ -6,7 +6,7 @@
 // tandem's problem-shape type) adds what the fused kernel needs:
 //   * a virtual grid: the GEMM blocks are rows [y0, y0 + Gy) of a grid whose other rows dispatch tokens, so
 //     the linear tile index starts at blockIdx.x + 2 (blockIdx.y - y0) and strides by 2 Gy;
-//   * before a tile of group j is handed out, one thread waits (bounded, abortable: the device API's
+//   * before a tile of group j is handed out (and before the mainloop producer loads its first tile), one thread waits (bounded, abortable: the device API's
 //     wait_until_backoff) until every source rank that sends expert j rows has signalled their arrival for
 //     this epoch, then fences the async proxy (the TMA loads that follow read what peers stored).
 #pragma once
@@ -34,7 +34,8 @@ struct ExpertArrivals {
   int experts_total = 1;
   int gemm_block_y0 = 0;                    // first grid row of GEMM blocks
   int gemm_grid_y = 0;                      // rows of GEMM blocks (0: the whole grid)
-  uint32_t poll_sleep_ns = 2000;
+  uint32_t poll_sleep_ns = 5000;           // between polls: each poll costs the senders memory bandwidth
+  uint64_t* trace = nullptr;                // diagnostic timeline (moe_sm90.cu): slots 2, 6, 7 of each block
   tandem::DeviceComm comm{};
 };
 
@@ -71,7 +72,10 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
   template <class ClusterShape>
   CUTLASS_DEVICE WorkTileInfo initial_work_tile_info(ClusterShape) {
     WorkTileInfo w = this->get_current_work_for_linear_idx(linear_idx_);
-    if (w.is_valid()) wait_group(w.L_idx);
+    // Every warp calls this for its first tile, but only the mainloop producer (warp 0) reads what the peers
+    // store (the A rows, by TMA); the scheduler warp waits before it publishes each later tile. Polling from all
+    // twelve warps of every block starved the dispatch's sends ~60x on the H200 (tools/diag/moe_fused.py).
+    if (w.is_valid() && cutlass::canonical_warp_idx_sync() == 0) wait_group(w.L_idx, true);
     return w;
   }
 
@@ -80,7 +84,7 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
                                            uint32_t advance_count = 1) {
     linear_idx_ += grid_size_ * uint64_t(advance_count);
     WorkTileInfo w = this->get_current_work_for_linear_idx(linear_idx_);
-    if (w.is_valid()) wait_group(w.L_idx);  // before the consumers see the tile
+    if (w.is_valid()) wait_group(w.L_idx, false);  // before the consumers see the tile
     pipeline.producer_acquire(state);
     if (cute::elect_one_sync()) {
       this->response_ptr_[state.index()] = w;
@@ -91,12 +95,13 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
   }
 
  private:
-  CUTLASS_DEVICE void wait_group(int group) {
+  CUTLASS_DEVICE void wait_group(int group, bool initial) {
     const auto& a = this->scheduler_params.problem_shapes_.arrivals;
     if (a.flags == nullptr || group == waited_group_) return;
     waited_group_ = group;
     if (cute::elect_one_sync()) {
       using namespace tandem::device;
+      const uint64_t t0 = a.trace != nullptr ? impl::globaltimer_ns() : 0;
       const uint64_t epoch = impl::ld_relaxed_gpu(a.epoch_counter) + 1;
       const int expert = a.expert0 + group;
       tandem::Status st = tandem::Status::kOk;
@@ -106,6 +111,17 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
       }
       // A failed wait leaves the abort flag up: the tile is still computed so every block stays in step.
       asm volatile("fence.proxy.async.global;" ::: "memory");
+      if (a.trace != nullptr && blockIdx.y * gridDim.x + blockIdx.x < 512) {  // slot 2: when the last warp got its first tile; 6/7: the scheduler's later waits
+        const uint64_t t1 = impl::globaltimer_ns();
+        unsigned long long* row = reinterpret_cast<unsigned long long*>(
+            a.trace + (blockIdx.y * gridDim.x + blockIdx.x) * 8);
+        if (initial) {
+          atomicMax(row + 2, static_cast<unsigned long long>(t1));
+        } else {
+          atomicAdd(row + 6, static_cast<unsigned long long>(t1 - t0));
+          atomicAdd(row + 7, 1ull);
+        }
+      }
     }
     __syncwarp();
   }

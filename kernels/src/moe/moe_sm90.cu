@@ -9,7 +9,8 @@
 //   layout   every dispatch block waits for all W count rows; from them each rank knows where its rows go on
 //            every destination (expert offsets, then the sources before it); block 0 also writes this rank's
 //            receive layout and the grouped GEMM's per-expert shapes and pointers, then sets shapes_ready = e
-//   send     warps take the sorted pairs (starting with rank r+1's experts, to spread the load): each copies its
+//   send     warps take chunks of 32 sorted pairs round-robin (starting with rank r+1's experts, to spread the load;
+//            experts complete one after another): each copies its
 //            token row to the destination row and the pair's flat index to row_source; the warp that completes
 //            expert x's rows sets arrive[x_local][r] = e on x's rank (only sources with rows are waited for)
 //   GEMM     (fused) GEMM blocks wait shapes_ready, then run CUTLASS's grouped GEMM whose scheduler waits for a
@@ -26,6 +27,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cstdlib>
+#include <vector>
 
 #include "../fused/tp_common.cuh"
 #include "grouped_gemm_sm90.hpp"
@@ -41,7 +44,22 @@ using tp::detail::finish_block;
 using tp::detail::launch_clustered;
 using tp::detail::last_of;
 
-constexpr int kMaxExperts = 4096;      // shared-memory tables of the send blocks
+// Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
+// diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries. The
+// globaltimer is one clock for every process on a GPU, so MPS ranks' timelines line up. Off (null): no stores.
+constexpr int kTraceSlots = 8, kTraceBlocks = 512;  // (grouped_gemm_sm90.hpp writes slots 2, 6, 7 too)
+__device__ uint64_t g_moe_trace[kTraceBlocks * kTraceSlots];
+
+__device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    const int b = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+    if (b < kTraceBlocks) trace[b * kTraceSlots + slot] = tandem::device::impl::globaltimer_ns();
+  }
+}
+
+constexpr int kMaxExperts = 4096;
+constexpr int32_t kSendChunk = 32;    // pairs a warp sends before the next warp's turn (see dispatch_role)
+constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory system to the senders      // shared-memory tables of the send blocks
 constexpr int kMaxWorldMoe = 64;
 constexpr size_t kAlign = 256;
 constexpr size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
@@ -174,6 +192,7 @@ struct DispatchParams {
   char* recv_x;
   char* y;
   typename Gg<Element>::Arrays arrays;
+  uint64_t* trace;        // null unless TANDEM_MOE_TRACE=1
   int dispatch_rows_y;    // grid rows below this dispatch; the GEMM's follow (fused)
   int dispatch_blocks;
   bool gemm_role;
@@ -248,6 +267,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, q);
   }
   if (!block_ok(st)) return;
+  trace_stamp(p.trace, 1);
   // Stage the token rows in the heap when some destination is reached through the proxy (it reads by offset).
   if (p.x_stage != nullptr) {
     const size_t bytes = static_cast<size_t>(c.tokens) * c.hidden * sizeof(Element);
@@ -275,6 +295,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     }
     if (!block_ok(st)) return;
   }
+  trace_stamp(p.trace, 2);
   if (db == 0) write_layout(p, e);
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
   // seg[x] = where x's pairs start in the sorted list.
@@ -310,12 +331,13 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
-  // Each warp takes a contiguous run of the (rotated) sorted pairs. Consecutive pairs of one expert land in
-  // consecutive rows of one destination, so their row sources leave as one put, and the warp counts them with
-  // one fence and one atomic per expert it touches (not per row).
+  // Warps take chunks of kSendChunk consecutive (rotated) sorted pairs round-robin, so the pairs leave in
+  // expert order across the whole dispatch and each expert's rows complete early, one after another, for the
+  // GEMM to start on (a contiguous share per warp would complete every expert only near the end). Consecutive
+  // pairs of one expert in a chunk land in consecutive rows of one destination: their row sources leave as one
+  // put, counted with one fence and one atomic per run (not per row).
   const int total_warps = p.dispatch_blocks * warps;
-  const int32_t per_warp = (valid + total_warps - 1) / total_warps;
-  const int32_t i0 = min(valid, (db * warps + warp) * per_warp), i1 = min(valid, i0 + per_warp);
+  const int global_warp = db * warps + warp;
   int run_x = -1;
   int32_t run_idx = 0, run_pos = 0, run_n = 0;
   const auto flush = [&]() {
@@ -336,34 +358,41 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
     run_n = 0;
   };
-  for (int32_t i = i0; i < i1 && st == Status::kOk; ++i) {
-    int32_t idx = i + rot;
-    if (idx >= valid) idx -= valid;
-    const int x = p.keys_sorted[idx];
-    const int32_t pos = base[x] + (idx - seg[x]);
-    if (x != run_x || idx != run_idx + run_n) {
-      flush();
-      run_x = x, run_idx = idx, run_pos = pos;
+  for (int32_t c0 = global_warp * kSendChunk; c0 < valid && st == Status::kOk;
+       c0 += static_cast<int32_t>(total_warps) * kSendChunk) {
+    const int32_t c1 = min(valid, c0 + kSendChunk);
+    for (int32_t i = c0; i < c1 && st == Status::kOk; ++i) {
+      int32_t idx = i + rot;
+      if (idx >= valid) idx -= valid;
+      const int x = p.keys_sorted[idx];
+      const int32_t pos = base[x] + (idx - seg[x]);
+      if (x != run_x || idx != run_idx + run_n) {
+        flush();
+        run_x = x, run_idx = idx, run_pos = pos;
+      }
+      const int t = p.vals_sorted[idx] / c.topk;
+      const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
+                                          p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
+      if (st == Status::kOk) st = s2;
+      ++run_n;
     }
-    const int t = p.vals_sorted[idx] / c.topk;
-    const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
-                                        p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
-    if (st == Status::kOk) st = s2;
-    ++run_n;
+    flush();  // the chunk's last run: its expert may be complete now
   }
   flush();
   __syncthreads();
+  trace_stamp(p.trace, 3);
   // Every row addressed to this rank has landed: the GEMM (unfused: launched next) may read them all, and the
   // row sources are copied out before ready[r] = e lets the next epoch's senders overwrite them.
   if (threadIdx.x == 0) {
     for (int j = 0; j < c.el && st == Status::kOk; ++j) {
       for (int s = 0; s < world && st == Status::kOk; ++s) {
         if (p.counts_all[s * E + rank * c.el + j] == 0) continue;
-        st = wait_until(comm, &p.arrive[j * world + s], Cmp::kGe, e, s);
+        st = wait_until_backoff(comm, &p.arrive[j * world + s], Cmp::kGe, e, kArrivalPollNs, s);
       }
     }
   }
   if (!block_ok(st)) return;
+  trace_stamp(p.trace, 4);
   int32_t received = 0;  // (from the counts: block 0's layout writes are not ordered before this block)
   for (int j = 0; j < c.el; ++j)
     for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
@@ -379,18 +408,24 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   MoeControl* ctl = p.c.ctl;
   const uint64_t e = impl::ld_relaxed_gpu(&ctl->epoch) + 1;
   const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.dispatch_rows_y;
+  trace_stamp(p.trace, 0);
   if (gemm_block) {
     Status st = Status::kOk;
     // shapes and pointers of this epoch (written by dispatch block 0)
     if (threadIdx.x == 0) st = wait_until_backoff(p.c.comm, &ctl->shapes_ready, Cmp::kGe, e, 1000, p.c.comm.rank);
     if (block_ok(st)) {
+      trace_stamp(p.trace, 1);
       typename Gg<Element>::Kernel op;
       op(p.gemm, smem);
     }
+    __syncthreads();
+    trace_stamp(p.trace, 4);
   } else {
     const int db = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
     dispatch_role(p, db, e, reinterpret_cast<int32_t*>(smem));
+    __syncthreads();
   }
+  trace_stamp(p.trace, 5);
   moe_finish(p.c, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, p.gemm_role);
 }
 
@@ -655,7 +690,17 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
       return fail(why, "the routing sort failed", Status::kCudaError);
   }
   const int grid_y = plan.sm_count / 2;
+  p.trace = nullptr;
+  if (const char* v = std::getenv("TANDEM_MOE_TRACE"); v != nullptr && v[0] == '1') {
+    void* sym = nullptr;
+    if (cudaGetSymbolAddress(&sym, g_moe_trace) != cudaSuccess ||
+        cudaMemsetAsync(sym, 0, sizeof(uint64_t) * kTraceBlocks * kTraceSlots, stream) != cudaSuccess)
+      return fail(why, "the trace buffer is unavailable", Status::kCudaError);
+    p.trace = static_cast<uint64_t*>(sym);
+  }
   detail::ExpertArrivals arr;
+  arr.trace = p.trace;
+  if (const char* v = std::getenv("TANDEM_MOE_POLL_NS")) arr.poll_sleep_ns = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
   arr.comm = a.comm;
   arr.world = world;
   arr.expert0 = rank * el;
@@ -764,8 +809,10 @@ size_t workspace_size(const CombineArgs& a) { return combine_offsets(a).total; }
 Status can_implement(const CombineArgs& a, std::string* why) {
   if (Status st = check_shape(a.shape, a.comm, why); st != Status::kOk) return st;
   if (a.dim <= 0 || a.dim % 8) return fail(why, "dim must be a positive multiple of 8");
-  if (a.z == nullptr || a.layout == nullptr || a.out == nullptr ||
-      (a.shape.tokens > 0 && (a.topk_weights == nullptr || a.topk_ids == nullptr)))
+  // A rank with no tokens passes empty tensors (torch gives them a null data pointer): out, weights and ids are
+  // never touched then.
+  if (a.z == nullptr || a.layout == nullptr ||
+      (a.shape.tokens > 0 && (a.out == nullptr || a.topk_weights == nullptr || a.topk_ids == nullptr)))
     return fail(why, "null pointer");
   if ((reinterpret_cast<uintptr_t>(a.z) | reinterpret_cast<uintptr_t>(a.out)) & 15u)
     return fail(why, "z and out must be 16-byte aligned");
@@ -807,6 +854,11 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? Status::kOk
                             : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
+cudaError_t trace_snapshot(std::vector<uint64_t>* out) {
+  out->assign(static_cast<size_t>(kTraceBlocks) * kTraceSlots, 0);
+  return cudaMemcpyFromSymbol(out->data(), g_moe_trace, sizeof(uint64_t) * out->size());
 }
 
 cudaError_t preload_kernels() {

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
@@ -97,5 +98,9 @@ size_t workspace_size(const CombineArgs& args);
 Status run(const CombineArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
 cudaError_t preload_kernels();
+
+// Diagnostic: the per-block timeline of the last dispatch launched with TANDEM_MOE_TRACE=1 (512 blocks x 8
+// globaltimer slots; moe_sm90.cu says what each slot is).
+cudaError_t trace_snapshot(std::vector<uint64_t>* out);
 
 }  // namespace tandem::kernels::moe
