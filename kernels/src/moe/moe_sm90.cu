@@ -78,8 +78,7 @@ struct alignas(128) MoeControl {
   uint64_t epoch;
   uint64_t done_blocks;
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
-  uint64_t staged;                 // local: dispatch blocks done staging x (monotonic: e * blocks after epoch e)
-  uint64_t pad0[12];
+  uint64_t pad0[13];
   uint64_t counts_flag[kMaxWorldMoe];  // source s's count row landed
   uint64_t ready[kMaxWorldMoe];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorldMoe];         // combine: rank q sent every row of this rank's tokens
@@ -268,14 +267,6 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   trace_stamp(p.trace, 1);
-  // Stage the token rows in the heap when some destination is reached through the proxy (it reads by offset).
-  if (p.x_stage != nullptr) {
-    const size_t bytes = static_cast<size_t>(c.tokens) * c.hidden * sizeof(Element);
-    size_t lo, hi;
-    tp::detail::split16(bytes, p.dispatch_blocks, db, &lo, &hi);
-    for (size_t i = lo + 16 * threadIdx.x; i < hi; i += 16 * blockDim.x)
-      *reinterpret_cast<uint4*>(p.x_stage + i) = *reinterpret_cast<const uint4*>(p.x_user + i);
-  }
   if (db == 0) {
     __syncthreads();
     for (int q = 0; q < world && block_ok(st); ++q)
@@ -287,14 +278,6 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
       st = wait_until(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, s);
   }
   if (!block_ok(st)) return;
-  if (p.x_stage != nullptr) {  // every block's staged slice, before any block sends a row of it
-    if (threadIdx.x == 0) {
-      tandem::device::impl::fence_acq_rel_gpu();
-      atomicAdd(reinterpret_cast<unsigned long long*>(&c.ctl->staged), 1ull);
-      st = wait_until(comm, &c.ctl->staged, Cmp::kGe, e * static_cast<uint64_t>(p.dispatch_blocks), rank);
-    }
-    if (!block_ok(st)) return;
-  }
   trace_stamp(p.trace, 2);
   if (db == 0) write_layout(p, e);
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
@@ -460,6 +443,17 @@ struct CombineParams {
   int esize;
 };
 
+// Proxy peers read the rows they send from the heap: the combine's rows (layout[0] of them, known only on the
+// device) are copied there by this kernel, stream-ordered before the send kernel. (Staging inside the send
+// kernel needed a grid-wide wait before the first send, i.e. every block resident at once, which MPS ranks
+// sharing one GPU do not guarantee: the 4-rank emulated-node test deadlocked on it.)
+__global__ void moe_stage_rows_kernel(const int32_t* received, const char* src, char* dst, size_t row_bytes) {
+  const size_t bytes = static_cast<size_t>(*received) * row_bytes;
+  for (size_t i = 16 * (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < bytes;
+       i += 16 * static_cast<size_t>(gridDim.x) * blockDim.x)
+    *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+}
+
 template <class Element>
 __device__ __forceinline__ float to_f(Element v) { return static_cast<float>(v); }
 
@@ -487,19 +481,6 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
     int32_t n = 0;
     for (int j = 0; j < c.el; ++j) n += source[j * (world + 1) + s + 1] - source[j * (world + 1) + s];
     expected[s] = n;
-  }
-  if (p.z_stage != nullptr) {  // rows in the heap for the proxy, then a grid-wide point before sending
-    size_t lo, hi;
-    tp::detail::split16(static_cast<size_t>(received) * row_bytes, p.blocks, b, &lo, &hi);
-    for (size_t i = lo + 16 * threadIdx.x; i < hi; i += 16 * blockDim.x)
-      *reinterpret_cast<uint4*>(p.z_stage + i) = *reinterpret_cast<const uint4*>(p.z_user + i);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      impl::fence_acq_rel_gpu();
-      atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->staged), 1ull);
-      st = wait_until(comm, &ctl->staged, Cmp::kGe, e * static_cast<uint64_t>(p.blocks), rank);
-    }
-    if (!block_ok(st)) goto finish;
   }
   __syncthreads();
   if (b == 0 && threadIdx.x == 0) {  // sources this rank holds no rows of: nothing will complete them
@@ -675,6 +656,12 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   p.dispatch_blocks = plan.comm_blocks;
   p.dispatch_rows_y = plan.comm_blocks / 2;
 
+  // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
+  // the kernel; see moe_stage_rows_kernel).
+  if (p.x_stage != nullptr && s.tokens > 0 &&
+      cudaMemcpyAsync(p.x_stage, p.x_user, static_cast<size_t>(s.tokens) * s.hidden * sizeof(Element),
+                      cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+    return fail(why, "staging x failed", Status::kCudaError);
   // prepare: counts and the sorted (token, slot) pairs
   const int n = s.tokens * s.topk;
   if (cudaMemsetAsync(p.local_counts, 0, sizeof(int32_t) * E, stream) != cudaSuccess ||
@@ -849,6 +836,8 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   p.blocks = blocks;
   if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * a.comm.world, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
+  if (p.z_stage != nullptr)
+    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.z_user, p.z_stage, static_cast<size_t>(a.dim) * 2);
   if (a.dtype == DType::kFP16) moe_combine_kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
   else moe_combine_kernel<__nv_bfloat16><<<blocks, kCombineThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
@@ -872,6 +861,7 @@ cudaError_t preload_kernels() {
       reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::half_t>),
       reinterpret_cast<const void*>(moe_combine_kernel<__nv_bfloat16>),
       reinterpret_cast<const void*>(moe_combine_kernel<__half>),
+      reinterpret_cast<const void*>(moe_stage_rows_kernel),
   };
   for (const void* f : fs)
     if (const cudaError_t e = cudaFuncGetAttributes(&attr, f); e != cudaSuccess) return e;

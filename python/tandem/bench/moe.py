@@ -3,7 +3,7 @@ kernel, then the grouped GEMM) vs torch's per-expert matmul on the same received
 any communication), in the same run. CUDA events, warm-ups, median. NCCL refuses several ranks on one GPU, so the
 torch.distributed all_to_all_single baseline waits for a multi-GPU machine.
 
-    python -m tandem bench moe -n 2 [--out DIR] [--tokens 1024,4096,16384] [--configs deepseek,small]
+    python -m tandem bench moe -n 2 [--out DIR] [--tokens 1024,4096,16384,65536] [--configs deepseek,small]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def run(configs, tokens_list, reps, out_dir, command):
     from ..transport import Communicator
     from . import common
 
-    comm = Communicator(heap_bytes=16 << 30, timeout_s=60)
+    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)  # 64k tokens of the deepseek config: 15 GiB of received rows
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
     for name in configs:
@@ -66,6 +66,8 @@ def run(configs, tokens_list, reps, out_dir, command):
                          f"{res['fused'] * 1e3:.3f}", f"{res['unfused'] * 1e3:.3f}",
                          f"{res['torch_experts'] * 1e3:.3f}", f"{d['fused_tflops']:.0f}",
                          f"{d['unfused_over_fused']:.2f}", f"{res['torch_experts'] / res['fused']:.2f}"])
+            if rank == 0:  # as it goes: a later shape that fails leaves the earlier rows on record
+                print("| " + " | ".join(rows[-1]) + " |", flush=True)
             del y, layout, recv
             tp.release_workspaces(comm)
     if rank == 0:
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--nprocs", type=int, default=None)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--tokens", default="1024,4096,16384")
+    ap.add_argument("--tokens", default="1024,4096,16384,65536")
     ap.add_argument("--configs", default="small,deepseek")
     a = ap.parse_args(argv)
     from . import common

@@ -86,6 +86,16 @@ def layout_view(comm, layout, experts_per_rank, max_tokens, topk):
                 source_offset=layout[src:rs].view(experts_per_rank, world + 1), row_source=layout[rs:size])
 
 
+def _use_fused(mode, world):
+    """mode "auto": the measured choice (docs/results.md, H200): the fused kernel beat the unfused path at world 1
+    (0.629 vs 0.663 ms, 2048/1024/64/6 at 4096 tokens) and lost at world 2, where the MPS ranks' persistent
+    kernels were not resident at the same time (one rank's GEMM blocks started only as the other's ended). Until a
+    multi-GPU machine measures it, auto takes the unfused path when there are peers."""
+    if mode == "auto":
+        return world == 1
+    return mode == "fused"
+
+
 def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, check_ids=True):
     op = "moe_dispatch_gemm"
     if mode not in ("auto", "fused", "unfused"):
@@ -120,7 +130,8 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     why = K.moe_dispatch_gemm(comm.native, "check", *args, 0)
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    err = K.moe_dispatch_gemm(comm.native, "unfused" if mode == "unfused" else "fused", *args, _stream(x.device))
+    err = K.moe_dispatch_gemm(comm.native, "fused" if _use_fused(mode, world) else "unfused", *args,
+                              _stream(x.device))
     if err:
         raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return y, layout
@@ -202,7 +213,8 @@ def _(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
 def moe_dispatch_gemm(comm, x, topk_ids, w, *, max_tokens: int = 0, mode: str = "auto", comm_blocks: int = 0,
                       sm_count: int = 0):
     """Send every (token, slot) of x to the rank owning expert topk_ids[t, slot] and compute each local expert's
-    rows @ w[j] there, in one kernel (mode "fused"/"auto"; "unfused": dispatch, then the grouped GEMM).
+    rows @ w[j] there, in one kernel (mode "fused"), or the dispatch kernel then the grouped GEMM ("unfused"); "auto" is
+    the measured choice (_use_fused).
     Returns (y, layout): y has receive-capacity rows, of which layout_view(...)["expert_offset"] says where each
     local expert's begin. Ids outside [0, E) raise (checked with one host sync; under graph capture the kernel
     drops and reports them)."""
