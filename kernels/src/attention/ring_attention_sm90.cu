@@ -1,0 +1,776 @@
+// Ring attention as one persistent kernel (sm90a). ring_attention.h has the contract; docs/ring-attention.md the
+// design. Layout of this file: flow-control state -> the attention core (CuTe: TMA, wgmma, online softmax) ->
+// the comm role -> the kernel -> host adapter.
+//
+// Launch (epoch e, W ranks, rank r, N = kv_slots, G(i) = e W + i the global step number of step i):
+//   host      (stream-ordered) zero this launch's step counters; with proxy peers, copy K/V into slot 0 (the
+//             proxy reads by heap offset)
+//   comm      blocks [0, nb). For step i < W - 1, comm block c owns the same byte range of the K and V blocks on
+//             every rank:
+//               i > 0: wait arrived[i mod N][c] >= G(i)   (the predecessor's range landed here)
+//               wait released[(i+1) mod N] >= G(prev)     (the successor is done with what its slot held before)
+//               put K, V range into the successor's slot (i+1) mod N, signal arrived[(i+1) mod N][c] = G(i+1)
+//               (quiet with proxy peers: the proxy reads the slot), then count forwarded[i]
+//             comm block 0, for every step i: wait until every attention block is done with step i and every
+//             comm block has forwarded it, then signal released[i mod N] = G(i) on the predecessor
+//   attention blocks [nb, grid): for step i, the same static share of (batch, head, 128-row Q tile) work items;
+//             the producer warp waits arrived[i mod N][*] >= G(i) once per step (i > 0), then TMA-loads Q and the
+//             visible K/V tiles; two consumer warpgroups compute S = Q K^T, the online softmax, O += P V, then merge
+//             the step's (O_i, lse_i) into an fp32 accumulator; the last step writes O and LSE. After each step
+//             the block counts step_done[i].
+//   end       the last block to finish completes the epoch (the next launch reads it)
+// A slot written by the predecessor is read by this rank's TMA (async proxy): the producer fences the async
+// proxy after its acquire of the arrival flag.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+
+#include "../fused/tp_common.cuh"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/builders/sm90_common.inl"
+#include "cutlass/pipeline/sm90_pipeline.hpp"
+#include "tandem/kernels/attention/ring_attention.h"
+
+namespace tandem::kernels::attention {
+
+namespace {
+
+using namespace cute;
+using tp::detail::fail;
+using tp::detail::last_of;
+
+constexpr int kMaxWorldRing = 64;
+constexpr int kMaxCommBlocks = 8;
+constexpr int kBlockM = 128;           // Q rows per work item: two consumer warpgroups of 64 rows
+constexpr int kBlockN = 128;           // K/V rows per tile
+constexpr int kStages = 2;             // K/V smem pipeline depth
+constexpr int kThreads = 384;          // producer warpgroup + two consumer warpgroups
+constexpr int kConsumerThreads = 256;
+constexpr uint32_t kArrivalPollNs = 2000;  // one poller per block; each poll costs the senders bandwidth (MoE)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Flow-control state in the workspace.
+
+struct alignas(128) RingControl {
+  uint64_t epoch;
+  uint64_t done_blocks;
+  uint64_t pad0[14];
+  uint64_t arrived[kMaxWorldRing][kMaxCommBlocks];  // [slot][c]: G of the step whose range c landed in the slot
+  uint64_t released[kMaxWorldRing];                 // [slot]: G of the last step the successor finished with it
+};
+static_assert(sizeof(RingControl) <= 8 * 4096, "control block");
+constexpr size_t kRingControlBytes = (sizeof(RingControl) + 4095) / 4096 * 4096;
+
+struct Offsets {
+  size_t control, counters, o_acc, lse_acc, k_slots, v_slots, total;
+  size_t block_bytes;  // one rank's K (or V) block
+};
+
+int slots_of(const RingArgs& a) {
+  const int w = a.comm.world;
+  if (w <= 1) return 0;
+  const int n = a.plan.kv_slots > 0 ? a.plan.kv_slots : 2;
+  return n < w ? n : w;
+}
+
+int comm_blocks_of(const RingArgs& a) {
+  if (a.comm.world <= 1) return 0;
+  return a.plan.comm_blocks > 0 ? a.plan.comm_blocks : 2;
+}
+
+Offsets offsets_of(const RingArgs& a) {
+  const RingShape& s = a.shape;
+  const size_t rows = static_cast<size_t>(s.batch) * s.seq_local;
+  Offsets o{};
+  size_t at = 0;
+  const auto take = [&](size_t bytes) {
+    const size_t r = at;
+    at += (bytes + 255) / 256 * 256;
+    return r;
+  };
+  o.control = take(kRingControlBytes);
+  o.counters = take(sizeof(uint64_t) * 2 * kMaxWorldRing);  // step_done[W], forwarded[W]: zeroed per launch
+  o.block_bytes = rows * s.heads_kv * s.head_dim * 2;
+  const bool multi = a.comm.world > 1;
+  o.o_acc = take(multi ? rows * s.heads_q * s.head_dim * sizeof(float) : 0);
+  o.lse_acc = take(multi ? rows * s.heads_q * sizeof(float) : 0);
+  o.k_slots = take(o.block_bytes * slots_of(a));
+  o.v_slots = take(o.block_bytes * slots_of(a));
+  o.total = at;
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The attention core: types.
+
+template <class Element_, int kHeadDim_>
+struct Traits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  using TileShapeS = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // S = Q K^T: M, N, K
+  using TileShapeO = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // O = P V:   M, N, K
+  // Two consumer warpgroups, 64 rows each.
+  using AtomLayout = Layout<Shape<_2, _1, _1>>;
+  using MmaS = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, TileShapeS>(), AtomLayout{}));
+  using MmaO = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, TileShapeO, GMMA::Major::K, GMMA::Major::MN>(), AtomLayout{}));
+
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element,
+                                                                                  Int<kBlockM>, Int<kHeadDim>>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element,
+                                                                                   Int<kBlockN>, Int<kHeadDim>>());
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutV = SmemLayoutK;
+  // V as the second GEMM's B operand (N = head dim, K = key rows): the same bytes seen transposed, head dim
+  // contiguous (MN-major). Vt(d, n, s) is V's element (n, d, s).
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{})));
+
+  // Global tensors as TMA sees them: (rows, d, heads, batch, slot), d contiguous; the user's K/V is slot 0 of 1.
+  using GShape = Shape<int32_t, int32_t, int32_t, int32_t, int32_t>;
+  using GStride = Stride<int64_t, _1, int64_t, int64_t, int64_t>;
+  using GLayout = Layout<GShape, GStride>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
+                                                                   GLayout{}),
+                                      SmemLayoutQ{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                       make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GLayout{}),
+                                       take<0, 2>(SmemLayoutK{})));
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineQ = cutlass::PipelineTmaAsync<1>;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
+    typename PipelineKV::SharedStorage pipe_kv;
+    typename PipelineQ::SharedStorage pipe_q;
+  };
+};
+
+struct Problem {
+  int batch, seq, heads_q, heads_kv, group;  // group = Hq / Hkv
+  int world, rank, slots, comm_blocks, attn_blocks;
+  bool causal;
+  float scale_log2;        // softmax_scale * log2(e)
+  int m_tiles, n_tiles;    // per (batch, head): ceil(S_l / kBlockM), ceil(S_l / kBlockN)
+  int step0_slot;          // -1: step 0 reads the user's K/V; 0: slot 0 (staged for the proxy)
+};
+
+template <class T>
+struct Params {
+  typename T::TmaQ tma_q;
+  typename T::TmaKV tma_k_user, tma_v_user, tma_k_slots, tma_v_slots;
+  Problem pr;
+  tandem::DeviceComm comm;
+  RingControl* ctl;
+  uint64_t* step_done;   // [W], zeroed per launch
+  uint64_t* forwarded;   // [W], zeroed per launch
+  const char* k_user;    // forwarding sources (step 0 without staging)
+  const char* v_user;
+  char* k_slots;         // symmetric: slots x block_bytes
+  char* v_slots;
+  size_t block_bytes;
+  float* o_acc;          // B x S_l x Hq x d (fp32), world > 1
+  float* lse_acc;        // B x Hq x S_l, log2 units, world > 1
+  typename T::Element* o;
+  float* lse;
+};
+
+// Global position of local row j of rank `rank` (ring_attention.h).
+__device__ __forceinline__ int64_t position(const Problem& pr, int rank, int64_t j) {
+  if (!pr.causal) return static_cast<int64_t>(rank) * pr.seq + j;
+  const int64_t c = pr.seq / 2;
+  return j < c ? rank * c + j : (2 * static_cast<int64_t>(pr.world) - 1 - rank) * c + (j - c);
+}
+
+// Key tiles of source rank `src` that some row of Q tile m (of rank `rank`) sees: a prefix [0, n_end), since
+// positions grow with the local index on every rank.
+__device__ __forceinline__ int visible_tiles(const Problem& pr, int rank, int src, int m) {
+  if (!pr.causal) return pr.n_tiles;
+  const int64_t last_row = min(static_cast<int64_t>(pr.seq), static_cast<int64_t>(m + 1) * kBlockM) - 1;
+  const int64_t q_hi = position(pr, rank, last_row);
+  int n_end = 0;
+  while (n_end < pr.n_tiles && position(pr, src, static_cast<int64_t>(n_end) * kBlockN) <= q_hi) ++n_end;
+  return n_end;
+}
+
+__device__ __forceinline__ int source_of(const Problem& pr, int step) { return (pr.rank - step + pr.world) % pr.world; }
+__device__ __forceinline__ int slot_of(const Problem& pr, int step) { return step % pr.slots; }
+
+struct WorkItem {
+  int b, h, m;
+};
+__device__ __forceinline__ WorkItem work_item(const Problem& pr, int t) {
+  WorkItem w;
+  w.m = t % pr.m_tiles;
+  t /= pr.m_tiles;
+  w.h = t % pr.heads_q;
+  w.b = t / pr.heads_q;
+  return w;
+}
+
+// Accumulator (C) fragment of an SM90 wgmma, ((2, 2, N/8), M, N') per thread, seen as (rows, cols): the two
+// rows a thread holds per 64-row atom are 8 apart; its columns come in pairs.
+template <class Layout>
+__device__ __forceinline__ auto rowcol(Layout l) {
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
+}
+
+// The same fragment as the A operand of a 16-deep K step of the next wgmma (register-sourced): every two
+// 8-column groups of the accumulator form one ((2, 2, 2)) A fragment.
+template <class Layout>
+__device__ __forceinline__ auto as_a_operand(Layout l) {
+  auto groups = logical_divide(get<0, 2>(l), Tile<_2>{});
+  return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(groups)), get<1>(l),
+                     coalesce(make_layout(get<0, 1>(groups), get<2>(l))));
+}
+
+template <class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void mma(TiledMma& tiled_mma, const TA& a, const TB& b, TC& c, bool zero_init) {
+  tiled_mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  CUTLASS_PRAGMA_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(tiled_mma, a(_, _, kb), b(_, _, kb), c);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Producer: one thread of warp 0 issues every TMA load of the block.
+
+template <class T>
+__device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
+                        typename T::PipelineKV& pipe_kv, uint64_t epoch) {
+  using namespace tandem::device;
+  const Problem& pr = p.pr;
+  const int attn_block = static_cast<int>(blockIdx.x) - pr.comm_blocks;
+  const int items = pr.batch * pr.heads_q * pr.m_tiles;
+  cutlass::PipelineState<1> q_state = cutlass::make_producer_start_state<typename T::PipelineQ>();
+  cutlass::PipelineState<kStages> kv_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
+  const auto gshape = [&](int heads, int slots) {
+    return make_shape(int32_t(pr.seq), int32_t(T::kHeadDim), int32_t(heads), int32_t(pr.batch), int32_t(slots));
+  };
+  Tensor mQ = p.tma_q.get_tma_tensor(gshape(pr.heads_q, 1));
+  Tensor mKu = p.tma_k_user.get_tma_tensor(gshape(pr.heads_kv, 1));
+  Tensor mVu = p.tma_v_user.get_tma_tensor(gshape(pr.heads_kv, 1));
+  Tensor mKs = p.tma_k_slots.get_tma_tensor(gshape(pr.heads_kv, pr.slots > 0 ? pr.slots : 1));
+  Tensor mVs = p.tma_v_slots.get_tma_tensor(gshape(pr.heads_kv, pr.slots > 0 ? pr.slots : 1));
+  auto tma_q = p.tma_q.get_slice(0);
+  auto tma_ku = p.tma_k_user.get_slice(0);
+  auto tma_vu = p.tma_v_user.get_slice(0);
+  auto tma_ks = p.tma_k_slots.get_slice(0);
+  auto tma_vs = p.tma_v_slots.get_slice(0);
+
+  for (int step = 0; step < pr.world; ++step) {
+    const int src = source_of(pr, step);
+    const bool from_user = step == 0 && pr.step0_slot < 0;
+    const int slot = step == 0 ? (pr.step0_slot < 0 ? 0 : pr.step0_slot) : slot_of(pr, step);
+    if (step > 0) {  // this step's block has landed (every comm block's range)
+      Status st = Status::kOk;
+      const uint64_t g = epoch * pr.world + step;
+      for (int c = 0; c < pr.comm_blocks && st == Status::kOk; ++c)
+        st = wait_until_backoff(p.comm, &p.ctl->arrived[slot][c], Cmp::kGe, g, kArrivalPollNs,
+                                (pr.rank - 1 + pr.world) % pr.world);
+      // A failed wait leaves the abort flag up; the loads still run (on stale data) so the block stays in step.
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    for (int t = attn_block; t < items; t += pr.attn_blocks) {
+      const WorkItem w = work_item(pr, t);
+      const int n_end = visible_tiles(pr, pr.rank, src, w.m);
+      if (n_end == 0) continue;
+      const int hkv = w.h / pr.group;
+      pipe_q.producer_acquire(q_state);
+      Tensor gQ = local_tile(mQ(_, _, w.h, w.b, 0), Shape<Int<kBlockM>, Int<T::kHeadDim>>{}, make_coord(w.m, 0));
+      copy(p.tma_q.with(*pipe_q.producer_get_barrier(q_state)), tma_q.partition_S(gQ), tma_q.partition_D(sQ));
+      ++q_state;
+      for (int n = 0; n < n_end; ++n) {
+        pipe_kv.producer_acquire(kv_state);
+        auto* bar = pipe_kv.producer_get_barrier(kv_state);
+        const int s = kv_state.index();
+        const auto tile = Shape<Int<kBlockN>, Int<T::kHeadDim>>{};
+        if (from_user) {
+          Tensor gK = local_tile(mKu(_, _, hkv, w.b, 0), tile, make_coord(n, 0));
+          Tensor gV = local_tile(mVu(_, _, hkv, w.b, 0), tile, make_coord(n, 0));
+          copy(p.tma_k_user.with(*bar), tma_ku.partition_S(gK), tma_ku.partition_D(sK(_, _, s)));
+          copy(p.tma_v_user.with(*bar), tma_vu.partition_S(gV), tma_vu.partition_D(sV(_, _, s)));
+        } else {
+          Tensor gK = local_tile(mKs(_, _, hkv, w.b, slot), tile, make_coord(n, 0));
+          Tensor gV = local_tile(mVs(_, _, hkv, w.b, slot), tile, make_coord(n, 0));
+          copy(p.tma_k_slots.with(*bar), tma_ks.partition_S(gK), tma_ks.partition_D(sK(_, _, s)));
+          copy(p.tma_v_slots.with(*bar), tma_vs.partition_S(gV), tma_vs.partition_D(sV(_, _, s)));
+        }
+        ++kv_state;
+      }
+    }
+  }
+  pipe_q.producer_tail(q_state);
+  pipe_kv.producer_tail(kv_state);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Consumers: two warpgroups, 64 Q rows each.
+
+template <class T>
+__device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
+                        typename T::PipelineKV& pipe_kv) {
+  using Element = typename T::Element;
+  const Problem& pr = p.pr;
+  const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255
+  const int attn_block = static_cast<int>(blockIdx.x) - pr.comm_blocks;
+  const int items = pr.batch * pr.heads_q * pr.m_tiles;
+  cutlass::PipelineState<1> q_state;
+  cutlass::PipelineState<kStages> kv_state;
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
+  typename T::MmaS mma_s;
+  typename T::MmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(tid);
+  auto thr_o = mma_o.get_thread_slice(tid);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);
+  Tensor tSrK = thr_s.partition_fragment_B(sK);
+  Tensor tOrV = thr_o.partition_fragment_B(sVt);
+  // (row, col) of every accumulator element, for masks and the output
+  Tensor cS = thr_s.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<T::kHeadDim>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), rowcol(cS.layout()));
+  Tensor cO_rc = make_tensor(cO.data(), rowcol(cO.layout()));
+  Tensor acc_o = partition_fragment_C(mma_o, Shape<Int<kBlockM>, Int<T::kHeadDim>>{});
+  Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
+  Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  constexpr int kRows = decltype(size<0>(o_rc))::value;  // rows a thread holds (2)
+  static_assert(kRows == decltype(size<0>(s_rc))::value, "S and O rows must match");
+  const float scale = pr.scale_log2;
+
+  for (int step = 0; step < pr.world; ++step) {
+    const int src = source_of(pr, step);
+    const bool first = step == 0, last = step == pr.world - 1;
+    for (int t = attn_block; t < items; t += pr.attn_blocks) {
+      const WorkItem w = work_item(pr, t);
+      const int n_end = visible_tiles(pr, pr.rank, src, w.m);
+      const int64_t row0 = static_cast<int64_t>(w.m) * kBlockM;
+      float row_max[kRows], row_sum[kRows];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+      if (n_end > 0) {
+        const int64_t q_lo = position(pr, pr.rank, row0);
+        const int64_t q_hi = position(pr, pr.rank, min(static_cast<int64_t>(pr.seq), row0 + kBlockM) - 1);
+        pipe_q.consumer_wait(q_state);
+        for (int n = 0; n < n_end; ++n) {
+          pipe_kv.consumer_wait(kv_state);
+          const int s = kv_state.index();
+          mma(mma_s, tSrQ, tSrK(_, _, _, s), acc_s, true);
+          // masks: key rows past S_l (ragged last tile) and, causal, key positions after the query's
+          const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
+          const bool ragged = col0 + kBlockN > pr.seq;
+          const bool causal_edge =
+              pr.causal && position(pr, src, min(static_cast<int64_t>(pr.seq), col0 + kBlockN) - 1) > q_lo;
+          if (ragged || causal_edge) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < size<0>(s_rc); ++r) {
+              const int64_t qrow = row0 + get<0>(cS_rc(r, 0));
+              const int64_t qpos = position(pr, pr.rank, min(qrow, static_cast<int64_t>(pr.seq) - 1));
+              CUTLASS_PRAGMA_UNROLL
+              for (int c = 0; c < size<1>(s_rc); ++c) {
+                const int64_t kcol = col0 + get<1>(cS_rc(r, c));
+                const bool hidden = kcol >= pr.seq || (pr.causal && position(pr, src, kcol) > qpos);
+                if (hidden) s_rc(r, c) = -INFINITY;
+              }
+            }
+          }
+          (void)q_hi;
+          // online softmax, base 2: p = 2^(s * scale - max * scale)
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < size<0>(s_rc); ++r) {
+            float mx = row_max[r];
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+            mx = quad_max(mx);
+            // a row that sees nothing yet keeps max -inf: use 0 so the exponentials are 0, not NaN
+            const float base = mx == -INFINITY ? 0.f : mx * scale;
+            const float correction = exp2f(row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale - base);
+            row_max[r] = mx;
+            float sum = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(s_rc); ++c) {
+              const float e = exp2f(s_rc(r, c) * scale - base);
+              s_rc(r, c) = e;
+              sum += e;
+            }
+            row_sum[r] = row_sum[r] * correction + sum;  // quad-partial; reduced once at the end
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
+          }
+          // P in the input precision, as the A operand of O += P V
+          Tensor p_reg = make_tensor<Element>(acc_s.layout());
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(acc_s); ++i) p_reg(i) = static_cast<Element>(acc_s(i));
+          Tensor tOrP = make_tensor(p_reg.data(), as_a_operand(p_reg.layout()));
+          mma(mma_o, tOrP, tOrV(_, _, _, s), acc_o, n == 0);
+          pipe_kv.consumer_release(kv_state);
+          ++kv_state;
+        }
+        pipe_q.consumer_release(q_state);
+        ++q_state;
+      } else if (!last) {
+        continue;  // nothing of this block is visible to the tile and nothing to finish: no merge
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
+      }
+      // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
+      float lse_step[kRows];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float l = quad_sum(row_sum[r]);
+        lse_step[r] = l > 0.f ? row_max[r] * scale + log2f(l) : -INFINITY;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+      }
+      // Merge with the running result and store (O_acc / lse_acc between steps; O / LSE at the last step). The
+      // four threads holding a row all read its old lse before the one that writes it does (__syncwarp).
+      float lse_old[kRows];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = row0 + get<0>(cO_rc(r, 0));
+        lse_old[r] = -INFINITY;
+        if (!first && row < pr.seq) lse_old[r] = p.lse_acc[(static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row];
+      }
+      __syncwarp();
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = row0 + get<0>(cO_rc(r, 0));
+        if (row >= pr.seq) continue;
+        const size_t o_row = ((static_cast<size_t>(w.b) * pr.seq + row) * pr.heads_q + w.h) * T::kHeadDim;
+        const size_t l_idx = (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row;
+        float w_old = 0.f, w_new = 1.f, lse_new = lse_step[r];
+        if (!first) {
+          const float mx = fmaxf(lse_old[r], lse_step[r]);
+          if (mx == -INFINITY) {
+            lse_new = -INFINITY, w_old = 0.f, w_new = 0.f;
+          } else {
+            lse_new = mx + log2f(exp2f(lse_old[r] - mx) + exp2f(lse_step[r] - mx));
+            w_old = exp2f(lse_old[r] - lse_new);
+            w_new = exp2f(lse_step[r] - lse_new);
+          }
+        }
+        const bool writes_lse = get<1>(cO_rc(r, 0)) == 0;  // one of the four threads holding the row
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(o_rc); c += 2) {  // column pairs: 8-byte fp32 / 4-byte 16-bit accesses
+          const int col = get<1>(cO_rc(r, c));
+          float v0 = o_rc(r, c) * w_new, v1 = o_rc(r, c + 1) * w_new;
+          if (!first) {
+            const float2 old = *reinterpret_cast<const float2*>(p.o_acc + o_row + col);
+            v0 += old.x * w_old;
+            v1 += old.y * w_old;
+          }
+          if (last) {
+            Element out[2] = {static_cast<Element>(v0), static_cast<Element>(v1)};
+            *reinterpret_cast<uint32_t*>(p.o + o_row + col) = *reinterpret_cast<const uint32_t*>(out);
+          } else {
+            *reinterpret_cast<float2*>(p.o_acc + o_row + col) = make_float2(v0, v1);
+          }
+        }
+        if (writes_lse) {
+          if (last) p.lse[l_idx] = lse_new * 0.69314718055994531f;  // log2 -> natural log
+          else p.lse_acc[l_idx] = lse_new;
+        }
+      }
+    }
+    // Every consumer of this block is done with step `step` (its K/V reads completed before they released the
+    // stages): count the block, for comm block 0's release of the slot.
+    cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    if (tid == 0 && pr.world > 1) {
+      __threadfence();
+      atomicAdd(reinterpret_cast<unsigned long long*>(&p.step_done[step]), 1ull);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Comm role.
+
+// The global step at which the successor last used (before step i of this launch) the slot that step i fills.
+__device__ __forceinline__ uint64_t previous_use(const Problem& pr, uint64_t epoch, int i) {
+  if (i >= pr.slots) return epoch * pr.world + (i - pr.slots);
+  if (epoch <= 1) return 0;
+  const int slot = i % pr.slots;
+  int last = pr.world - 1;
+  while (last >= 0 && last % pr.slots != slot) --last;
+  return last < 0 ? 0 : (epoch - 1) * pr.world + last;
+}
+
+template <class T>
+__device__ void comm_role(const Params<T>& p, uint64_t epoch) {
+  using namespace tandem::device;
+  const Problem& pr = p.pr;
+  const int c = static_cast<int>(blockIdx.x);
+  const int succ = (pr.rank + 1) % pr.world, pred = (pr.rank - 1 + pr.world) % pr.world;
+  size_t lo, hi;
+  tp::detail::split16(p.block_bytes, pr.comm_blocks, c, &lo, &hi);
+  Status st = Status::kOk;
+  for (int i = 0; i < pr.world && st == Status::kOk; ++i) {
+    const uint64_t g = epoch * pr.world + i;
+    const int slot = slot_of(pr, i);
+    if (i < pr.world - 1) {
+      const int next = slot_of(pr, i + 1);
+      if (threadIdx.x == 0) {
+        if (i > 0) st = wait_until_backoff(p.comm, &p.ctl->arrived[slot][c], Cmp::kGe, g, kArrivalPollNs, pred);
+        if (st == Status::kOk)
+          st = wait_until_backoff(p.comm, &p.ctl->released[next], Cmp::kGe, previous_use(pr, epoch, i + 1),
+                                  kArrivalPollNs, succ);
+      }
+      if (!tp::detail::block_ok(st)) break;
+      const bool user = i == 0 && pr.step0_slot < 0;
+      const char* k_src = user ? p.k_user : p.k_slots + static_cast<size_t>(i == 0 ? 0 : slot) * p.block_bytes;
+      const char* v_src = user ? p.v_user : p.v_slots + static_cast<size_t>(i == 0 ? 0 : slot) * p.block_bytes;
+      char* k_dst = p.k_slots + static_cast<size_t>(next) * p.block_bytes;
+      char* v_dst = p.v_slots + static_cast<size_t>(next) * p.block_bytes;
+      st = put<Group::kBlock>(p.comm, k_dst + lo, k_src + lo, hi - lo, succ);
+      if (st == Status::kOk)
+        st = put_signal<Group::kBlock>(p.comm, v_dst + lo, v_src + lo, hi - lo, &p.ctl->arrived[next][c], g + 1,
+                                       SignalOp::kSet, succ);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        if (st == Status::kOk && p.comm.proxy_slots != nullptr) st = quiet(p.comm);  // the proxy read our slot
+        __threadfence();
+        atomicAdd(reinterpret_cast<unsigned long long*>(&p.forwarded[i]), 1ull);
+      }
+      if (!tp::detail::block_ok(st)) break;
+    }
+    // Release the slot step i used, once this rank computed on it and forwarded it.
+    if (c == 0 && threadIdx.x == 0) {
+      st = wait_until_backoff(p.comm, &p.step_done[i], Cmp::kGe, static_cast<uint64_t>(pr.attn_blocks),
+                              kArrivalPollNs, pr.rank);
+      if (st == Status::kOk && i < pr.world - 1)
+        st = wait_until_backoff(p.comm, &p.forwarded[i], Cmp::kGe, static_cast<uint64_t>(pr.comm_blocks),
+                                kArrivalPollNs, pr.rank);
+      if (st == Status::kOk) st = signal(p.comm, &p.ctl->released[slot], g, SignalOp::kSet, pred);
+    }
+    if (!tp::detail::block_ok(st)) break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel.
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __grid_constant__ Params<T> p) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  const uint64_t epoch = tandem::device::impl::ld_relaxed_gpu(&p.ctl->epoch) + 1;
+  const Problem& pr = p.pr;
+  if (static_cast<int>(blockIdx.x) < pr.comm_blocks) {
+    comm_role(p, epoch);
+  } else {
+    auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const int warp_group = warp / 4;
+    const bool producer_thread = warp == 0 && cute::elect_one_sync();
+    typename T::PipelineQ::Params pq;
+    pq.transaction_bytes = T::kQBytes;
+    pq.role = warp_group == 0 ? T::PipelineQ::ThreadCategory::Producer : T::PipelineQ::ThreadCategory::Consumer;
+    pq.is_leader = producer_thread;
+    pq.num_consumers = kConsumerThreads;
+    typename T::PipelineKV::Params pkv;
+    pkv.transaction_bytes = T::kKVBytes;
+    pkv.role = warp_group == 0 ? T::PipelineKV::ThreadCategory::Producer : T::PipelineKV::ThreadCategory::Consumer;
+    pkv.is_leader = producer_thread;
+    pkv.num_consumers = kConsumerThreads;
+    typename T::PipelineQ pipe_q(ss.pipe_q, pq, Shape<_1, _1, _1>{});
+    typename T::PipelineKV pipe_kv(ss.pipe_kv, pkv, Shape<_1, _1, _1>{});
+    if (warp == 0 && cute::elect_one_sync()) {
+      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_k_user.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_v_user.get_tma_descriptor());
+      if (pr.slots > 0) {
+        cute::prefetch_tma_descriptor(p.tma_k_slots.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.tma_v_slots.get_tma_descriptor());
+      }
+    }
+    __syncthreads();  // barrier initialization visible to every thread
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<40>();
+      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_kv, epoch);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<232>();
+      consume(p, ss, pipe_q, pipe_kv);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&p.ctl->done_blocks, gridDim.x))
+    tandem::device::impl::st_relaxed_gpu(&p.ctl->epoch, epoch);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side.
+
+template <class T>
+typename T::GLayout global_layout(const RingShape& s, int heads, int slots) {
+  const int64_t row = static_cast<int64_t>(heads) * s.head_dim;
+  const int64_t batch = row * s.seq_local;
+  return make_layout(make_shape(int32_t(s.seq_local), int32_t(s.head_dim), int32_t(heads), int32_t(s.batch),
+                                int32_t(slots > 0 ? slots : 1)),
+                     make_stride(row, _1{}, int64_t(s.head_dim), batch, batch * s.batch));
+}
+
+template <class T>
+Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
+  using Element = typename T::Element;
+  const RingShape& s = a.shape;
+  const Offsets o = offsets_of(a);
+  char* ws = static_cast<char*>(a.workspace);
+  Params<T> p{};
+  Problem& pr = p.pr;
+  pr.batch = s.batch;
+  pr.seq = s.seq_local;
+  pr.heads_q = s.heads_q;
+  pr.heads_kv = s.heads_kv;
+  pr.group = s.heads_q / s.heads_kv;
+  pr.world = a.comm.world;
+  pr.rank = a.comm.rank;
+  pr.slots = slots_of(a);
+  pr.comm_blocks = comm_blocks_of(a);
+  pr.attn_blocks = a.plan.sm_count - pr.comm_blocks;
+  pr.causal = s.causal;
+  const float scale = s.softmax_scale > 0.f ? s.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.head_dim));
+  pr.scale_log2 = scale * 1.4426950408889634f;
+  pr.m_tiles = (s.seq_local + kBlockM - 1) / kBlockM;
+  pr.n_tiles = (s.seq_local + kBlockN - 1) / kBlockN;
+  const bool stage = pr.world > 1 && a.comm.proxy_slots != nullptr;
+  pr.step0_slot = stage ? 0 : -1;
+  p.comm = a.comm;
+  p.ctl = reinterpret_cast<RingControl*>(ws + o.control);
+  p.step_done = reinterpret_cast<uint64_t*>(ws + o.counters);
+  p.forwarded = p.step_done + kMaxWorldRing;
+  p.k_user = static_cast<const char*>(a.k);
+  p.v_user = static_cast<const char*>(a.v);
+  p.k_slots = ws + o.k_slots;
+  p.v_slots = ws + o.v_slots;
+  p.block_bytes = o.block_bytes;
+  p.o_acc = reinterpret_cast<float*>(ws + o.o_acc);
+  p.lse_acc = reinterpret_cast<float*>(ws + o.lse_acc);
+  p.o = static_cast<Element*>(a.o);
+  p.lse = a.lse;
+
+  const auto gtensor = [&](const void* ptr, int heads, int slots) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), global_layout<T>(s, heads, slots));
+  };
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.q, s.heads_q, 1), typename T::SmemLayoutQ{});
+  const auto kv_tile = take<0, 2>(typename T::SmemLayoutK{});
+  p.tma_k_user = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.k, s.heads_kv, 1), kv_tile);
+  p.tma_v_user = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.v, s.heads_kv, 1), kv_tile);
+  // without slots (world 1) the slot descriptors describe the user's K/V and are never used
+  p.tma_k_slots = make_tma_copy(SM90_TMA_LOAD{}, gtensor(pr.slots > 0 ? p.k_slots : a.k, s.heads_kv, pr.slots),
+                                kv_tile);
+  p.tma_v_slots = make_tma_copy(SM90_TMA_LOAD{}, gtensor(pr.slots > 0 ? p.v_slots : a.v, s.heads_kv, pr.slots),
+                                kv_tile);
+
+  if (pr.world > 1 &&
+      cudaMemsetAsync(p.step_done, 0, sizeof(uint64_t) * 2 * kMaxWorldRing, stream) != cudaSuccess)
+    return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
+  if (stage) {  // the proxy reads what it sends from the heap: this rank's block goes to slot 0 first
+    if (cudaMemcpyAsync(p.k_slots, a.k, o.block_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||
+        cudaMemcpyAsync(p.v_slots, a.v, o.block_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
+      return fail(why, "staging K/V failed", Status::kCudaError);
+  }
+  const int smem = static_cast<int>(sizeof(typename T::SharedStorage)) + 1024;
+  auto kernel = ring_attention_kernel<T>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return fail(why, "cannot reserve the kernel's shared memory", Status::kCudaError);
+  kernel<<<a.plan.sm_count, kThreads, smem, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
+template <class Element>
+Status dispatch_dim(const RingArgs& a, cudaStream_t stream, std::string* why) {
+  if (a.shape.head_dim == 64) return run_typed<Traits<Element, 64>>(a, stream, why);
+  return run_typed<Traits<Element, 128>>(a, stream, why);
+}
+
+}  // namespace
+
+size_t workspace_size(const RingArgs& a) { return offsets_of(a).total; }
+
+Status can_implement(const RingArgs& a, std::string* why) {
+  const RingShape& s = a.shape;
+  const int world = a.comm.world;
+  if (world < 1 || world > kMaxWorldRing) return fail(why, "world size must be in [1, 64]");
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  if (s.batch < 1 || s.seq_local < 1 || s.heads_q < 1 || s.heads_kv < 1)
+    return fail(why, "batch, seq_local, heads_q and heads_kv must be positive");
+  if (s.heads_q % s.heads_kv) return fail(why, "heads_kv must divide heads_q");
+  if (s.head_dim != 64 && s.head_dim != 128) return fail(why, "head_dim must be 64 or 128");
+  if (s.causal && s.seq_local % 2) return fail(why, "causal (zigzag) needs an even seq_local");
+  if (s.softmax_scale < 0.f || !std::isfinite(s.softmax_scale)) return fail(why, "softmax_scale must be >= 0 (0: 1/sqrt(d))");
+  const int64_t rows = static_cast<int64_t>(s.batch) * s.seq_local;
+  if (rows * s.heads_q > (int64_t(1) << 31) || static_cast<int64_t>(s.seq_local) > (int64_t(1) << 31) - kBlockM)
+    return fail(why, "B * S_l * Hq must stay below 2^31");
+  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr || a.lse == nullptr)
+    return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.q) || misaligned(a.k) || misaligned(a.v) || misaligned(a.o) || misaligned(a.lse))
+    return fail(why, "q, k, v, o and lse must be 16-byte aligned");
+  if (a.workspace == nullptr) return fail(why, "null workspace");
+  if (reinterpret_cast<uintptr_t>(a.workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
+  const char* ws = static_cast<const char*>(a.workspace);
+  if (ws < a.comm.heap_base || ws + workspace_size(a) > a.comm.heap_base + a.comm.heap_bytes)
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  const int nb = comm_blocks_of(a);
+  if (nb > kMaxCommBlocks) return fail(why, "comm_blocks must be at most 8");
+  if (world > 1 && (a.plan.kv_slots == 1 || a.plan.kv_slots < 0)) return fail(why, "kv_slots must be 0 or >= 2");
+  if (a.plan.sm_count - nb < 1) return fail(why, "sm_count must leave at least one attention block");
+  return Status::kOk;
+}
+
+Status run(const RingArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  if (a.dtype == DType::kFP16) return dispatch_dim<cutlass::half_t>(a, stream, why);
+  return dispatch_dim<cutlass::bfloat16_t>(a, stream, why);
+}
+
+cudaError_t preload_kernels() {
+  cudaFuncAttributes attr{};
+  const void* fs[] = {
+      reinterpret_cast<const void*>(ring_attention_kernel<Traits<cutlass::bfloat16_t, 64>>),
+      reinterpret_cast<const void*>(ring_attention_kernel<Traits<cutlass::bfloat16_t, 128>>),
+      reinterpret_cast<const void*>(ring_attention_kernel<Traits<cutlass::half_t, 64>>),
+      reinterpret_cast<const void*>(ring_attention_kernel<Traits<cutlass::half_t, 128>>),
+  };
+  for (const void* f : fs)
+    if (const cudaError_t e = cudaFuncGetAttributes(&attr, f); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+}  // namespace tandem::kernels::attention
