@@ -2,6 +2,7 @@
 # The H200 session in one call: build, GPU tests (MPS ranks at world 1/2/4), benchmarks. Logs go to $OUT.
 #   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches,
 #          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench,
+#          TANDEM_BENCH_MOE_WORLDS / TANDEM_BENCH_ATTN_WORLDS likewise for bench moe / bench attention;
 #          TANDEM_DIAG=1 also runs the tuning diagnostics: flag_latency, ag_scaling --quick, ar_crossover at world 2)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
@@ -25,6 +26,7 @@ except Exception as e:
     print('error mapping ok:', type(e).__name__, e.status, e.op, e.peer)"
 # The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
 python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+pytest_rc=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
 if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   for n in ${TANDEM_BENCH_WORLDS:-1 2 4}; do
@@ -37,6 +39,12 @@ if [ "${TANDEM_BENCH:-1}" = 1 ]; then
   for n in ${TANDEM_BENCH_TP_WORLDS:-2 4}; do
     timeout 150 python3 -m tandem bench tp -n $n --out "$OUT/bench" 2>&1 | tail -8
   done
+  for n in ${TANDEM_BENCH_MOE_WORLDS:-1 2}; do
+    timeout 200 python3 -m tandem bench moe -n $n --out "$OUT/bench" 2>&1 | tail -12
+  done
+  for n in ${TANDEM_BENCH_ATTN_WORLDS:-1 2}; do
+    timeout 200 python3 -m tandem bench attention -n $n --out "$OUT/bench" 2>&1 | tail -12
+  done
   # at most 8 files come back from the device: one archive for all benchmark outputs
   tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench"
 fi
@@ -46,3 +54,4 @@ if [ "${TANDEM_DIAG:-0}" = 1 ]; then
   timeout 150 python3 -m tandem.launch -n 2 -- python3 tools/diag/ag_scaling.py --quick 2>&1 | tail -14 | tee "$OUT/diag_ag.txt"
   timeout 150 python3 -m tandem.launch -n 2 -- python3 tools/diag/ar_crossover.py 2>&1 | tail -12 | tee "$OUT/diag_ar.txt"
 fi
+exit $pytest_rc  # the tests' verdict (the benches above only print)

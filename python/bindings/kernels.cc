@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 
 #include "common.h"
+#include "tandem/kernels/attention/ring_attention.h"
+#include "tandem/kernels/attention/ring_schedule.h"
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/kernels/moe/moe.h"
@@ -291,6 +293,62 @@ void bind_kernels(py::module_& m) {
     const cudaError_t e = moe::preload_kernels();
     return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
   });
+
+  // Ring attention (sequence parallelism): one persistent kernel; K/V blocks travel around the ring of ranks.
+  namespace attn = tandem::kernels::attention;
+  auto ring_args = [](const tandem::Communicator& c, int dtype, int batch, int seq_local, int heads_q, int heads_kv,
+                      int head_dim, bool causal, float softmax_scale, uintptr_t q, uintptr_t k_, uintptr_t v,
+                      uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks, int kv_slots) {
+    attn::RingArgs a;
+    a.dtype = static_cast<g::DType>(dtype);
+    a.shape.batch = batch;
+    a.shape.seq_local = seq_local;
+    a.shape.heads_q = heads_q;
+    a.shape.heads_kv = heads_kv;
+    a.shape.head_dim = head_dim;
+    a.shape.causal = causal;
+    a.shape.softmax_scale = softmax_scale;
+    a.q = reinterpret_cast<const void*>(q);
+    a.k = reinterpret_cast<const void*>(k_);
+    a.v = reinterpret_cast<const void*>(v);
+    a.o = reinterpret_cast<void*>(o);
+    a.lse = reinterpret_cast<float*>(lse);
+    a.workspace = reinterpret_cast<void*>(ws);
+    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
+    a.plan.comm_blocks = comm_blocks;
+    a.plan.kv_slots = kv_slots;
+    a.comm = c.device_comm();
+    return a;
+  };
+  k.def(
+      "ring_attention_workspace_size",
+      [ring_args](const tandem::Communicator& c, int batch, int seq_local, int heads_q, int heads_kv, int head_dim,
+                  bool causal, int kv_slots) {
+        return attn::workspace_size(ring_args(c, 0, batch, seq_local, heads_q, heads_kv, head_dim, causal, 0.f, 0, 0,
+                                              0, 0, 0, 0, 0, 0, kv_slots));
+      },
+      "Bytes of the symmetric workspace for this shape, world and kv_slots (the same for bf16 and fp16).");
+  k.def(
+      "ring_attention",
+      [ring_args](const tandem::Communicator& c, const std::string& mode, int dtype, int batch, int seq_local,
+                  int heads_q, int heads_kv, int head_dim, bool causal, float softmax_scale, uintptr_t q,
+                  uintptr_t k_, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks,
+                  int kv_slots, uintptr_t stream) {
+        const auto a = ring_args(c, dtype, batch, seq_local, heads_q, heads_kv, head_dim, causal, softmax_scale, q,
+                                 k_, v, o, lse, ws, sm_count, comm_blocks, kv_slots);
+        std::string why;
+        const tandem::Status s = mode == "check" ? attn::can_implement(a, &why)
+                                                 : attn::run(a, reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "Ring attention: mode 'run' or 'check' (can_implement); returns '' or the reason.");
+  k.def("ring_schedule_slot_of", &attn::schedule::slot_of, "The slot step i uses (ring_schedule.h).");
+  k.def("ring_schedule_previous_use", &attn::schedule::previous_use,
+        "(epoch, world, slots, step): the global step whose use of step's slot must be released first.");
+  k.def("ring_attention_preload_kernels", [] {
+    const cudaError_t e = attn::preload_kernels();
+    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+  }, "Load the ring-attention kernels now (see ring_attention.h); '' or the CUDA error.");
 }
 
 }  // namespace tandem_py

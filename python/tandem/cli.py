@@ -11,6 +11,7 @@ commands:
   bench gemm [--out DIR]                   the GEMM core vs cuBLAS at world 1
   bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS fused vs unfused vs the GEMM alone
   bench moe -n N [--out DIR]               MoE dispatch+grouped GEMM fused vs unfused vs torch per expert
+  bench attention -n N [--out DIR]         ring attention vs SDPA flash (N = 1) or a torch ring (N > 1)
   launch -n N -- CMD ...                   run CMD as N ranks (same as python -m tandem.launch)
   info                                     GPUs, SM counts, MPS, build
 """
@@ -65,6 +66,10 @@ def main(argv=None) -> int:
             from .bench.moe import main as bench_moe
 
             return bench_moe(rest[1:])
+        if rest[0] == "attention":
+            from .bench.attention import main as bench_attention
+
+            return bench_attention(rest[1:])
         print(f"unknown benchmark {rest[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     if cmd == "launch":

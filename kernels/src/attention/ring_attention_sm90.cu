@@ -10,14 +10,14 @@
 //               i > 0: wait arrived[i mod N][c] >= G(i)   (the predecessor's range landed here)
 //               wait released[(i+1) mod N] >= G(prev)     (the successor is done with what its slot held before)
 //               put K, V range into the successor's slot (i+1) mod N, signal arrived[(i+1) mod N][c] = G(i+1)
-//               (quiet with proxy peers: the proxy reads the slot), then count forwarded[i]
-//             comm block 0, for every step i: wait until every attention block is done with step i and every
-//             comm block has forwarded it, then signal released[i mod N] = G(i) on the predecessor
+//               (quiet with proxy peers: the proxy reads the slot), then count itself a party of step i
+//             the last party of step i (every attention block done computing on it, every comm block done
+//             forwarding it) signals released[i mod N] = G(i) on the predecessor; nobody waits for that
 //   attention blocks [nb, grid): for step i, the same static share of (batch, head, 128-row Q tile) work items;
 //             the producer warp waits arrived[i mod N][*] >= G(i) once per step (i > 0), then TMA-loads Q and the
 //             visible K/V tiles; two consumer warpgroups compute S = Q K^T, the online softmax, O += P V, then merge
 //             the step's (O_i, lse_i) into an fp32 accumulator; the last step writes O and LSE. After each step
-//             the block counts step_done[i].
+//             the block counts itself a party of that step.
 //   end       the last block to finish completes the epoch (the next launch reads it)
 // A slot written by the predecessor is read by this rank's TMA (async proxy): the producer fences the async
 // proxy after its acquire of the arrival flag.
@@ -34,6 +34,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/collective/builders/sm90_common.inl"
 #include "cutlass/pipeline/sm90_pipeline.hpp"
+#include "tandem/kernels/attention/ring_schedule.h"
 #include "tandem/kernels/attention/ring_attention.h"
 
 namespace tandem::kernels::attention {
@@ -94,7 +95,7 @@ Offsets offsets_of(const RingArgs& a) {
     return r;
   };
   o.control = take(kRingControlBytes);
-  o.counters = take(sizeof(uint64_t) * 2 * kMaxWorldRing);  // step_done[W], forwarded[W]: zeroed per launch
+  o.counters = take(sizeof(uint64_t) * kMaxWorldRing);  // parties[W]: zeroed per launch
   o.block_bytes = rows * s.heads_kv * s.head_dim * 2;
   const bool multi = a.comm.world > 1;
   o.o_acc = take(multi ? rows * s.heads_q * s.head_dim * sizeof(float) : 0);
@@ -174,8 +175,7 @@ struct Params {
   Problem pr;
   tandem::DeviceComm comm;
   RingControl* ctl;
-  uint64_t* step_done;   // [W], zeroed per launch
-  uint64_t* forwarded;   // [W], zeroed per launch
+  uint64_t* parties;     // [W]: blocks done with step i's slot (release_slot), zeroed per launch
   const char* k_user;    // forwarding sources (step 0 without staging)
   const char* v_user;
   char* k_slots;         // symmetric: slots x block_bytes
@@ -206,7 +206,7 @@ __device__ __forceinline__ int visible_tiles(const Problem& pr, int rank, int sr
 }
 
 __device__ __forceinline__ int source_of(const Problem& pr, int step) { return (pr.rank - step + pr.world) % pr.world; }
-__device__ __forceinline__ int slot_of(const Problem& pr, int step) { return step % pr.slots; }
+__device__ __forceinline__ int slot_of(const Problem& pr, int step) { return schedule::slot_of(step, pr.slots); }
 
 struct WorkItem {
   int b, h, m;
@@ -261,6 +261,21 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Releasing a slot. Step i's slot may be rewritten by the predecessor once every attention block has computed on
+// it and (i < W - 1) every comm block has forwarded it. Each of those parties counts itself once; the one that
+// completes the count signals released[slot] = G(i) on the predecessor. Nobody waits for it: a comm block that
+// waited for this rank's compute before forwarding the next step would delay the successor's next block by a
+// whole step.
+template <class T>
+__device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
+  const Problem& pr = p.pr;
+  const uint64_t parties = static_cast<uint64_t>(pr.attn_blocks) + (step < pr.world - 1 ? pr.comm_blocks : 0);
+  if (tp::detail::atom_add_acq_rel_gpu(&p.parties[step], 1) + 1 != parties) return;
+  (void)tandem::device::signal(p.comm, &p.ctl->released[slot_of(pr, step)], schedule::global_step(epoch, pr.world, step),
+                               tandem::device::SignalOp::kSet, (pr.rank - 1 + pr.world) % pr.world);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Producer: one thread of warp 0 issues every TMA load of the block.
 
 template <class T>
@@ -295,7 +310,7 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
     const int slot = step == 0 ? (pr.step0_slot < 0 ? 0 : pr.step0_slot) : slot_of(pr, step);
     if (step > 0) {  // this step's block has landed (every comm block's range)
       Status st = Status::kOk;
-      const uint64_t g = epoch * pr.world + step;
+      const uint64_t g = schedule::global_step(epoch, pr.world, step);
       for (int c = 0; c < pr.comm_blocks && st == Status::kOk; ++c)
         st = wait_until_backoff(p.comm, &p.ctl->arrived[slot][c], Cmp::kGe, g, kArrivalPollNs,
                                 (pr.rank - 1 + pr.world) % pr.world);
@@ -340,7 +355,7 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
 
 template <class T>
 __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
-                        typename T::PipelineKV& pipe_kv) {
+                        typename T::PipelineKV& pipe_kv, uint64_t epoch) {
   using Element = typename T::Element;
   const Problem& pr = p.pr;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255
@@ -508,27 +523,14 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
       }
     }
     // Every consumer of this block is done with step `step` (its K/V reads completed before they released the
-    // stages): count the block, for comm block 0's release of the slot.
+    // stages): count the block among the step's parties; the last party releases the slot (release_slot).
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
-    if (tid == 0 && pr.world > 1) {
-      __threadfence();
-      atomicAdd(reinterpret_cast<unsigned long long*>(&p.step_done[step]), 1ull);
-    }
+    if (tid == 0 && pr.world > 1) release_if_last(p, step, epoch);
   }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Comm role.
-
-// The global step at which the successor last used (before step i of this launch) the slot that step i fills.
-__device__ __forceinline__ uint64_t previous_use(const Problem& pr, uint64_t epoch, int i) {
-  if (i >= pr.slots) return epoch * pr.world + (i - pr.slots);
-  if (epoch <= 1) return 0;
-  const int slot = i % pr.slots;
-  int last = pr.world - 1;
-  while (last >= 0 && last % pr.slots != slot) --last;
-  return last < 0 ? 0 : (epoch - 1) * pr.world + last;
-}
 
 template <class T>
 __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
@@ -539,43 +541,30 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
   size_t lo, hi;
   tp::detail::split16(p.block_bytes, pr.comm_blocks, c, &lo, &hi);
   Status st = Status::kOk;
-  for (int i = 0; i < pr.world && st == Status::kOk; ++i) {
-    const uint64_t g = epoch * pr.world + i;
-    const int slot = slot_of(pr, i);
-    if (i < pr.world - 1) {
-      const int next = slot_of(pr, i + 1);
-      if (threadIdx.x == 0) {
-        if (i > 0) st = wait_until_backoff(p.comm, &p.ctl->arrived[slot][c], Cmp::kGe, g, kArrivalPollNs, pred);
-        if (st == Status::kOk)
-          st = wait_until_backoff(p.comm, &p.ctl->released[next], Cmp::kGe, previous_use(pr, epoch, i + 1),
-                                  kArrivalPollNs, succ);
-      }
-      if (!tp::detail::block_ok(st)) break;
-      const bool user = i == 0 && pr.step0_slot < 0;
-      const char* k_src = user ? p.k_user : p.k_slots + static_cast<size_t>(i == 0 ? 0 : slot) * p.block_bytes;
-      const char* v_src = user ? p.v_user : p.v_slots + static_cast<size_t>(i == 0 ? 0 : slot) * p.block_bytes;
-      char* k_dst = p.k_slots + static_cast<size_t>(next) * p.block_bytes;
-      char* v_dst = p.v_slots + static_cast<size_t>(next) * p.block_bytes;
-      st = put<Group::kBlock>(p.comm, k_dst + lo, k_src + lo, hi - lo, succ);
+  for (int i = 0; i + 1 < pr.world; ++i) {  // the last step's block goes nowhere
+    const uint64_t g = schedule::global_step(epoch, pr.world, i);
+    const int slot = slot_of(pr, i), next = slot_of(pr, i + 1);
+    if (threadIdx.x == 0) {
+      if (i > 0) st = wait_until_backoff(p.comm, &p.ctl->arrived[slot][c], Cmp::kGe, g, kArrivalPollNs, pred);
       if (st == Status::kOk)
-        st = put_signal<Group::kBlock>(p.comm, v_dst + lo, v_src + lo, hi - lo, &p.ctl->arrived[next][c], g + 1,
-                                       SignalOp::kSet, succ);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        if (st == Status::kOk && p.comm.proxy_slots != nullptr) st = quiet(p.comm);  // the proxy read our slot
-        __threadfence();
-        atomicAdd(reinterpret_cast<unsigned long long*>(&p.forwarded[i]), 1ull);
-      }
-      if (!tp::detail::block_ok(st)) break;
+        st = wait_until_backoff(p.comm, &p.ctl->released[next], Cmp::kGe,
+                                schedule::previous_use(epoch, pr.world, pr.slots, i + 1), kArrivalPollNs, succ);
     }
-    // Release the slot step i used, once this rank computed on it and forwarded it.
-    if (c == 0 && threadIdx.x == 0) {
-      st = wait_until_backoff(p.comm, &p.step_done[i], Cmp::kGe, static_cast<uint64_t>(pr.attn_blocks),
-                              kArrivalPollNs, pr.rank);
-      if (st == Status::kOk && i < pr.world - 1)
-        st = wait_until_backoff(p.comm, &p.forwarded[i], Cmp::kGe, static_cast<uint64_t>(pr.comm_blocks),
-                                kArrivalPollNs, pr.rank);
-      if (st == Status::kOk) st = signal(p.comm, &p.ctl->released[slot], g, SignalOp::kSet, pred);
+    if (!tp::detail::block_ok(st)) break;
+    // step 0 without proxy peers forwards the user's K/V in place; otherwise the slot (slot 0: the staged copy)
+    const bool user = i == 0 && pr.step0_slot < 0;
+    const char* k_src = user ? p.k_user : p.k_slots + static_cast<size_t>(slot) * p.block_bytes;
+    const char* v_src = user ? p.v_user : p.v_slots + static_cast<size_t>(slot) * p.block_bytes;
+    char* k_dst = p.k_slots + static_cast<size_t>(next) * p.block_bytes;
+    char* v_dst = p.v_slots + static_cast<size_t>(next) * p.block_bytes;
+    st = put<Group::kBlock>(p.comm, k_dst + lo, k_src + lo, hi - lo, succ);
+    if (st == Status::kOk)
+      st = put_signal<Group::kBlock>(p.comm, v_dst + lo, v_src + lo, hi - lo, &p.ctl->arrived[next][c], g + 1,
+                                     SignalOp::kSet, succ);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (st == Status::kOk && p.comm.proxy_slots != nullptr) st = quiet(p.comm);  // the proxy read our slot
+      release_if_last(p, i, epoch);
     }
     if (!tp::detail::block_ok(st)) break;
   }
@@ -623,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
       if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_kv, epoch);
     } else {
       cutlass::arch::warpgroup_reg_alloc<232>();
-      consume(p, ss, pipe_q, pipe_kv);
+      consume(p, ss, pipe_q, pipe_kv, epoch);
     }
   }
   __syncthreads();
@@ -670,8 +659,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   pr.step0_slot = stage ? 0 : -1;
   p.comm = a.comm;
   p.ctl = reinterpret_cast<RingControl*>(ws + o.control);
-  p.step_done = reinterpret_cast<uint64_t*>(ws + o.counters);
-  p.forwarded = p.step_done + kMaxWorldRing;
+  p.parties = reinterpret_cast<uint64_t*>(ws + o.counters);
   p.k_user = static_cast<const char*>(a.k);
   p.v_user = static_cast<const char*>(a.v);
   p.k_slots = ws + o.k_slots;
@@ -696,7 +684,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
                                 kv_tile);
 
   if (pr.world > 1 &&
-      cudaMemsetAsync(p.step_done, 0, sizeof(uint64_t) * 2 * kMaxWorldRing, stream) != cudaSuccess)
+      cudaMemsetAsync(p.parties, 0, sizeof(uint64_t) * kMaxWorldRing, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (stage) {  // the proxy reads what it sends from the heap: this rank's block goes to slot 0 first
     if (cudaMemcpyAsync(p.k_slots, a.k, o.block_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||

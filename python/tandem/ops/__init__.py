@@ -6,6 +6,7 @@ failure is a TandemError (a ValueError-like INVALID_ARGUMENT for bad input) nami
     c = tandem.ops.ag_gemm(comm, a_local, b) # all_gather(a_local) @ b, one fused kernel
     o = tandem.ops.gemm_rs(comm, a, b)       # reduce_scatter(a @ b), one fused kernel
     y, lay = tandem.ops.moe_dispatch_gemm(comm, x, ids, w)  # MoE dispatch + the experts' GEMM, one kernel
+    o, lse = tandem.ops.ring_attention(comm, q, k, v, causal=True)  # attention over the sequence sharded by rank
 """
 
 from __future__ import annotations
@@ -13,3 +14,5 @@ from __future__ import annotations
 from .gemm import gemm  # noqa: F401  (registers torch.ops.tandem.gemm)
 from .tp import ag_gemm, gemm_ar, gemm_rs  # noqa: F401,E402  (registers torch.ops.tandem.ag_gemm / gemm_rs / gemm_ar)
 from .moe import moe_combine, moe_dispatch_gemm  # noqa: F401,E402  (registers torch.ops.tandem.moe_*)
+from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_attention)
+    contiguous_shard, ring_attention, zigzag_shard, zigzag_unshard)

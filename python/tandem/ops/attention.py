@@ -1,0 +1,203 @@
+"""Ring attention (sequence parallelism) as a torch.library op: torch.ops.tandem.ring_attention.
+
+    o, lse = tandem.ops.ring_attention(comm, q, k, v, causal=True)
+
+The global sequence of S = W * S_l rows is sharded over the W ranks of `comm`; each rank passes its S_l rows of
+q (B, S_l, Hq, d), k and v (B, S_l, Hkv, d) and gets softmax(q K^T * scale [+ causal mask]) V for its rows
+against the whole sequence: o like q, and lse (B, Hq, S_l) fp32, the natural log of each row's softmax
+denominator. The K/V blocks travel around the ring inside one kernel (kernels/include/tandem/kernels/attention/
+ring_attention.h). Query head h reads KV head h // (Hq // Hkv) (GQA; MQA when Hkv = 1).
+
+Layouts of the sequence over ranks (shard with these helpers, the same way on every rank):
+  causal=False  contiguous: rank r holds global rows [r S_l, (r + 1) S_l)            contiguous_shard
+  causal=True   zigzag: 2W chunks of S_l / 2 rows; rank r holds chunk r, then chunk 2W - 1 - r, so that every
+                rank does the same work under the mask                                zigzag_shard / zigzag_unshard
+The causal mask is global (query row p sees key row p' <= p), as torch SDPA's is_causal on the gathered,
+un-zigzagged sequence; local_positions gives each local row's global position.
+
+Every rank calls the op with the same shapes, in the same order (a collective). The workspace (symmetric heap)
+is made on the first call for a shape and reused: make that first call before capturing a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._native import native
+from ..errors import TandemError, invalid
+from .tp import _DTYPES, _comm, _stream, _token, register
+from .tp import _workspace as _tp_workspace
+
+OP = "ring_attention"
+HEAD_DIMS = (64, 128)
+
+_PRELOADED = False
+
+
+def _preload(op, rank):
+    # Load the ring-attention kernels before the first launch (see tandem.ops.tp._preload: lazy module loading
+    # behind a running kernel that waits for proxy traffic stalls the proxy).
+    global _PRELOADED
+    if not _PRELOADED:
+        err = native().kernels.ring_attention_preload_kernels()
+        if err:
+            raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
+        _PRELOADED = True
+
+
+def _workspace(comm, key, nbytes):
+    return _tp_workspace(comm, key, nbytes, preload=_preload)
+
+
+def validate(q, k, v, *, causal: bool, softmax_scale: float, comm_blocks: int, sm_count: int, device: torch.device,
+             rank: int = -1, op: str = OP) -> tuple[int, int, int, int, int]:
+    """Check the op's inputs (device: where the tensors must be; softmax_scale 0 means 1/sqrt(d)); raise a
+    TandemError (INVALID_ARGUMENT) naming the problem, or return (B, S_l, Hq, Hkv, d). Needs no GPU."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op, rank)
+        if t.device != device:
+            raise invalid(f"{name} must be on the communicator's device {device}, got {t.device}", op, rank)
+        if t.dim() != 4:
+            raise invalid(f"{name} must be 4-D (batch, seq_local, heads, head_dim), got shape {tuple(t.shape)}", op,
+                          rank)
+        if t.dtype not in _DTYPES:
+            raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, rank)
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            raise invalid(f"{name} must be contiguous and 16-byte aligned (strides {t.stride()}, address "
+                          f"{t.data_ptr():#x})", op, rank)
+    if not q.dtype == k.dtype == v.dtype:
+        raise invalid(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}", op, rank)
+    batch, seq_local, heads_q, head_dim = q.shape
+    heads_kv = k.shape[2]
+    if k.shape != v.shape:
+        raise invalid(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}", op, rank)
+    if (k.shape[0], k.shape[1], k.shape[3]) != (batch, seq_local, head_dim):
+        raise invalid(f"k and v must be ({batch}, {seq_local}, Hkv, {head_dim}) like q {tuple(q.shape)}, got "
+                      f"{tuple(k.shape)}", op, rank)
+    if min(batch, seq_local, heads_q, heads_kv) < 1:
+        raise invalid(f"empty problem: q {tuple(q.shape)}, k {tuple(k.shape)}", op, rank)
+    if heads_q % heads_kv:
+        raise invalid(f"the KV heads ({heads_kv}) must divide the query heads ({heads_q})", op, rank)
+    if head_dim not in HEAD_DIMS:
+        raise invalid(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}", op, rank)
+    if causal and seq_local % 2:
+        raise invalid(f"causal attention uses the zigzag layout (two chunks of S_l / 2 rows a rank): S_l must be "
+                      f"even, got {seq_local}", op, rank)
+    if not (math.isfinite(softmax_scale) and softmax_scale >= 0):
+        raise invalid(f"softmax_scale must be a positive finite number (0: 1/sqrt(d)), got {softmax_scale}", op, rank)
+    if comm_blocks < 0:
+        raise invalid(f"comm_blocks must be 0 (heuristic) or positive, got {comm_blocks}", op, rank)
+    if sm_count < 0:
+        raise invalid(f"sm_count must be 0 (the communicator's) or positive, got {sm_count}", op, rank)
+    return batch, seq_local, heads_q, heads_kv, head_dim
+
+
+def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots):
+    rank = comm.rank
+    if kv_slots < 0 or kv_slots == 1 or kv_slots > max(comm.world_size, 2):
+        raise invalid(f"kv_slots must be 0 (double buffering) or in [2, world = {comm.world_size}], got {kv_slots}",
+                      OP, rank)
+    b, s_l, hq, hkv, d = validate(q, k, v, causal=causal, softmax_scale=softmax_scale, comm_blocks=comm_blocks,
+                                  sm_count=sm_count, device=torch.device("cuda", comm.device), rank=rank)
+    K = native().kernels
+    key = (OP, _token(comm), b, s_l, hq, hkv, d, bool(causal), int(kv_slots), q.dtype)
+    ws = _workspace(comm, key, K.ring_attention_workspace_size(comm.native, b, s_l, hq, hkv, d, bool(causal),
+                                                               int(kv_slots)))
+    o = torch.empty_like(q)
+    lse = torch.empty((b, hq, s_l), dtype=torch.float32, device=q.device)
+    args = (_DTYPES[q.dtype], b, s_l, hq, hkv, d, bool(causal), float(softmax_scale), q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), o.data_ptr(), lse.data_ptr(), ws.data_ptr(), int(sm_count), int(comm_blocks), int(kv_slots))
+    why = K.ring_attention(comm.native, "check", *args, 0)
+    if why:
+        raise invalid(f"cannot run this problem: {why}", OP, rank)
+    err = K.ring_attention(comm.native, "run", *args, _stream(q.device))
+    if err:
+        raise TandemError(f"tandem: {OP}: {err}", 5, OP, rank)
+    return o, lse
+
+
+@torch.library.custom_op("tandem::ring_attention", mutates_args=())
+def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: int, causal: bool = False,
+                      softmax_scale: float = 0.0, comm_blocks: int = 0, sm_count: int = 0,
+                      kv_slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _ring(_comm(comm, OP), q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
+
+
+@ring_attention_op.register_fake
+def _(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
+    b, s_l, hq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, hq, s_l), dtype=torch.float32)
+
+
+def ring_attention(comm, q, k, v, *, causal: bool = False, softmax_scale: float | None = None, comm_blocks: int = 0,
+                   sm_count: int = 0, kv_slots: int = 0):
+    """(o, lse) of this rank's rows of q against the whole sequence (module docstring). softmax_scale: None for
+    1/sqrt(d). q, k, v must be sharded as the layout of `causal` says (contiguous_shard, or zigzag_shard when
+    causal). kv_slots: K/V buffers per rank, 0 (two: double buffering) or up to the world size (no slot is
+    rewritten within a launch: a rank never waits for its successor's compute)."""
+    if softmax_scale is not None and not softmax_scale > 0:
+        raise invalid(f"softmax_scale must be positive, got {softmax_scale}", OP, comm.rank)
+    return torch.ops.tandem.ring_attention(q, k, v, register(comm), causal,
+                                           0.0 if softmax_scale is None else float(softmax_scale), comm_blocks,
+                                           sm_count, kv_slots)
+
+
+# ---- sharding the sequence --------------------------------------------------------------------------------
+
+def _seq_len(x, dim, parts, what):
+    if not isinstance(x, torch.Tensor) or not -x.dim() <= dim < x.dim():
+        raise invalid(f"expected a tensor with a dimension {dim}, got {type(x).__name__} "
+                      f"{tuple(getattr(x, 'shape', ()))}", what)
+    s = x.shape[dim]
+    if s % parts:
+        raise invalid(f"the sequence ({s} rows along dim {dim}) must split into {parts} equal chunks", what)
+    return s // parts
+
+
+def _check_rank(rank, world, what):
+    if world < 1 or not 0 <= rank < world:
+        raise invalid(f"rank {rank} is not in a world of {world}", what)
+
+
+def contiguous_shard(x_global, rank: int, world: int, dim: int = 1):
+    """Rank `rank`'s rows of the non-causal layout: global rows [rank S_l, (rank + 1) S_l) along `dim`
+    (contiguous copy). The inverse is torch.cat(shards, dim)."""
+    _check_rank(rank, world, "contiguous_shard")
+    s_l = _seq_len(x_global, dim, world, "contiguous_shard")
+    return x_global.narrow(dim, rank * s_l, s_l).contiguous()
+
+
+def zigzag_shard(x_global, rank: int, world: int, dim: int = 1):
+    """Rank `rank`'s rows of the causal (zigzag) layout: the sequence along `dim` cut into 2W chunks, chunk
+    `rank` then chunk 2W - 1 - rank (contiguous copy)."""
+    _check_rank(rank, world, "zigzag_shard")
+    c = _seq_len(x_global, dim, 2 * world, "zigzag_shard")
+    return torch.cat([x_global.narrow(dim, rank * c, c), x_global.narrow(dim, (2 * world - 1 - rank) * c, c)], dim)
+
+
+def zigzag_unshard(shards, world: int, dim: int = 1):
+    """The global sequence from every rank's zigzag shard (shards[r] from rank r): the inverse of zigzag_shard."""
+    if len(shards) != world:
+        raise invalid(f"expected {world} shards (one a rank), got {len(shards)}", "zigzag_unshard")
+    chunks = [None] * (2 * world)
+    for r, x in enumerate(shards):
+        c = _seq_len(x, dim, 2, "zigzag_unshard")
+        chunks[r], chunks[2 * world - 1 - r] = x.narrow(dim, 0, c), x.narrow(dim, c, c)
+    return torch.cat(chunks, dim)
+
+
+def shard_sequence(x_global, rank: int, world: int, *, causal: bool, dim: int = 1):
+    """Rank `rank`'s rows in the layout the op expects for `causal` (zigzag if causal, else contiguous)."""
+    return (zigzag_shard if causal else contiguous_shard)(x_global, rank, world, dim)
+
+
+def local_positions(seq_local: int, world: int, rank: int, *, causal: bool, device=None):
+    """Global row of each of rank `rank`'s S_l local rows (int64), as ring_attention.h's global_row."""
+    j = torch.arange(seq_local, device=device)
+    if not causal:
+        return rank * seq_local + j
+    c = seq_local // 2
+    return torch.where(j < c, rank * c + j, (2 * world - 1 - rank) * c + j - c)

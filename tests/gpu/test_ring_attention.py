@@ -1,0 +1,76 @@
+"""Ring attention (torch.ops.tandem.ring_attention) at world 1, 2, 4 (MPS ranks) and across emulated nodes, against
+torch SDPA in fp32 on the gathered (un-zigzagged) sequence: every rank compares its own rows of O and LSE."""
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+W = "tests.gpu.workers_attention"
+
+# B, S_l, Hq, Hkv, d, causal, dtype, softmax_scale (None: 1/sqrt(d)); S_l mostly not a multiple of the 128-row tile
+CASES = [
+    [2, 200, 8, 2, 128, False, "bfloat16", None],  # GQA
+    [2, 200, 8, 2, 128, True, "bfloat16", None],
+    [1, 130, 4, 1, 64, True, "float16", None],  # MQA
+    [2, 64, 8, 8, 64, False, "float16", None],  # MHA, one partial tile
+    [1, 1000, 8, 2, 128, True, "float16", None],
+    [1, 1000, 4, 1, 64, False, "bfloat16", 0.2],  # an explicit scale
+    [1, 2, 4, 2, 64, True, "bfloat16", None],  # one row per zigzag chunk
+    [1, 77, 2, 1, 128, False, "bfloat16", None],  # odd S_l (no mask: contiguous layout)
+]
+LONG_CASES = [
+    [2, 1024, 8, 2, 128, True, "bfloat16", None],
+    [1, 2048, 8, 2, 128, True, "float16", None],
+    [1, 2048, 8, 1, 64, False, "bfloat16", None],
+]
+
+
+def _check(res, n_cases):
+    for r in res:
+        assert len(r["cases"]) == n_cases, r
+        for c in r["cases"]:
+            assert c["wrong_o"] == 0 and c["wrong_lse"] == 0, c
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ring_attention_matches_sdpa(run_ranks, world):
+    _check(run_ranks(f"{W}:correctness", world, cases=CASES, timeout_s=240), len(CASES))
+
+
+def test_ring_attention_with_a_slot_per_rank_matches_sdpa(run_ranks):
+    # kv_slots = world: no slot is rewritten within a launch (the default double buffering is tested above)
+    _check(run_ranks(f"{W}:correctness", 4, cases=CASES[:4], kv_slots=4, timeout_s=240), 4)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ring_attention_long_sequences_match_sdpa(run_ranks, world):
+    # up to 8192 rows in all at world 4
+    _check(run_ranks(f"{W}:correctness", world, cases=LONG_CASES, seed=100, timeout_s=240), len(LONG_CASES))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_ring_attention_repeated_launches_and_cuda_graph(run_ranks, world):
+    res = run_ranks(f"{W}:repeat_and_graph", world, shape=[2, 1000, 8, 2, 128], launches=20, timeout_s=240)
+    for r in res:
+        for layout in ("full", "causal"):
+            c = r[layout]
+            assert c["same"] == 20 and c["first_wrong"] == 0, (layout, c)
+            assert c["graph_same"] == [True, True, True] and c["graph_wrong"] == [0, 0, 0], (layout, c)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_ring_attention_bad_input_is_rejected_before_launch(run_ranks, world):
+    res = run_ranks(f"{W}:rejects", world)
+    for r in res:
+        assert all(v == 3 for v in r["status"].values()), r["status"]  # INVALID_ARGUMENT, raised by the op
+        assert r["after"]["wrong_o"] == 0 and r["after"]["wrong_lse"] == 0, r["after"]
+
+
+def test_ring_attention_across_emulated_nodes(run_ranks):
+    # 2 emulated nodes x 2 ranks: the K/V blocks cross between nodes (rank 1 -> 2, rank 3 -> 0) through the CPU
+    # proxy (TCP)
+    cases = [[2, 200, 8, 2, 128, False, "bfloat16", None], [1, 1000, 8, 2, 128, True, "bfloat16", None],
+             [1, 130, 4, 1, 64, True, "float16", None]]
+    res = run_ranks(f"{W}:correctness", 4, ranks_per_node=2, cases=cases, timeout_s=240)
+    for r in res:
+        assert r["has_proxy"] and r["num_nodes"] == 2, r
+    _check(res, len(cases))

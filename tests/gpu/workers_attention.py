@@ -1,0 +1,197 @@
+"""Rank-side bodies of the ring-attention tests (run in every rank by tests/conftest.py:run_ranks).
+
+Every rank builds the whole global Q, K, V from a seed (the same on every rank), so it can compute the reference
+of its own rows without any communication: torch SDPA in fp32 on the gathered, un-zigzagged sequence, and the
+log-sum-exp of the scaled, masked scores. The inputs carry terms that make misplacement visible: V's first
+channels hold the global row, the KV head and the batch, so every output row carries the softmax-weighted mean
+position, head and batch it read; Q and K share a positional term, so the attention pattern depends on where the
+rows are."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import tandem.ops  # noqa: F401
+from tandem.errors import TandemError
+from tandem.ops import attention, tp
+from tandem.transport import Communicator
+
+O_ABS, O_REL = 2e-2, 2e-2  # |o - ref| <= O_ABS + O_REL |ref| (bf16/fp16 output of an fp32 accumulation)
+LSE_ABS = 1e-2
+
+
+def _global_qkv(seed, batch, seq, heads_q, heads_kv, head_dim, dtype):
+    """Global (B, S, H, d) Q, K, V on the GPU, from a CPU generator (bit-identical on every rank)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, seq, heads_q, head_dim, generator=g)
+    k = torch.randn(batch, seq, heads_kv, head_dim, generator=g)
+    v = torch.randn(batch, seq, heads_kv, head_dim, generator=g)
+    rows = torch.arange(seq, dtype=torch.float32).view(1, seq, 1)
+    q[..., 0] += torch.cos(rows * 0.11)
+    k[..., 0] += torch.cos(rows * 0.11)
+    v[..., 0] = rows / seq
+    v[..., 1] = (torch.arange(heads_kv, dtype=torch.float32).view(1, 1, -1) + 1) / heads_kv
+    v[..., 2] = (torch.arange(batch, dtype=torch.float32).view(-1, 1, 1) + 1) / batch
+    return [t.to(dtype).cuda() for t in (q, k, v)]
+
+
+def _reference(q, k, v, pos, causal, scale):
+    """fp32 attention of the query rows at global positions `pos` against the whole sequence:
+    (o (B, S_l, Hq, d), lse (B, Hq, S_l))."""
+    seq, group = k.shape[1], q.shape[2] // k.shape[2]
+    mask = torch.arange(seq, device=q.device).view(1, -1) <= pos.view(-1, 1) if causal else None  # S_l x S
+    outs, lses = [], []
+    for b in range(q.shape[0]):  # one sequence at a time: the S_l x S scores of every head stay small
+        qf = q[b, pos].float().transpose(0, 1)  # Hq x S_l x d
+        kf = k[b].float().repeat_interleave(group, dim=1).transpose(0, 1)  # Hq x S x d (head h reads h // group)
+        vf = v[b].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        outs.append(F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale).transpose(0, 1))
+        scores = (qf @ kf.transpose(1, 2)) * scale
+        if causal:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        lses.append(torch.logsumexp(scores, dim=-1))
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _errors(o, lse, o_ref, lse_ref):
+    """Elements outside tolerance (NaN counts as wrong) and the largest errors."""
+    eo = (o.float() - o_ref).abs()
+    el = (lse - lse_ref).abs()
+    return dict(wrong_o=int((~(eo <= O_ABS + O_REL * o_ref.abs())).sum()), wrong_lse=int((~(el <= LSE_ABS)).sum()),
+                max_err_o=float(eo.max()), max_err_lse=float(el.max()))
+
+
+def _shards(comm, tensors, causal):
+    return [attention.shard_sequence(t, comm.rank, comm.world_size, causal=causal) for t in tensors]
+
+
+def _check_against_reference(comm, o, lse, qkv, causal, scale):
+    seq_local = o.shape[1]
+    pos = attention.local_positions(seq_local, comm.world_size, comm.rank, causal=causal, device="cuda")
+    o_ref, lse_ref = _reference(*qkv, pos, causal, scale)
+    return _errors(o, lse, o_ref, lse_ref)
+
+
+def _case(comm, batch, seq_local, heads_q, heads_kv, head_dim, causal, dtype, softmax_scale, seed, kv_slots=0):
+    qkv = _global_qkv(seed, batch, seq_local * comm.world_size, heads_q, heads_kv, head_dim, dtype)
+    o, lse = attention.ring_attention(comm, *_shards(comm, qkv, causal), causal=causal, softmax_scale=softmax_scale,
+                                      kv_slots=kv_slots)
+    torch.cuda.synchronize()
+    comm.check()
+    scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+    return dict(shape=[batch, seq_local, heads_q, heads_kv, head_dim], causal=causal, dtype=str(dtype),
+                softmax_scale=softmax_scale, **_check_against_reference(comm, o, lse, qkv, causal, scale))
+
+
+def correctness(cases, seed=1, kv_slots=0):
+    """cases: [B, S_l, Hq, Hkv, d, causal, dtype name, softmax_scale or None] each; kv_slots for every case."""
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.num_nodes, cases=[])
+    for i, (b, s_l, hq, hkv, d, causal, dtype, scale) in enumerate(cases):
+        out["cases"].append(_case(comm, b, s_l, hq, hkv, d, causal, getattr(torch, dtype), scale, seed + i,
+                                  kv_slots))
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def _graph_replays(comm, shape, causal, static, seeds):
+    """Capture the op on static inputs, then for each seed copy new global values' shards into them and replay:
+    per replay, whether the graph's outputs equal an eager launch on the same inputs bit for bit, and the
+    elements outside tolerance against the reference."""
+    b, s_l, hq, hkv, d = shape
+    qs, ks, vs = static
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side):
+            og, lg = attention.ring_attention(comm, qs, ks, vs, causal=causal)
+    torch.cuda.current_stream().wait_stream(side)
+    same, wrong = [], []
+    for seed in seeds:
+        qkv = _global_qkv(seed, b, s_l * comm.world_size, hq, hkv, d, qs.dtype)
+        for dst, src in zip(static, _shards(comm, qkv, causal)):
+            dst.copy_(src)
+        comm.barrier()
+        g.replay()
+        torch.cuda.synchronize()
+        oe, le = attention.ring_attention(comm, qs, ks, vs, causal=causal)
+        torch.cuda.synchronize()
+        same.append(bool(torch.equal(og, oe) and torch.equal(lg, le)))
+        e = _check_against_reference(comm, og, lg, qkv, causal, d ** -0.5)
+        wrong.append(e["wrong_o"] + e["wrong_lse"])
+    return same, wrong
+
+
+def repeat_and_graph(shape, launches, seed=7):
+    """Per causal flag: `launches` launches on the same inputs give the first one's bits (o and lse), the first is
+    right, and CUDA-graph replays with new values copied into the captured inputs are right."""
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    b, s_l, hq, hkv, d = shape
+    out = {}
+    for causal in (False, True):
+        qkv = _global_qkv(seed, b, s_l * comm.world_size, hq, hkv, d, torch.bfloat16)
+        q, k, v = _shards(comm, qkv, causal)
+        o0, l0 = attention.ring_attention(comm, q, k, v, causal=causal)
+        same = 0
+        for _ in range(launches):
+            o, lse = attention.ring_attention(comm, q, k, v, causal=causal)
+            same += int(torch.equal(o, o0) and torch.equal(lse, l0))
+        torch.cuda.synchronize()
+        comm.check()
+        first = _check_against_reference(comm, o0, l0, qkv, causal, d ** -0.5)
+        graph_same, graph_wrong = _graph_replays(comm, shape, causal, [q.clone(), k.clone(), v.clone()],
+                                                 [seed + 1, seed + 2, seed + 3])
+        comm.check()
+        out["causal" if causal else "full"] = dict(same=same, first_wrong=first["wrong_o"] + first["wrong_lse"],
+                                                   graph_same=graph_same, graph_wrong=graph_wrong)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def rejects(seed=3):
+    """Each bad input raises the op's TandemError before any launch: {case: status}; then a valid call is right."""
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=10)
+    b, s_l, hq, hkv, d = 2, 64, 8, 2, 64
+    bf16 = torch.bfloat16
+
+    def t(*shape, dtype=bf16):
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    q, k, v = t(b, s_l, hq, d), t(b, s_l, hkv, d), t(b, s_l, hkv, d)
+    misaligned = torch.empty(q.numel() + 8, device="cuda", dtype=bf16)[1:1 + q.numel()].view(q.shape)
+    ra = attention.ring_attention
+    cases = {
+        "float32": lambda: ra(comm, q.float(), k.float(), v.float()),
+        "mixed_dtype": lambda: ra(comm, q, k.half(), v),
+        "kv_seq_differs": lambda: ra(comm, q, k[:, :32].contiguous(), v[:, :32].contiguous()),
+        "kv_batch_differs": lambda: ra(comm, q, k[:1].contiguous(), v[:1].contiguous()),
+        "k_v_shapes_differ": lambda: ra(comm, q, k, t(b, s_l, 2 * hkv, d)),
+        "odd_seq_causal": lambda: ra(comm, t(b, 63, hq, d), t(b, 63, hkv, d), t(b, 63, hkv, d), causal=True),
+        "head_dim_96": lambda: ra(comm, t(b, s_l, hq, 96), t(b, s_l, hkv, 96), t(b, s_l, hkv, 96)),
+        "hkv_not_dividing_hq": lambda: ra(comm, q, t(b, s_l, 3, d), t(b, s_l, 3, d)),
+        "cpu": lambda: ra(comm, q.cpu(), k.cpu(), v.cpu()),
+        "non_contiguous": lambda: ra(comm, t(b, hq, s_l, d).transpose(1, 2), k, v),
+        "misaligned": lambda: ra(comm, misaligned, k, v),
+        "three_d": lambda: ra(comm, q[0], k[0], v[0]),
+        "empty_seq": lambda: ra(comm, q[:, :0], k[:, :0], v[:, :0]),
+        "scale_zero": lambda: ra(comm, q, k, v, softmax_scale=0.0),
+        "scale_negative": lambda: ra(comm, q, k, v, softmax_scale=-1.0),
+        "comm_blocks_negative": lambda: ra(comm, q, k, v, comm_blocks=-2),
+    }
+    out = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out[name] = None
+        except TandemError as e:
+            out[name] = e.status
+    comm.check()
+    after = _case(comm, b, s_l, hq, hkv, d, True, bf16, None, seed)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return dict(status=out, after=after)
