@@ -1,0 +1,177 @@
+// Diagnostic: the ring-attention kernel at world 1 without the Python stack (one nvcc call, no package build):
+// a few small shapes against an fp64 CPU reference (wrong elements and max errors of O and LSE), then the time
+// and TFLOP/s of larger ones. The communicator is a stand-in for one rank whose "heap" is the workspace
+// (world 1 touches no peer). Build (from the repository root):
+//   nvcc -std=c++20 -arch=sm_90a -O3 --expt-relaxed-constexpr -Itransport/include -Ikernels/include \
+//        -I$CUTLASS/include -I$CUTLASS/tools/util/include tools/diag/ring_attention_check.cu -o /tmp/ring_check
+// where CUTLASS=$(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source
+#include "../../kernels/src/attention/ring_attention_sm90.cu"
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace attn = tandem::kernels::attention;
+
+namespace {
+
+#define CHECK(x)                                                                            \
+  do {                                                                                      \
+    cudaError_t e_ = (x);                                                                   \
+    if (e_ != cudaSuccess) {                                                                \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                         \
+    }                                                                                       \
+  } while (0)
+
+struct Run {
+  attn::RingArgs args;
+  void *q, *k, *v, *o, *ws;
+  float* lse;
+};
+
+Run setup(int b, int s, int hq, int hkv, int d, bool causal, const std::vector<__nv_bfloat16>* host) {
+  Run r{};
+  attn::RingArgs& a = r.args;
+  a.dtype = attn::DType::kBF16;
+  a.shape = {b, s, hq, hkv, d, causal, 0.f};
+  const size_t nq = size_t(b) * s * hq * d, nk = size_t(b) * s * hkv * d;
+  CHECK(cudaMalloc(&r.q, nq * 2));
+  CHECK(cudaMalloc(&r.k, nk * 2));
+  CHECK(cudaMalloc(&r.v, nk * 2));
+  CHECK(cudaMalloc(&r.o, nq * 2));
+  CHECK(cudaMalloc(&r.lse, size_t(b) * hq * s * 4));
+  if (host) {
+    CHECK(cudaMemcpy(r.q, host[0].data(), nq * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(r.k, host[1].data(), nk * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(r.v, host[2].data(), nk * 2, cudaMemcpyHostToDevice));
+  } else {
+    CHECK(cudaMemset(r.q, 0x3c, nq * 2));  // bf16 0x3c3c ~ 0.0115: finite, uniform (timing only)
+    CHECK(cudaMemset(r.k, 0x3c, nk * 2));
+    CHECK(cudaMemset(r.v, 0x3c, nk * 2));
+  }
+  a.q = r.q, a.k = r.k, a.v = r.v, a.o = r.o, a.lse = r.lse;
+  a.comm.world = 1;
+  a.comm.rank = 0;
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  a.plan.sm_count = sms;
+  const size_t ws_bytes = attn::workspace_size(a);
+  CHECK(cudaMalloc(&r.ws, ws_bytes));
+  CHECK(cudaMemset(r.ws, 0, ws_bytes));
+  a.workspace = r.ws;
+  a.comm.heap_base = static_cast<char*>(r.ws);
+  a.comm.heap_bytes = ws_bytes;
+  return r;
+}
+
+void release(Run& r) {
+  for (void* p : {r.q, r.k, r.v, r.o, r.ws, static_cast<void*>(r.lse)}) cudaFree(p);
+}
+
+bool check_case(int b, int s, int hq, int hkv, int d, bool causal) {
+  std::mt19937 gen(1234 + s + d + causal);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<__nv_bfloat16> h[3];
+  const size_t nq = size_t(b) * s * hq * d, nk = size_t(b) * s * hkv * d;
+  h[0].resize(nq), h[1].resize(nk), h[2].resize(nk);
+  for (auto& x : h[0]) x = __float2bfloat16(nd(gen));
+  for (auto& x : h[1]) x = __float2bfloat16(nd(gen));
+  for (auto& x : h[2]) x = __float2bfloat16(nd(gen));
+  Run r = setup(b, s, hq, hkv, d, causal, h);
+  std::string why;
+  if (attn::run(r.args, 0, &why) != tandem::Status::kOk) {
+    std::printf("run failed: %s\n", why.c_str());
+    return false;
+  }
+  CHECK(cudaDeviceSynchronize());
+  std::vector<__nv_bfloat16> o(nq);
+  std::vector<float> lse(size_t(b) * hq * s);
+  CHECK(cudaMemcpy(o.data(), r.o, nq * 2, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(lse.data(), r.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+  const double scale = 1.0 / std::sqrt(double(d));
+  size_t wrong_o = 0, wrong_l = 0;
+  double max_o = 0, max_l = 0;
+  std::vector<double> sc(s), acc(d);
+  const auto f = [](__nv_bfloat16 x) { return double(__bfloat162float(x)); };
+  for (int bi = 0; bi < b; ++bi)
+    for (int h1 = 0; h1 < hq; ++h1) {
+      const int hk = h1 / (hq / hkv);
+      for (int i = 0; i < s; ++i) {
+        double mx = -1e300;
+        const int kmax = causal ? i : s - 1;  // world 1: local row = global row in both layouts
+        for (int j = 0; j <= kmax; ++j) {
+          double dot = 0;
+          for (int x = 0; x < d; ++x)
+            dot += f(h[0][((size_t(bi) * s + i) * hq + h1) * d + x]) * f(h[1][((size_t(bi) * s + j) * hkv + hk) * d + x]);
+          sc[j] = dot * scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int j = 0; j <= kmax; ++j) {
+          const double p = std::exp(sc[j] - mx);
+          sum += p;
+          for (int x = 0; x < d; ++x) acc[x] += p * f(h[2][((size_t(bi) * s + j) * hkv + hk) * d + x]);
+        }
+        const double lref = mx + std::log(sum);
+        const double lgot = lse[(size_t(bi) * hq + h1) * s + i];
+        const double el = std::fabs(lgot - lref);
+        max_l = std::max(max_l, el);
+        wrong_l += !(el <= 1e-2);
+        for (int x = 0; x < d; ++x) {
+          const double ref = acc[x] / sum, got = f(o[((size_t(bi) * s + i) * hq + h1) * d + x]);
+          const double e = std::fabs(got - ref);
+          max_o = std::max(max_o, e);
+          wrong_o += !(e <= 2e-2 + 2e-2 * std::fabs(ref));
+        }
+      }
+    }
+  std::printf("check B=%d S=%d Hq=%d Hkv=%d d=%d causal=%d: wrong O %zu (max err %.3g), wrong LSE %zu (max err %.3g)\n",
+              b, s, hq, hkv, d, int(causal), wrong_o, max_o, wrong_l, max_l);
+  release(r);
+  return wrong_o == 0 && wrong_l == 0;
+}
+
+void time_case(int s, int h, int d, bool causal) {
+  Run r = setup(1, s, h, h, d, causal, nullptr);
+  std::string why;
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i)
+    if (attn::run(r.args, 0, &why) != tandem::Status::kOk) std::printf("run failed: %s\n", why.c_str());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  for (int i = 0; i < 7; ++i) {
+    CHECK(cudaEventRecord(e0));
+    (void)attn::run(r.args, 0, &why);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double flop = 4.0 * s * double(s) * d * h * (causal ? 0.5 : 1.0);
+  std::printf("time S=%d H=%d d=%d causal=%d: %.3f ms, %.0f TFLOP/s\n", s, h, d, int(causal), ms[3],
+              flop / (ms[3] * 1e-3) / 1e12);
+  release(r);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool ok = true;
+  ok &= check_case(1, 300, 4, 2, 128, false);
+  ok &= check_case(1, 300, 4, 2, 128, true);
+  ok &= check_case(2, 130, 2, 1, 64, true);
+  ok &= check_case(1, 256, 2, 2, 64, false);
+  std::printf("checks: %s\n", ok ? "all passed" : "FAILED");
+  if (argc > 1 && std::string(argv[1]) == "--time") {
+    for (bool causal : {false, true})
+      for (int s : {8192, 16384}) time_case(s, 16, 128, causal);
+  }
+  return ok ? 0 : 1;
+}
