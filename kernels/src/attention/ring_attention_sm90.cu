@@ -581,7 +581,9 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
   if (static_cast<int>(blockIdx.x) < pr.comm_blocks) {
     comm_role(p, epoch);
   } else {
-    auto& ss = *reinterpret_cast<typename T::SharedStorage*>(smem_raw);
+    // 128-byte swizzled TMA tiles need 1024-byte aligned shared memory (the launch reserves the slack)
+    const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+    auto& ss = *reinterpret_cast<typename T::SharedStorage*>(base);
     const int warp = cutlass::canonical_warp_idx_sync();
     const int warp_group = warp / 4;
     const bool producer_thread = warp == 0 && cute::elect_one_sync();
