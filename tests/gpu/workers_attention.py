@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import tandem.ops  # noqa: F401
-from tandem.errors import TandemError
 from tandem.ops import attention, tp
 from tandem.transport import Communicator
+
+from .rejects import statuses as reject_statuses
 
 O_ABS, O_REL = 2e-2, 2e-2  # |o - ref| <= O_ABS + O_REL |ref| (bf16/fp16 output of an fp32 accumulation)
 LSE_ABS = 1e-2
@@ -182,14 +183,7 @@ def rejects(seed=3):
         "scale_negative": lambda: ra(comm, q, k, v, softmax_scale=-1.0),
         "comm_blocks_negative": lambda: ra(comm, q, k, v, comm_blocks=-2),
     }
-    out = {}
-    for name, fn in cases.items():
-        try:
-            fn()
-            torch.cuda.synchronize()
-            out[name] = None
-        except TandemError as e:
-            out[name] = e.status
+    out = reject_statuses(cases)
     comm.check()
     after = _case(comm, b, s_l, hq, hkv, d, True, bf16, None, seed)
     tp.release_workspaces(comm)

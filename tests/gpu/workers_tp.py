@@ -11,6 +11,8 @@ from tandem.errors import TandemError
 from tandem.ops import tp
 from tandem.transport import Communicator
 
+from .rejects import statuses as reject_statuses
+
 
 def _ints(rows, cols, salt, dtype, row0=0):
     # Small multiples of 1/8 derived from (global row, column, salt): products and fp32 partial sums are exact,
@@ -207,13 +209,7 @@ def rejects():
         "ar_m_not_world": lambda: tp.gemm_ar(comm, _ints(257, 64, 0, torch.bfloat16), b) if comm.world_size > 1
         else (_ for _ in ()).throw(TandemError("w1", 3)),
     }
-    out = {}
-    for name, fn in cases.items():
-        try:
-            fn()
-            out[name] = None
-        except TandemError as e:
-            out[name] = e.status
+    out = reject_statuses(cases)
     comm.destroy()
     return out
 

@@ -146,9 +146,6 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
                          f"{d['baseline_tflops']:.0f}", f"{d['speedup']:.2f}", f"{diff:.2e}"])
             if rank == 0:  # as it goes: a later shape that fails leaves the earlier rows on record
                 print("| " + " | ".join(rows[-1]) + " |", flush=True)
-            del q, k, v
-            if world > 1:
-                del ring
             tp.release_workspaces(comm)
     if rank == 0:
         meta = common.header(command)
