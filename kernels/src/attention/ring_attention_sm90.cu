@@ -223,14 +223,14 @@ __device__ __forceinline__ WorkItem work_item(const Problem& pr, int t) {
 // Accumulator (C) fragment of an SM90 wgmma, ((2, 2, N/8), M, N') per thread, seen as (rows, cols): the two
 // rows a thread holds per 64-row atom are 8 apart; its columns come in pairs.
 template <class Layout>
-__device__ __forceinline__ auto rowcol(Layout l) {
+CUTE_HOST_DEVICE auto rowcol(Layout l) {  // (host too: tests/cpu/ring_layouts.cu checks it)
   return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<0, 2>(l), get<2>(l)));
 }
 
 // The same fragment as the A operand of a 16-deep K step of the next wgmma (register-sourced): every two
 // 8-column groups of the accumulator form one ((2, 2, 2)) A fragment.
 template <class Layout>
-__device__ __forceinline__ auto as_a_operand(Layout l) {
+CUTE_HOST_DEVICE auto as_a_operand(Layout l) {
   auto groups = logical_divide(get<0, 2>(l), Tile<_2>{});
   return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(groups)), get<1>(l),
                      coalesce(make_layout(get<0, 1>(groups), get<2>(l))));

@@ -1,0 +1,85 @@
+// Host-side check of the ring-attention kernel's register and shared-memory layouts (CuTe layouts are plain
+// host-callable functions, so this runs on a machine without a GPU). For every consumer thread it checks that
+//   * as_a_operand: the S accumulator, re-viewed as the A operand of O += P V, holds in each register the
+//     (row, key) element that the register-sourced wgmma expects there (CuTe's own A partition of the tile);
+//   * rowcol: each row of the (rows, cols) view is one row of the tile, and the O accumulator's rows are the S
+//     accumulator's rows (the softmax statistics of a row are applied to that row of O);
+//   * exactly one of the threads holding a row has column 0 (it alone writes the row's LSE);
+//   * SmemLayoutVt is SmemLayoutV transposed: Vt(d, n, s) and V(n, d, s) are the same shared-memory element.
+// tests/cpu/test_ring_layouts.py compiles and runs it. Exit status 0 and "ok" on success.
+#include "../../kernels/src/attention/ring_attention_sm90.cu"
+
+#include <cstdio>
+
+namespace attn = tandem::kernels::attention;
+
+template <class T>
+int check(const char* name) {
+  using namespace cute;
+  int bad = 0;
+  typename T::MmaS mma_s;
+  typename T::MmaO mma_o;
+  const auto idS = make_identity_tensor(Shape<Int<attn::kBlockM>, Int<attn::kBlockN>>{});
+  const auto idO = make_identity_tensor(Shape<Int<attn::kBlockM>, Int<T::kHeadDim>>{});
+  const auto idA = make_identity_tensor(Shape<Int<attn::kBlockM>, Int<attn::kBlockN>>{});  // O = P V: M x K
+  std::vector<int> lse_writers(attn::kBlockM, 0);
+  for (int t = 0; t < attn::kConsumerThreads; ++t) {
+    auto thr_s = mma_s.get_thread_slice(t);
+    auto thr_o = mma_o.get_thread_slice(t);
+    Tensor cS = thr_s.partition_C(idS);
+    Tensor cO = thr_o.partition_C(idO);
+    Tensor cA = thr_o.partition_A(idA);                          // where the RS wgmma wants each A register
+    Tensor cP = make_tensor(cS.data(), attn::as_a_operand(cS.layout()));  // what the kernel puts there
+    if (size(cA) != size(cP)) {
+      std::printf("%s: thread %d: A fragment has %d values, P has %d\n", name, t, int(size(cA)), int(size(cP)));
+      return 1;
+    }
+    for (int i = 0; i < size(cA); ++i) {
+      if (cA(i) != cP(i)) {
+        if (bad++ < 5)
+          std::printf("%s: thread %d register %d: A wants (%d, %d), P holds (%d, %d)\n", name, t, i,
+                      int(get<0>(cA(i))), int(get<1>(cA(i))), int(get<0>(cP(i))), int(get<1>(cP(i))));
+      }
+    }
+    Tensor sRC = make_tensor(cS.data(), attn::rowcol(cS.layout()));
+    Tensor oRC = make_tensor(cO.data(), attn::rowcol(cO.layout()));
+    if (size<0>(sRC) != size<0>(oRC)) {
+      std::printf("%s: thread %d: S has %d rows, O %d\n", name, t, int(size<0>(sRC)), int(size<0>(oRC)));
+      return 1;
+    }
+    for (int r = 0; r < size<0>(sRC); ++r) {
+      const int row = get<0>(sRC(r, 0));
+      for (int c = 0; c < size<1>(sRC); ++c) bad += get<0>(sRC(r, c)) != row;
+      for (int c = 0; c < size<1>(oRC); ++c) bad += get<0>(oRC(r, c)) != row;
+      for (int c = 0; c + 1 < size<1>(oRC); c += 2)  // the merge stores column pairs
+        bad += get<1>(oRC(r, c + 1)) != get<1>(oRC(r, c)) + 1 || get<1>(oRC(r, c)) % 2 != 0;
+      if (get<1>(oRC(r, 0)) == 0) ++lse_writers[row];
+    }
+  }
+  for (int row = 0; row < attn::kBlockM; ++row)
+    if (lse_writers[row] != 1) {
+      if (bad++ < 5) std::printf("%s: row %d has %d LSE writers\n", name, row, lse_writers[row]);
+    }
+  // V transposed
+  const auto sV = typename T::SmemLayoutV{};
+  const auto sVt = typename T::SmemLayoutVt{};
+  for (int s = 0; s < attn::kStages; ++s)
+    for (int n = 0; n < attn::kBlockN; ++n)
+      for (int d = 0; d < T::kHeadDim; ++d)
+        if (sV(n, d, s) != sVt(d, n, s)) {
+          if (bad++ < 5) std::printf("%s: V(%d, %d, %d) = %d but Vt = %d\n", name, n, d, s, int(sV(n, d, s)),
+                                     int(sVt(d, n, s)));
+        }
+  std::printf("%s: %s (%d mismatches)\n", name, bad ? "FAILED" : "ok", bad);
+  return bad != 0;
+}
+
+int main() {
+  int fails = 0;
+  fails += check<attn::Traits<cutlass::bfloat16_t, 128>>("bf16 d128");
+  fails += check<attn::Traits<cutlass::bfloat16_t, 64>>("bf16 d64");
+  fails += check<attn::Traits<cutlass::half_t, 128>>("fp16 d128");
+  fails += check<attn::Traits<cutlass::half_t, 64>>("fp16 d64");
+  if (fails == 0) std::printf("ok\n");
+  return fails != 0;
+}
