@@ -157,6 +157,7 @@ struct Traits {
     typename PipelineKV::SharedStorage pipe_kv;
     typename PipelineQ::SharedStorage pipe_q;
   };
+  static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory of one block (plus alignment slack)");
 };
 
 struct Problem {
