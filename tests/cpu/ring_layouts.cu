@@ -5,7 +5,10 @@
 //   * rowcol: each row of the (rows, cols) view is one row of the tile, and the O accumulator's rows are the S
 //     accumulator's rows (the softmax statistics of a row are applied to that row of O);
 //   * exactly one of the threads holding a row has column 0 (it alone writes the row's LSE);
-//   * SmemLayoutVt is SmemLayoutV transposed: Vt(d, n, s) and V(n, d, s) are the same shared-memory element.
+//   * SmemLayoutVt is SmemLayoutV transposed: Vt(d, n, s) and V(n, d, s) are the same shared-memory element;
+//   * the causal/ragged work decisions, against the element predicate key_hidden and ring_attention.h's
+//     global_row: the visible key tiles of a Q tile are exactly those with a visible element (a prefix), and a
+//     tile the kernel computes unmasked has no hidden element.
 // tests/cpu/test_ring_layouts.py compiles and runs it. Exit status 0 and "ok" on success.
 #include "../../kernels/src/attention/ring_attention_sm90.cu"
 
@@ -74,8 +77,54 @@ int check(const char* name) {
   return bad != 0;
 }
 
+// Every (world, rank, step, Q tile, key tile) of a few shapes, element by element.
+int check_masks() {
+  int bad = 0;
+  for (int world : {1, 2, 3, 4})
+    for (int seq : {2, 64, 130, 200, 256, 1000})
+      for (bool causal : {false, true}) {
+        if (causal && seq % 2) continue;
+        attn::Problem pr{};
+        pr.seq = seq, pr.world = world, pr.causal = causal;
+        pr.m_tiles = (seq + attn::kBlockM - 1) / attn::kBlockM;
+        pr.n_tiles = (seq + attn::kBlockN - 1) / attn::kBlockN;
+        attn::RingShape shape{};
+        shape.seq_local = seq, shape.causal = causal;
+        for (int rank = 0; rank < world; ++rank) {
+          for (int64_t j = 0; j < seq; ++j)  // the kernel's positions are the contract's
+            bad += attn::position(pr, rank, j) != attn::global_row(shape, world, rank, j);
+          for (int step = 0; step < world; ++step) {
+            const int src = (rank - step + world) % world;
+            for (int m = 0; m < pr.m_tiles; ++m) {
+              const int n_end = attn::visible_tiles(pr, rank, src, m);
+              for (int n = 0; n < pr.n_tiles; ++n) {
+                int visible = 0, hidden = 0;
+                for (int64_t q = int64_t(m) * attn::kBlockM; q < std::min<int64_t>(seq, (m + 1) * attn::kBlockM); ++q)
+                  for (int64_t k = int64_t(n) * attn::kBlockN; k < int64_t(n + 1) * attn::kBlockN; ++k) {
+                    const bool h = attn::key_hidden(pr, rank, src, q, k);
+                    const bool ref = k >= seq || (causal && attn::global_row(shape, world, src, k) >
+                                                                attn::global_row(shape, world, rank, q));
+                    bad += h != ref;
+                    (h ? hidden : visible) += 1;
+                  }
+                const bool computed = n < n_end;
+                if (computed != (visible > 0) || (computed && hidden > 0 && !attn::tile_needs_mask(pr, rank, src, m, n))) {
+                  if (bad++ < 5)
+                    std::printf("masks: world %d S_l %d causal %d rank %d step %d m %d n %d: n_end %d, %d visible, "
+                                "%d hidden, needs_mask %d\n", world, seq, int(causal), rank, step, m, n, n_end,
+                                visible, hidden, int(attn::tile_needs_mask(pr, rank, src, m, n)));
+                }
+              }
+            }
+          }
+        }
+      }
+  std::printf("masks: %s (%d mismatches)\n", bad ? "FAILED" : "ok", bad);
+  return bad != 0;
+}
+
 int main() {
-  int fails = 0;
+  int fails = check_masks();
   fails += check<attn::Traits<cutlass::bfloat16_t, 128>>("bf16 d128");
   fails += check<attn::Traits<cutlass::bfloat16_t, 64>>("bf16 d64");
   fails += check<attn::Traits<cutlass::half_t, 128>>("fp16 d128");

@@ -189,7 +189,7 @@ struct Params {
 };
 
 // Global position of local row j of rank `rank` (ring_attention.h).
-__device__ __forceinline__ int64_t position(const Problem& pr, int rank, int64_t j) {
+CUTE_HOST_DEVICE int64_t position(const Problem& pr, int rank, int64_t j) {
   if (!pr.causal) return static_cast<int64_t>(rank) * pr.seq + j;
   const int64_t c = pr.seq / 2;
   return j < c ? rank * c + j : (2 * static_cast<int64_t>(pr.world) - 1 - rank) * c + (j - c);
@@ -197,13 +197,30 @@ __device__ __forceinline__ int64_t position(const Problem& pr, int rank, int64_t
 
 // Key tiles of source rank `src` that some row of Q tile m (of rank `rank`) sees: a prefix [0, n_end), since
 // positions grow with the local index on every rank.
-__device__ __forceinline__ int visible_tiles(const Problem& pr, int rank, int src, int m) {
+CUTE_HOST_DEVICE int visible_tiles(const Problem& pr, int rank, int src, int m) {
   if (!pr.causal) return pr.n_tiles;
-  const int64_t last_row = min(static_cast<int64_t>(pr.seq), static_cast<int64_t>(m + 1) * kBlockM) - 1;
+  const int64_t last_row = cute::min(static_cast<int64_t>(pr.seq), static_cast<int64_t>(m + 1) * kBlockM) - 1;
   const int64_t q_hi = position(pr, rank, last_row);
   int n_end = 0;
   while (n_end < pr.n_tiles && position(pr, src, static_cast<int64_t>(n_end) * kBlockN) <= q_hi) ++n_end;
   return n_end;
+}
+
+// Whether query row `qrow` of `rank` does not see key row `kcol` of `src` (past S_l, or causal and later). Rows
+// past S_l (computed, never stored) are treated as the last row.
+CUTE_HOST_DEVICE bool key_hidden(const Problem& pr, int rank, int src, int64_t qrow, int64_t kcol) {
+  if (kcol >= pr.seq) return true;
+  if (!pr.causal) return false;
+  return position(pr, src, kcol) > position(pr, rank, cute::min(qrow, static_cast<int64_t>(pr.seq) - 1));
+}
+
+// Whether some element of (Q tile m, key tile n of `src`) is hidden: key rows past S_l (the ragged last tile,
+// zero-filled by TMA), or, causal, a key position after the tile's first query. Otherwise every element counts.
+CUTE_HOST_DEVICE bool tile_needs_mask(const Problem& pr, int rank, int src, int m, int n) {
+  const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
+  if (col0 + kBlockN > pr.seq) return true;
+  const int64_t q_lo = position(pr, rank, static_cast<int64_t>(m) * kBlockM);
+  return pr.causal && position(pr, src, col0 + kBlockN - 1) > q_lo;
 }
 
 __device__ __forceinline__ int source_of(const Problem& pr, int step) { return (pr.rank - step + pr.world) % pr.world; }
@@ -398,32 +415,22 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
       if (n_end > 0) {
-        const int64_t q_lo = position(pr, pr.rank, row0);
-        const int64_t q_hi = position(pr, pr.rank, min(static_cast<int64_t>(pr.seq), row0 + kBlockM) - 1);
         pipe_q.consumer_wait(q_state);
         for (int n = 0; n < n_end; ++n) {
           pipe_kv.consumer_wait(kv_state);
           const int s = kv_state.index();
           mma(mma_s, tSrQ, tSrK(_, _, _, s), acc_s, true);
-          // masks: key rows past S_l (ragged last tile) and, causal, key positions after the query's
           const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
-          const bool ragged = col0 + kBlockN > pr.seq;
-          const bool causal_edge =
-              pr.causal && position(pr, src, min(static_cast<int64_t>(pr.seq), col0 + kBlockN) - 1) > q_lo;
-          if (ragged || causal_edge) {
+          if (tile_needs_mask(pr, pr.rank, src, w.m, n)) {
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < size<0>(s_rc); ++r) {
               const int64_t qrow = row0 + get<0>(cS_rc(r, 0));
-              const int64_t qpos = position(pr, pr.rank, min(qrow, static_cast<int64_t>(pr.seq) - 1));
               CUTLASS_PRAGMA_UNROLL
               for (int c = 0; c < size<1>(s_rc); ++c) {
-                const int64_t kcol = col0 + get<1>(cS_rc(r, c));
-                const bool hidden = kcol >= pr.seq || (pr.causal && position(pr, src, kcol) > qpos);
-                if (hidden) s_rc(r, c) = -INFINITY;
+                if (key_hidden(pr, pr.rank, src, qrow, col0 + get<1>(cS_rc(r, c)))) s_rc(r, c) = -INFINITY;
               }
             }
           }
-          (void)q_hi;
           // online softmax, base 2: p = 2^(s * scale - max * scale)
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < size<0>(s_rc); ++r) {
