@@ -16,7 +16,7 @@ import tandem.ops  # noqa: F401
 from tandem.ops import attention, tp
 from tandem.transport import Communicator
 
-from .rejects import statuses as reject_statuses
+from .worker_common import capture, reject_statuses
 
 O_ABS, O_REL = 2e-2, 2e-2  # |o - ref| <= O_ABS + O_REL |ref| (bf16/fp16 output of an fp32 accumulation)
 LSE_ABS = 1e-2
@@ -103,13 +103,7 @@ def _graph_replays(comm, shape, causal, static, seeds):
     elements outside tolerance against the reference."""
     b, s_l, hq, hkv, d = shape
     qs, ks, vs = static
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=side):
-            og, lg = attention.ring_attention(comm, qs, ks, vs, causal=causal)
-    torch.cuda.current_stream().wait_stream(side)
+    g, (og, lg) = capture(lambda: attention.ring_attention(comm, qs, ks, vs, causal=causal))
     same, wrong = [], []
     for seed in seeds:
         qkv = _global_qkv(seed, b, s_l * comm.world_size, hq, hkv, d, qs.dtype)

@@ -12,7 +12,7 @@ import tandem.ops  # noqa: F401
 from tandem.ops import moe
 from tandem.transport import Communicator
 
-from .rejects import statuses as reject_statuses
+from .worker_common import capture, reject_statuses
 
 
 def _tokens(counts, rank):
@@ -139,14 +139,12 @@ def repeat_and_graph(counts, hidden, inter, epr, k, launches):
     torch.cuda.synchronize()
     # CUDA graph: capture dispatch + combine, replay with new token values in the captured input
     xs = x.clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            yg, lg = moe.moe_dispatch_gemm(comm, xs, ids, w, max_tokens=mt)
-            og = moe.moe_combine(comm, yg, lg, ids, wts, max_tokens=mt)
-    torch.cuda.current_stream().wait_stream(s)
+
+    def dispatch_and_combine():
+        yg, lg = moe.moe_dispatch_gemm(comm, xs, ids, w, max_tokens=mt)
+        return yg, lg, moe.moe_combine(comm, yg, lg, ids, wts, max_tokens=mt)
+
+    g, (yg, lg, og) = capture(dispatch_and_combine)
     graph_ok = []
     for scale in (1.0, 0.5, -1.0):
         xs.copy_(x * scale)

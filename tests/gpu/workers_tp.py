@@ -11,7 +11,7 @@ from tandem.errors import TandemError
 from tandem.ops import tp
 from tandem.transport import Communicator
 
-from .rejects import statuses as reject_statuses
+from .worker_common import reject_statuses
 
 
 def _ints(rows, cols, salt, dtype, row0=0):

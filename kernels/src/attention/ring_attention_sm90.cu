@@ -88,12 +88,8 @@ Offsets offsets_of(const RingArgs& a) {
   const RingShape& s = a.shape;
   const size_t rows = static_cast<size_t>(s.batch) * s.seq_local;
   Offsets o{};
-  size_t at = 0;
-  const auto take = [&](size_t bytes) {
-    const size_t r = at;
-    at += (bytes + 255) / 256 * 256;
-    return r;
-  };
+  tp::detail::WorkspaceCarver w{0};
+  const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.control = take(kRingControlBytes);
   o.counters = take(sizeof(uint64_t) * kMaxWorldRing);  // parties[W]: zeroed per launch
   o.block_bytes = rows * s.heads_kv * s.head_dim * 2;
@@ -102,7 +98,7 @@ Offsets offsets_of(const RingArgs& a) {
   o.lse_acc = take(multi ? rows * s.heads_q * sizeof(float) : 0);
   o.k_slots = take(o.block_bytes * slots_of(a));
   o.v_slots = take(o.block_bytes * slots_of(a));
-  o.total = at;
+  o.total = w.at;
   return o;
 }
 

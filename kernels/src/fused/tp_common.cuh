@@ -116,6 +116,17 @@ __device__ __forceinline__ void complete_bulk_stores() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+// Hands out consecutive 256-byte aligned ranges of a workspace, from `at` on (the MoE and ring-attention
+// workspace layouts).
+struct WorkspaceCarver {
+  size_t at;
+  size_t take(size_t bytes) {
+    const size_t r = at;
+    at += (bytes + 255) / 256 * 256;
+    return r;
+  }
+};
+
 // [lo, hi) of `bytes` for part `i` of `parts`, 16-byte granular.
 __device__ __forceinline__ void split16(size_t bytes, int parts, int i, size_t* lo, size_t* hi) {
   const size_t units = bytes / 16;

@@ -6,9 +6,10 @@
 // tandem's problem-shape type) adds what the fused kernel needs:
 //   * a virtual grid: the GEMM blocks are rows [y0, y0 + Gy) of a grid whose other rows dispatch tokens, so
 //     the linear tile index starts at blockIdx.x + 2 (blockIdx.y - y0) and strides by 2 Gy;
-//   * before a tile of group j is handed out (and before the mainloop producer loads its first tile), one thread waits (bounded, abortable: the device API's
-//     wait_until_backoff) until every source rank that sends expert j rows has signalled their arrival for
-//     this epoch, then fences the async proxy (the TMA loads that follow read what peers stored).
+//   * before a tile of group j is handed out (and before the mainloop producer loads its first tile), one
+//     thread waits (bounded, abortable: the device API's wait_until_backoff) until every source rank that sends
+//     expert j rows has signalled their arrival for this epoch, then fences the async proxy (the TMA loads that
+//     follow read what peers stored).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,6 +24,10 @@
 #include "tandem/device.cuh"
 
 namespace tandem::kernels::moe::detail {
+
+// The diagnostic timeline (TANDEM_MOE_TRACE=1, moe_sm90.cu): kTraceSlots globaltimer slots for each of the
+// first kTraceBlocks blocks; the scheduler writes slots 2, 6 and 7.
+constexpr int kTraceSlots = 8, kTraceBlocks = 512;
 
 // What the scheduler waits on. flags == nullptr: no waits (the unfused GEMM, launched after the dispatch).
 struct ExpertArrivals {
@@ -111,10 +116,12 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
       }
       // A failed wait leaves the abort flag up: the tile is still computed so every block stays in step.
       asm volatile("fence.proxy.async.global;" ::: "memory");
-      if (a.trace != nullptr && blockIdx.y * gridDim.x + blockIdx.x < 512) {  // slot 2: when the last warp got its first tile; 6/7: the scheduler's later waits
+      // slot 2: when the mainloop producer got its first tile; 6 / 7: the scheduler's later waits, time and count
+      const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
+      if (a.trace != nullptr && block < tandem::kernels::moe::detail::kTraceBlocks) {
         const uint64_t t1 = impl::globaltimer_ns();
         unsigned long long* row = reinterpret_cast<unsigned long long*>(
-            a.trace + (blockIdx.y * gridDim.x + blockIdx.x) * 8);
+            a.trace + block * tandem::kernels::moe::detail::kTraceSlots);
         if (initial) {
           atomicMax(row + 2, static_cast<unsigned long long>(t1));
         } else {

@@ -47,7 +47,8 @@ using tp::detail::last_of;
 // Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
 // diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries. The
 // globaltimer is one clock for every process on a GPU, so MPS ranks' timelines line up. Off (null): no stores.
-constexpr int kTraceSlots = 8, kTraceBlocks = 512;  // (grouped_gemm_sm90.hpp writes slots 2, 6, 7 too)
+using detail::kTraceBlocks;  // (grouped_gemm_sm90.hpp writes slots 2, 6, 7 too)
+using detail::kTraceSlots;
 __device__ uint64_t g_moe_trace[kTraceBlocks * kTraceSlots];
 
 __device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
@@ -57,22 +58,12 @@ __device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
   }
 }
 
-constexpr int kMaxExperts = 4096;
-constexpr int32_t kSendChunk = 32;    // pairs a warp sends before the next warp's turn (see dispatch_role)
-constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory system to the senders      // shared-memory tables of the send blocks
+constexpr int kMaxExperts = 4096;         // shared-memory tables of the send blocks
+constexpr int32_t kSendChunk = 32;        // pairs a warp sends before the next warp's turn (see dispatch_role)
+constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory
+                                           // system to the senders
 constexpr int kMaxWorldMoe = 64;
-constexpr size_t kAlign = 256;
-constexpr size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
-
-// Hands out consecutive 256-byte aligned ranges of a workspace, from `at` on.
-struct Carver {
-  size_t at;
-  size_t take(size_t bytes) {
-    const size_t r = at;
-    at += align_up(bytes);
-    return r;
-  }
-};
+using tp::detail::WorkspaceCarver;
 
 struct alignas(128) MoeControl {
   uint64_t epoch;
@@ -112,7 +103,7 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   const int world = a.comm.world, el = s.experts_per_rank, e = experts_total(s, world);
   const size_t n = static_cast<size_t>(s.max_tokens) * s.topk, cap = static_cast<size_t>(receive_capacity(s, world));
   DispatchOffsets o{};
-  Carver w{kControlBytes};
+  WorkspaceCarver w{kControlBytes};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.arrive = take(sizeof(uint64_t) * el * world);
   o.counts_all = take(sizeof(int32_t) * world * e);
@@ -173,7 +164,6 @@ struct DispatchParams {
   typename Gg<Element>::Kernel::Params gemm;
   Common c;
   const char* x;          // the token rows the sends read: the user's x, or x_stage (proxy peers)
-  const char* x_user;
   char* x_stage;          // null without proxy peers
   const Element* w;
   uint64_t* arrive;       // [j * world + s]
@@ -430,7 +420,6 @@ struct CombineParams {
   Common c;
   int dim;
   const char* z;          // rows the sends read: the user's z, or z_stage (proxy peers)
-  const char* z_user;
   char* z_stage;
   const int32_t* layout;
   LayoutIndex li;
@@ -628,9 +617,8 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   p.c.el = el;
   p.c.experts = E;
   p.c.capacity = receive_capacity(s, world);
-  p.x_user = static_cast<const char*>(a.x);
   p.x_stage = a.comm.proxy_slots != nullptr ? ws + o.x_stage : nullptr;
-  p.x = p.x_stage != nullptr ? p.x_stage : p.x_user;
+  p.x = p.x_stage != nullptr ? p.x_stage : static_cast<const char*>(a.x);
   p.w = static_cast<const Element*>(a.w);
   p.arrive = reinterpret_cast<uint64_t*>(ws + o.arrive);
   p.counts_all = reinterpret_cast<int32_t*>(ws + o.counts_all);
@@ -659,7 +647,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
   // the kernel; see moe_stage_rows_kernel).
   if (p.x_stage != nullptr && s.tokens > 0 &&
-      cudaMemcpyAsync(p.x_stage, p.x_user, static_cast<size_t>(s.tokens) * s.hidden * sizeof(Element),
+      cudaMemcpyAsync(p.x_stage, a.x, static_cast<size_t>(s.tokens) * s.hidden * sizeof(Element),
                       cudaMemcpyDeviceToDevice, stream) != cudaSuccess)
     return fail(why, "staging x failed", Status::kCudaError);
   // prepare: counts and the sorted (token, slot) pairs
@@ -687,7 +675,8 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   }
   detail::ExpertArrivals arr;
   arr.trace = p.trace;
-  if (const char* v = std::getenv("TANDEM_MOE_POLL_NS")) arr.poll_sleep_ns = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
+  if (const char* v = std::getenv("TANDEM_MOE_POLL_NS"))  // diagnostic override of the scheduler's poll sleep
+    arr.poll_sleep_ns = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
   arr.comm = a.comm;
   arr.world = world;
   arr.expert0 = rank * el;
@@ -736,7 +725,7 @@ struct CombineOffsets {
 CombineOffsets combine_offsets(const CombineArgs& a) {
   const MoeShape& s = a.shape;
   CombineOffsets o{};
-  Carver w{kControlBytes};
+  WorkspaceCarver w{kControlBytes};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.comb_in = take(static_cast<size_t>(s.max_tokens) * s.topk * a.dim * 2);
   o.rows_sent = take(sizeof(uint32_t) * a.comm.world);
@@ -821,9 +810,8 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   p.c.experts = experts_total(a.shape, a.comm.world);
   p.c.capacity = receive_capacity(a.shape, a.comm.world);
   p.dim = a.dim;
-  p.z_user = static_cast<const char*>(a.z);
   p.z_stage = a.comm.proxy_slots != nullptr ? ws + o.z_stage : nullptr;
-  p.z = p.z_stage != nullptr ? p.z_stage : p.z_user;
+  p.z = p.z_stage != nullptr ? p.z_stage : static_cast<const char*>(a.z);
   p.layout = a.layout;
   p.li = layout_index(a.shape, a.comm.world);
   p.topk_ids = a.topk_ids;
@@ -837,7 +825,8 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * a.comm.world, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (p.z_stage != nullptr)
-    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.z_user, p.z_stage, static_cast<size_t>(a.dim) * 2);
+    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, static_cast<const char*>(a.z), p.z_stage,
+                                                      static_cast<size_t>(a.dim) * 2);
   if (a.dtype == DType::kFP16) moe_combine_kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
   else moe_combine_kernel<__nv_bfloat16><<<blocks, kCombineThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();

@@ -24,7 +24,8 @@ def run(configs, tokens_list, reps, out_dir, command):
     from ..transport import Communicator
     from . import common
 
-    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)  # 64k tokens of the deepseek config: 15 GiB of received rows
+    # 64k tokens of the deepseek config: 15 GiB of received rows
+    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
     for name in configs:

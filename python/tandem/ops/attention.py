@@ -33,22 +33,8 @@ from .tp import _workspace as _tp_workspace
 OP = "ring_attention"
 HEAD_DIMS = (64, 128)
 
-_PRELOADED = False
-
-
-def _preload(op, rank):
-    # Load the ring-attention kernels before the first launch (see tandem.ops.tp._preload: lazy module loading
-    # behind a running kernel that waits for proxy traffic stalls the proxy).
-    global _PRELOADED
-    if not _PRELOADED:
-        err = native().kernels.ring_attention_preload_kernels()
-        if err:
-            raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
-        _PRELOADED = True
-
-
 def _workspace(comm, key, nbytes):
-    return _tp_workspace(comm, key, nbytes, preload=_preload)
+    return _tp_workspace(comm, key, nbytes, loaders=("ring_attention_preload_kernels",))
 
 
 def validate(q, k, v, *, causal: bool, softmax_scale: float, comm_blocks: int, sm_count: int, device: torch.device,

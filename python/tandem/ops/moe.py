@@ -19,22 +19,9 @@ from ..errors import TandemError, invalid
 from .tp import _DTYPES, _comm, _stream, _token, register
 from .tp import _workspace as _tp_workspace
 
-_PRELOADED = False
-
-
-def _preload(op, rank):
-    # Load the MoE kernels before the first launch (see tandem.ops.tp._preload: lazy module loading behind a
-    # running kernel that waits for proxy traffic stalls the proxy).
-    global _PRELOADED
-    if not _PRELOADED:
-        for err in (native().kernels.moe_preload_kernels(), native().kernels.preload_kernels()):
-            if err:
-                raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
-        _PRELOADED = True
-
-
 def _workspace(comm, key, nbytes):
-    return _tp_workspace(comm, key, nbytes, preload=_preload)
+    # the MoE kernels and the GEMM core's (the unfused path's grouped GEMM beside them)
+    return _tp_workspace(comm, key, nbytes, loaders=("moe_preload_kernels", "preload_kernels"))
 
 
 def _dev_check(comm, t, name, op):

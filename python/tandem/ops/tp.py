@@ -73,28 +73,29 @@ def _comm(handle: int, op: str):
     return c
 
 
-_PRELOADED = False
+_LOADED: set = set()
 
 
-def _preload(op, rank):
-    # Load every GEMM/TP kernel before the first launch: with lazy module loading, a kernel's first launch
-    # behind a running kernel that waits for proxy traffic can hold that traffic up until the device timeout
-    # (seen on the H200: the unfused AG's GEMM behind its copy kernel). tp_gemm.h: preload_kernels.
-    global _PRELOADED
-    if not _PRELOADED:
-        err = native().kernels.preload_kernels()
-        if err:
-            raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
-        _PRELOADED = True
+def _preload(op, rank, loaders):
+    # Load the op's kernels before its first launch: with lazy module loading, a kernel's first launch behind a
+    # running kernel that waits for proxy traffic can hold that traffic up until the device timeout (seen on the
+    # H200: the unfused AG's GEMM behind its copy kernel). `loaders`: names of the bindings' preload functions
+    # (tp_gemm.h, moe.h, ring_attention.h: preload_kernels), each called once per process.
+    for name in loaders:
+        if name not in _LOADED:
+            err = getattr(native().kernels, name)()
+            if err:
+                raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
+            _LOADED.add(name)
 
 
-def _workspace(comm, key: tuple, nbytes: int, preload=None) -> torch.Tensor:
+def _workspace(comm, key: tuple, nbytes: int, loaders=("preload_kernels",)) -> torch.Tensor:
     ws = _WORKSPACES.get(key)
     if ws is None:
         if torch.cuda.is_current_stream_capturing():
             raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
                           "run the op once before capturing", key[0], comm.rank)
-        (preload or _preload)(key[0], comm.rank)
+        _preload(key[0], comm.rank, loaders)
         ws = comm.zeros(nbytes, torch.uint8)
         torch.cuda.synchronize()
         comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
