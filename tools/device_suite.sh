@@ -3,6 +3,7 @@
 #   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches,
 #          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench,
 #          TANDEM_BENCH_MOE_WORLDS / TANDEM_BENCH_ATTN_WORLDS likewise for bench moe / bench attention;
+#          TANDEM_BENCHES="transport gemm tp moe attention" picks which benches run (default: all);
 #          TANDEM_DIAG=1 also runs the tuning diagnostics: flag_latency, ag_scaling --quick, ar_crossover at world 2)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
@@ -28,21 +29,26 @@ except Exception as e:
 python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
 pytest_rc=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
+BENCHES=" ${TANDEM_BENCHES:-transport gemm tp moe attention} "
+wants() { [[ "$BENCHES" == *" $1 "* ]]; }
 if [ "${TANDEM_BENCH:-1}" = 1 ]; then
-  for n in ${TANDEM_BENCH_WORLDS:-1 2 4}; do
+  mkdir -p "$OUT/bench"
+  wants transport && for n in ${TANDEM_BENCH_WORLDS:-1 2 4}; do
     timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -16
   done
   # the proxy path: rank 1 on another emulated node (TCP over loopback, CudaMemoryDomain)
-  timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
-  python3 tools/plot_transport.py "$OUT/bench" --world 2 2>&1 | tail -12
-  [ "${TANDEM_BENCH_GEMM:-1}" = 1 ] && timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
-  for n in ${TANDEM_BENCH_TP_WORLDS:-2 4}; do
+  if wants transport; then
+    timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
+    python3 tools/plot_transport.py "$OUT/bench" --world 2 2>&1 | tail -12
+  fi
+  wants gemm && [ "${TANDEM_BENCH_GEMM:-1}" = 1 ] && timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
+  wants tp && for n in ${TANDEM_BENCH_TP_WORLDS:-2 4}; do
     timeout 150 python3 -m tandem bench tp -n $n --out "$OUT/bench" 2>&1 | tail -8
   done
-  for n in ${TANDEM_BENCH_MOE_WORLDS:-1 2}; do
+  wants moe && for n in ${TANDEM_BENCH_MOE_WORLDS:-1 2}; do
     timeout 200 python3 -m tandem bench moe -n $n --out "$OUT/bench" 2>&1 | tail -12
   done
-  for n in ${TANDEM_BENCH_ATTN_WORLDS:-1 2}; do
+  wants attention && for n in ${TANDEM_BENCH_ATTN_WORLDS:-1 2}; do
     timeout 200 python3 -m tandem bench attention -n $n --out "$OUT/bench" 2>&1 | tail -12
   done
   # at most 8 files come back from the device: one archive for all benchmark outputs
