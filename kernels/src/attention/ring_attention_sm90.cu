@@ -50,8 +50,10 @@ constexpr int kMaxCommBlocks = 8;
 constexpr int kBlockM = 128;           // Q rows per work item: two consumer warpgroups of 64 rows
 constexpr int kBlockN = 128;           // K/V rows per tile
 constexpr int kStages = 2;             // K/V smem pipeline depth
+constexpr int kWorkStages = 4;         // claimed work items the producer may run ahead of the consumers
 constexpr int kThreads = 384;          // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerThreads = 256;
+constexpr uint32_t kMergePollNs = 200;     // waiting for another block's merge of the item (rare, short)
 constexpr uint32_t kArrivalPollNs = 2000;  // one poller per block; each poll costs the senders bandwidth (MoE)
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -68,9 +70,14 @@ static_assert(sizeof(RingControl) <= 8 * 4096, "control block");
 constexpr size_t kRingControlBytes = (sizeof(RingControl) + 4095) / 4096 * 4096;
 
 struct Offsets {
-  size_t control, counters, o_acc, lse_acc, k_slots, v_slots, total;
+  size_t control, counters, merged, o_acc, lse_acc, k_slots, v_slots, total;
   size_t block_bytes;  // one rank's K (or V) block
 };
+
+// Work items of one step: (batch, query head, 128-row Q tile).
+int64_t items_of(const RingShape& s) {
+  return static_cast<int64_t>(s.batch) * s.heads_q * ((s.seq_local + kBlockM - 1) / kBlockM);
+}
 
 int slots_of(const RingArgs& a) {
   const int w = a.comm.world;
@@ -91,9 +98,10 @@ Offsets offsets_of(const RingArgs& a) {
   tp::detail::WorkspaceCarver w{0};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.control = take(kRingControlBytes);
-  o.counters = take(sizeof(uint64_t) * kMaxWorldRing);  // parties[W]: zeroed per launch
+  o.counters = take(sizeof(uint64_t) * 2 * kMaxWorldRing);  // parties[W], claimed[W]: zeroed per launch
   o.block_bytes = rows * s.heads_kv * s.head_dim * 2;
   const bool multi = a.comm.world > 1;
+  o.merged = take(multi ? sizeof(uint64_t) * items_of(s) : 0);  // per work item: G of its last merged step
   o.o_acc = take(multi ? rows * s.heads_q * s.head_dim * sizeof(float) : 0);
   o.lse_acc = take(multi ? rows * s.heads_q * sizeof(float) : 0);
   o.k_slots = take(o.block_bytes * slots_of(a));
@@ -145,6 +153,7 @@ struct Traits {
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   using PipelineQ = cutlass::PipelineTmaAsync<1>;
+  using PipelineWork = cutlass::PipelineAsync<kWorkStages>;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
@@ -152,13 +161,15 @@ struct Traits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
     typename PipelineKV::SharedStorage pipe_kv;
     typename PipelineQ::SharedStorage pipe_q;
+    typename PipelineWork::SharedStorage pipe_work;
+    int2 work[kWorkStages];  // (step, item) the producer claimed, in order; step -1: no more work
   };
   static_assert(sizeof(SharedStorage) + 1024 <= 227 * 1024, "shared memory of one block (plus alignment slack)");
 };
 
 struct Problem {
   int batch, seq, heads_q, heads_kv, group;  // group = Hq / Hkv
-  int world, rank, slots, comm_blocks, attn_blocks;
+  int world, rank, slots, comm_blocks, attn_blocks, items;  // items: work items of one step
   bool causal;
   float scale_log2;        // softmax_scale * log2(e)
   int m_tiles, n_tiles;    // per (batch, head): ceil(S_l / kBlockM), ceil(S_l / kBlockN)
@@ -172,7 +183,9 @@ struct Params {
   Problem pr;
   tandem::DeviceComm comm;
   RingControl* ctl;
-  uint64_t* parties;     // [W]: blocks done with step i's slot (release_slot), zeroed per launch
+  uint64_t* parties;     // [W]: work items and comm blocks done with step i's slot (release_if_last)
+  uint64_t* claimed;     // [W]: work items of step i handed out; both zeroed per launch
+  uint64_t* merged;      // [items]: G of the last step merged into O_acc for the item (never reset)
   const char* k_user;    // forwarding sources (step 0 without staging)
   const char* v_user;
   char* k_slots;         // symmetric: slots x block_bytes
@@ -225,10 +238,13 @@ __device__ __forceinline__ int slot_of(const Problem& pr, int step) { return sch
 struct WorkItem {
   int b, h, m;
 };
+// Item t of a step. Items are claimed in this order (a counter per step), the last Q tiles first: under the
+// causal mask they see the most keys, so the longest work starts first (LPT) and the tail is short.
 __device__ __forceinline__ WorkItem work_item(const Problem& pr, int t) {
+  const int bh = pr.batch * pr.heads_q;
   WorkItem w;
-  w.m = t % pr.m_tiles;
-  t /= pr.m_tiles;
+  w.m = pr.m_tiles - 1 - t / bh;
+  t %= bh;
   w.h = t % pr.heads_q;
   w.b = t / pr.heads_q;
   return w;
@@ -283,7 +299,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <class T>
 __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
   const Problem& pr = p.pr;
-  const uint64_t parties = static_cast<uint64_t>(pr.attn_blocks) + (step < pr.world - 1 ? pr.comm_blocks : 0);
+  const uint64_t parties = static_cast<uint64_t>(pr.items) + (step < pr.world - 1 ? pr.comm_blocks : 0);
   if (tp::detail::atom_add_acq_rel_gpu(&p.parties[step], 1) + 1 != parties) return;
   (void)tandem::device::signal(p.comm, &p.ctl->released[slot_of(pr, step)], schedule::global_step(epoch, pr.world, step),
                                tandem::device::SignalOp::kSet, (pr.rank - 1 + pr.world) % pr.world);
@@ -294,11 +310,16 @@ __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
 
 template <class T>
 __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
-                        typename T::PipelineKV& pipe_kv, uint64_t epoch) {
+                        typename T::PipelineKV& pipe_kv, typename T::PipelineWork& pipe_work, uint64_t epoch) {
   using namespace tandem::device;
   const Problem& pr = p.pr;
-  const int attn_block = static_cast<int>(blockIdx.x) - pr.comm_blocks;
-  const int items = pr.batch * pr.heads_q * pr.m_tiles;
+  cutlass::PipelineState<kWorkStages> work_state = cutlass::make_producer_start_state<typename T::PipelineWork>();
+  const auto hand_out = [&](int step, int item) {  // to the consumers, in claim order
+    pipe_work.producer_acquire(work_state);
+    ss.work[work_state.index()] = make_int2(step, item);
+    pipe_work.producer_commit(work_state);
+    ++work_state;
+  };
   cutlass::PipelineState<1> q_state = cutlass::make_producer_start_state<typename T::PipelineQ>();
   cutlass::PipelineState<kStages> kv_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -331,9 +352,15 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
       // A failed wait leaves the abort flag up; the loads still run (on stale data) so the block stays in step.
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
-    for (int t = attn_block; t < items; t += pr.attn_blocks) {
+    // Claim the step's items one by one: the blocks that are running share the work, so the step completes (and
+    // its slot is released) even when some blocks of the grid never got an SM (MPS ranks sharing one GPU, or any
+    // other kernel holding SMs); a static share per block would wait for every block.
+    for (;;) {
+      const int t = static_cast<int>(atomicAdd(reinterpret_cast<unsigned long long*>(&p.claimed[step]), 1ull));
+      if (t >= pr.items) break;
       const WorkItem w = work_item(pr, t);
       const int n_end = visible_tiles(pr, pr.rank, src, w.m);
+      hand_out(step, t);
       if (n_end == 0) continue;
       const int hkv = w.h / pr.group;
       pipe_q.producer_acquire(q_state);
@@ -360,8 +387,10 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
       }
     }
   }
+  hand_out(-1, 0);
   pipe_q.producer_tail(q_state);
   pipe_kv.producer_tail(kv_state);
+  pipe_work.producer_tail(work_state);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -369,12 +398,11 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
 
 template <class T>
 __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
-                        typename T::PipelineKV& pipe_kv, uint64_t epoch) {
+                        typename T::PipelineKV& pipe_kv, typename T::PipelineWork& pipe_work, uint64_t epoch) {
   using Element = typename T::Element;
   const Problem& pr = p.pr;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255
-  const int attn_block = static_cast<int>(blockIdx.x) - pr.comm_blocks;
-  const int items = pr.batch * pr.heads_q * pr.m_tiles;
+  cutlass::PipelineState<kWorkStages> work_state;
   cutlass::PipelineState<1> q_state;
   cutlass::PipelineState<kStages> kv_state;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -400,10 +428,16 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
   static_assert(kRows == decltype(size<0>(s_rc))::value, "S and O rows must match");
   const float scale = pr.scale_log2;
 
-  for (int step = 0; step < pr.world; ++step) {
-    const int src = source_of(pr, step);
-    const bool first = step == 0, last = step == pr.world - 1;
-    for (int t = attn_block; t < items; t += pr.attn_blocks) {
+  for (;;) {
+    pipe_work.consumer_wait(work_state);
+    const int2 job = ss.work[work_state.index()];
+    pipe_work.consumer_release(work_state);
+    ++work_state;
+    const int step = job.x, t = job.y;
+    if (step < 0) break;
+    {
+      const int src = source_of(pr, step);
+      const bool first = step == 0, last = step == pr.world - 1;
       const WorkItem w = work_item(pr, t);
       const int n_end = visible_tiles(pr, pr.rank, src, w.m);
       const int64_t row0 = static_cast<int64_t>(w.m) * kBlockM;
@@ -460,12 +494,21 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
         }
         pipe_q.consumer_release(q_state);
         ++q_state;
-      } else if (!last) {
-        continue;  // nothing of this block is visible to the tile and nothing to finish: no merge
-      } else {
+      } else {  // nothing of the source's block is visible to the tile
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
       }
+      // The item's previous step may have been merged by another block (items are claimed anew every step): wait
+      // for it. That block is running (it claimed the item), so the wait ends.
+      if (!first) {
+        if (tid == 0)
+          (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
+                                                   schedule::global_step(epoch, pr.world, step - 1), kMergePollNs,
+                                                   pr.rank);  // a timeout leaves the abort flag up
+        cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+      }
+      // An invisible block changes nothing before the last step; the last step writes O and LSE in any case.
+      if (n_end > 0 || last) {
       // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
       float lse_step[kRows];
       CUTLASS_PRAGMA_UNROLL
@@ -483,7 +526,8 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
       for (int r = 0; r < kRows; ++r) {
         const int64_t row = row0 + get<0>(cO_rc(r, 0));
         lse_old[r] = -INFINITY;
-        if (!first && row < pr.seq) lse_old[r] = p.lse_acc[(static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row];
+        // L2 reads (ld.cg): another SM may have written the accumulators (its L1 is not coherent with ours)
+        if (!first && row < pr.seq) lse_old[r] = __ldcg(p.lse_acc + (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row);
       }
       __syncwarp();
       CUTLASS_PRAGMA_UNROLL
@@ -509,7 +553,7 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
           const int col = get<1>(cO_rc(r, c));
           float v0 = o_rc(r, c) * w_new, v1 = o_rc(r, c + 1) * w_new;
           if (!first) {
-            const float2 old = *reinterpret_cast<const float2*>(p.o_acc + o_row + col);
+            const float2 old = __ldcg(reinterpret_cast<const float2*>(p.o_acc + o_row + col));
             v0 += old.x * w_old;
             v1 += old.y * w_old;
           }
@@ -525,11 +569,17 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
           else p.lse_acc[l_idx] = lse_new;
         }
       }
+      }  // merge
     }
-    // Every consumer of this block is done with step `step` (its K/V reads completed before they released the
-    // stages): count the block among the step's parties; the last party releases the slot (release_slot).
+    // Every consumer is done with the item: its K/V reads completed before they released the stages, its merge
+    // is stored. Publish the merge (for the block that takes the item's next step) and count the item among the
+    // step's parties; the last party releases the slot (release_if_last).
     cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
-    if (tid == 0 && pr.world > 1) release_if_last(p, step, epoch);
+    if (tid == 0 && pr.world > 1) {
+      __threadfence();
+      tandem::device::impl::st_release_gpu(&p.merged[t], schedule::global_step(epoch, pr.world, step));
+      release_if_last(p, step, epoch);
+    }
   }
 }
 
@@ -601,6 +651,11 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
     pkv.role = warp_group == 0 ? T::PipelineKV::ThreadCategory::Producer : T::PipelineKV::ThreadCategory::Consumer;
     pkv.is_leader = producer_thread;
     pkv.num_consumers = kConsumerThreads;
+    typename T::PipelineWork::Params pw;
+    pw.role = warp_group == 0 ? T::PipelineWork::ThreadCategory::Producer : T::PipelineWork::ThreadCategory::Consumer;
+    pw.producer_arv_count = 1;
+    pw.consumer_arv_count = kConsumerThreads;
+    typename T::PipelineWork pipe_work(ss.pipe_work, pw);
     typename T::PipelineQ pipe_q(ss.pipe_q, pq, Shape<_1, _1, _1>{});
     typename T::PipelineKV pipe_kv(ss.pipe_kv, pkv, Shape<_1, _1, _1>{});
     if (warp == 0 && cute::elect_one_sync()) {
@@ -615,10 +670,10 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
     __syncthreads();  // barrier initialization visible to every thread
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<40>();
-      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_kv, epoch);
+      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_kv, pipe_work, epoch);
     } else {
       cutlass::arch::warpgroup_reg_alloc<232>();
-      consume(p, ss, pipe_q, pipe_kv, epoch);
+      consume(p, ss, pipe_q, pipe_kv, pipe_work, epoch);
     }
   }
   __syncthreads();
@@ -660,12 +715,15 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   const float scale = s.softmax_scale > 0.f ? s.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.head_dim));
   pr.scale_log2 = scale * 1.4426950408889634f;
   pr.m_tiles = (s.seq_local + kBlockM - 1) / kBlockM;
+  pr.items = static_cast<int>(items_of(s));
   pr.n_tiles = (s.seq_local + kBlockN - 1) / kBlockN;
   const bool stage = pr.world > 1 && a.comm.proxy_slots != nullptr;
   pr.step0_slot = stage ? 0 : -1;
   p.comm = a.comm;
   p.ctl = reinterpret_cast<RingControl*>(ws + o.control);
   p.parties = reinterpret_cast<uint64_t*>(ws + o.counters);
+  p.claimed = p.parties + kMaxWorldRing;
+  p.merged = reinterpret_cast<uint64_t*>(ws + o.merged);
   p.k_user = static_cast<const char*>(a.k);
   p.v_user = static_cast<const char*>(a.v);
   p.k_slots = ws + o.k_slots;
@@ -689,8 +747,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   p.tma_v_slots = make_tma_copy(SM90_TMA_LOAD{}, gtensor(pr.slots > 0 ? p.v_slots : a.v, s.heads_kv, pr.slots),
                                 kv_tile);
 
-  if (pr.world > 1 &&
-      cudaMemsetAsync(p.parties, 0, sizeof(uint64_t) * kMaxWorldRing, stream) != cudaSuccess)
+  if (cudaMemsetAsync(p.parties, 0, sizeof(uint64_t) * 2 * kMaxWorldRing, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (stage) {  // the proxy reads what it sends from the heap: this rank's block goes to slot 0 first
     if (cudaMemcpyAsync(p.k_slots, a.k, o.block_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||
