@@ -42,6 +42,14 @@ def test_ring_attention_with_a_slot_per_rank_matches_sdpa(run_ranks):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
+def test_ring_attention_with_more_blocks_than_fit_on_the_sms(run_ranks, world):
+    # 3 blocks per SM of each rank: at most one is resident per SM (shared memory), so most blocks start only when
+    # others have exited. Work items are claimed per step, so the running blocks finish every step (and release its
+    # slot) without the ones still waiting for an SM; a static share per block would wait for them forever.
+    _check(run_ranks(f"{W}:correctness", world, cases=CASES[:3], grid_per_sm=3, timeout_s=240), 3)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_ring_attention_long_sequences_match_sdpa(run_ranks, world):
     # up to 8192 rows in all at world 4
     _check(run_ranks(f"{W}:correctness", world, cases=LONG_CASES, seed=100, timeout_s=240), len(LONG_CASES))

@@ -74,10 +74,11 @@ def _check_against_reference(comm, o, lse, qkv, causal, scale):
     return _errors(o, lse, o_ref, lse_ref)
 
 
-def _case(comm, batch, seq_local, heads_q, heads_kv, head_dim, causal, dtype, softmax_scale, seed, kv_slots=0):
+def _case(comm, batch, seq_local, heads_q, heads_kv, head_dim, causal, dtype, softmax_scale, seed, kv_slots=0,
+          sm_count=0):
     qkv = _global_qkv(seed, batch, seq_local * comm.world_size, heads_q, heads_kv, head_dim, dtype)
     o, lse = attention.ring_attention(comm, *_shards(comm, qkv, causal), causal=causal, softmax_scale=softmax_scale,
-                                      kv_slots=kv_slots)
+                                      kv_slots=kv_slots, sm_count=sm_count)
     torch.cuda.synchronize()
     comm.check()
     scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
@@ -85,13 +86,15 @@ def _case(comm, batch, seq_local, heads_q, heads_kv, head_dim, causal, dtype, so
                 softmax_scale=softmax_scale, **_check_against_reference(comm, o, lse, qkv, causal, scale))
 
 
-def correctness(cases, seed=1, kv_slots=0):
-    """cases: [B, S_l, Hq, Hkv, d, causal, dtype name, softmax_scale or None] each; kv_slots for every case."""
+def correctness(cases, seed=1, kv_slots=0, grid_per_sm=0):
+    """cases: [B, S_l, Hq, Hkv, d, causal, dtype name, softmax_scale or None] each; kv_slots for every case;
+    grid_per_sm > 0 launches grid_per_sm blocks per SM of this rank (more than can be resident at once)."""
     comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
-    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.num_nodes, cases=[])
+    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.num_nodes, sm_count=comm.sm_count, cases=[])
+    sm_count = grid_per_sm * comm.sm_count
     for i, (b, s_l, hq, hkv, d, causal, dtype, scale) in enumerate(cases):
         out["cases"].append(_case(comm, b, s_l, hq, hkv, d, causal, getattr(torch, dtype), scale, seed + i,
-                                  kv_slots))
+                                  kv_slots, sm_count))
     tp.release_workspaces(comm)
     comm.destroy()
     return out
