@@ -13,6 +13,7 @@
 #include "../../kernels/src/attention/ring_attention_sm90.cu"
 
 #include <cstdio>
+#include <vector>
 
 namespace attn = tandem::kernels::attention;
 
@@ -123,8 +124,41 @@ int check_masks() {
   return bad != 0;
 }
 
+// The claim order of the work items: every (batch, head, Q tile) exactly once a step, Q tiles non-increasing (the
+// longest causal items first), and items_of (the workspace's merge flags) counts them.
+int check_work_items() {
+  int bad = 0;
+  for (int batch : {1, 2, 3})
+    for (int heads : {1, 4, 6})
+      for (int seq : {2, 128, 129, 1000}) {
+        attn::Problem pr{};
+        pr.batch = batch, pr.heads_q = heads, pr.seq = seq;
+        pr.m_tiles = (seq + attn::kBlockM - 1) / attn::kBlockM;
+        attn::RingShape shape{};
+        shape.batch = batch, shape.heads_q = heads, shape.seq_local = seq;
+        const int items = static_cast<int>(attn::items_of(shape));
+        bad += items != batch * heads * pr.m_tiles;
+        std::vector<int> seen(static_cast<size_t>(items), 0);
+        int prev_m = pr.m_tiles;
+        for (int t = 0; t < items; ++t) {
+          const attn::WorkItem w = attn::work_item(pr, t);
+          const bool in_range = w.b >= 0 && w.b < batch && w.h >= 0 && w.h < heads && w.m >= 0 && w.m < pr.m_tiles;
+          if (!in_range || w.m > prev_m) {
+            if (bad++ < 5) std::printf("work: B %d H %d S_l %d item %d -> (%d, %d, %d)\n", batch, heads, seq, t, w.b, w.h, w.m);
+            continue;
+          }
+          prev_m = w.m;
+          seen[(static_cast<size_t>(w.b) * heads + w.h) * pr.m_tiles + w.m] += 1;
+        }
+        for (int c : seen) bad += c != 1;
+      }
+  std::printf("work items: %s (%d mismatches)\n", bad ? "FAILED" : "ok", bad);
+  return bad != 0;
+}
+
 int main() {
   int fails = check_masks();
+  fails += check_work_items();
   fails += check<attn::Traits<cutlass::bfloat16_t, 128>>("bf16 d128");
   fails += check<attn::Traits<cutlass::bfloat16_t, 64>>("bf16 d64");
   fails += check<attn::Traits<cutlass::half_t, 128>>("fp16 d128");

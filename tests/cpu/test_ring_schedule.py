@@ -7,8 +7,11 @@ The rules replayed are the kernel's (kernels/src/attention/ring_attention_sm90.c
   comm blocks, step i < W-1 in order: wait arrived[slot(i)] >= G(i) (i > 0) and released[slot(i+1)] >=
       previous_use(i+1) (set by the successor), write the successor's slot(i+1), set its arrived = G(i+1);
       then count themselves a party of step i
-  attention blocks, step i in order: wait arrived[slot(i)] >= G(i) (i > 0), compute, count a party of step i
-  the last party of step i sets released[slot(i)] = G(i) on the predecessor
+  work items (ITEMS of them a step, claimed by whichever attention block runs): item t of step i waits
+      arrived[slot(i)] >= G(i) (i > 0) and its own step i - 1 (the merge flag), computes, counts a party of step
+      i; different items advance independently, so one may be steps ahead of another
+  the last party of step i (all items, and the comm blocks if i < W-1) sets released[slot(i)] = G(i) on the
+  predecessor
   a launch begins on a rank when its previous launch ended there (stream order), after the staging copy into
   slot 0 when there are proxy peers
 """
@@ -16,6 +19,8 @@ The rules replayed are the kernel's (kernels/src/attention/ring_attention_sm90.c
 import random
 
 import pytest
+
+ITEMS = 2  # work items a step on each rank (independent parties; the kernel has B * Hq * Q tiles)
 
 from tandem._native import available, native
 
@@ -35,7 +40,8 @@ class Rank:
         self.arrived = [0] * slots
         self.released = [0] * slots          # written by the successor
         self.launch = 0
-        self.comm_step = self.compute_step = 0
+        self.comm_step = 0
+        self.item_step = [0] * ITEMS
         self.parties = {}
 
 
@@ -47,7 +53,8 @@ def replay(world, slots, launches, staged, seed, slot_of, previous_use):
     def start(r):
         rk = ranks[r]
         rk.launch += 1
-        rk.comm_step = rk.compute_step = 0
+        rk.comm_step = 0
+        rk.item_step = [0] * ITEMS
         rk.parties = {}
         if staged:  # cudaMemcpyAsync of this rank's K/V into slot 0, stream-ordered before the kernel
             old = rk.slots[0]
@@ -57,7 +64,7 @@ def replay(world, slots, launches, staged, seed, slot_of, previous_use):
     def party(r, i):
         rk, e = ranks[r], ranks[r].launch
         rk.parties[i] = rk.parties.get(i, 0) + 1
-        need = 1 + (1 if i < world - 1 else 0)  # the attention blocks, and the comm blocks (both as one party here)
+        need = ITEMS + (1 if i < world - 1 else 0)  # the items, and the comm blocks (as one party here)
         if rk.parties[i] == need:
             s = slot_of(i, slots)
             if rk.slots[s] is not None:
@@ -77,14 +84,14 @@ def replay(world, slots, launches, staged, seed, slot_of, previous_use):
         ev = []
         for r, rk in enumerate(ranks):
             e = rk.launch
-            if e == 0 or (rk.comm_step >= world - 1 and rk.compute_step >= world and
-                          all(rk.parties.get(i, 0) == (2 if i < world - 1 else 1) for i in range(world))):
+            if e == 0 or (rk.comm_step >= world - 1 and min(rk.item_step) >= world and
+                          all(rk.parties.get(i, 0) == ITEMS + (1 if i < world - 1 else 0) for i in range(world))):
                 if rk.launch < launches:
                     ev.append(("start", r))
                 continue
-            i = rk.compute_step
-            if i < world and (i == 0 or rk.arrived[slot_of(i, slots)] >= G(e, i)):
-                ev.append(("compute", r))
+            for j, i in enumerate(rk.item_step):
+                if i < world and (i == 0 or rk.arrived[slot_of(i, slots)] >= G(e, i)):
+                    ev.append(("compute", r, j))
             i = rk.comm_step
             if i < world - 1:
                 s, nxt = slot_of(i, slots), slot_of(i + 1, slots)
@@ -96,16 +103,17 @@ def replay(world, slots, launches, staged, seed, slot_of, previous_use):
         ev = enabled()
         if not ev:
             break
-        kind, r = rng.choice(ev)
+        kind, r, *item = rng.choice(ev)
         rk = ranks[r]
         if kind == "start":
             start(r)
         elif kind == "compute":
-            i = rk.compute_step
+            j = item[0]
+            i = rk.item_step[j]
             got = block_of(r, i)
             assert got == (rk.launch, i, (r - i) % world), \
-                f"rank {r} launch {rk.launch} step {i} computed on {got}"
-            rk.compute_step += 1
+                f"rank {r} launch {rk.launch} item {j} step {i} computed on {got}"
+            rk.item_step[j] += 1
             party(r, i)
         else:
             i = rk.comm_step
@@ -121,8 +129,8 @@ def replay(world, slots, launches, staged, seed, slot_of, previous_use):
             rk.comm_step += 1
             party(r, i)
     for r, rk in enumerate(ranks):
-        done = rk.launch == launches and rk.compute_step == world and rk.comm_step == world - 1
-        assert done, f"deadlock: rank {r} at launch {rk.launch}, compute step {rk.compute_step}, comm step " \
+        done = rk.launch == launches and min(rk.item_step) == world and rk.comm_step == world - 1
+        assert done, f"deadlock: rank {r} at launch {rk.launch}, item steps {rk.item_step}, comm step " \
                      f"{rk.comm_step} (world {world}, slots {slots}, staged {staged}, seed {seed})"
 
 

@@ -240,7 +240,7 @@ struct WorkItem {
 };
 // Item t of a step. Items are claimed in this order (a counter per step), the last Q tiles first: under the
 // causal mask they see the most keys, so the longest work starts first (LPT) and the tail is short.
-__device__ __forceinline__ WorkItem work_item(const Problem& pr, int t) {
+CUTE_HOST_DEVICE WorkItem work_item(const Problem& pr, int t) {  // (host too: tests/cpu/ring_layouts.cu)
   const int bh = pr.batch * pr.heads_q;
   WorkItem w;
   w.m = pr.m_tiles - 1 - t / bh;
