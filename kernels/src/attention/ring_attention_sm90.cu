@@ -11,13 +11,16 @@
 //               wait released[(i+1) mod N] >= G(prev)     (the successor is done with what its slot held before)
 //               put K, V range into the successor's slot (i+1) mod N, signal arrived[(i+1) mod N][c] = G(i+1)
 //               (quiet with proxy peers: the proxy reads the slot), then count itself a party of step i
-//             the last party of step i (every attention block done computing on it, every comm block done
+//             the last party of step i (every work item of step i computed or skipped, every comm block done
 //             forwarding it) signals released[i mod N] = G(i) on the predecessor; nobody waits for that
-//   attention blocks [nb, grid): for step i, the same static share of (batch, head, 128-row Q tile) work items;
-//             the producer warp waits arrived[i mod N][*] >= G(i) once per step (i > 0), then TMA-loads Q and the
-//             visible K/V tiles; two consumer warpgroups compute S = Q K^T, the online softmax, O += P V, then merge
-//             the step's (O_i, lse_i) into an fp32 accumulator; the last step writes O and LSE. After each step
-//             the block counts itself a party of that step.
+//   attention blocks [nb, grid): the producer thread waits arrived[i mod N][*] >= G(i) once per step (i > 0), then
+//             claims the step's (batch, head, 128-row Q tile) work items from claimed[i] one at a time (last Q
+//             tiles first), hands each to the consumers through a shared-memory queue and TMA-loads Q and the
+//             visible K/V tiles; two consumer warpgroups compute S = Q K^T, the online softmax, O += P V, wait
+//             until the item's previous step is merged (merged[item] >= G(i-1): another block may have had it),
+//             merge the step's (O_i, lse_i) into an fp32 accumulator (the last step writes O and LSE), publish
+//             merged[item] = G(i) and count the item a party of step i. Blocks that never get an SM are not
+//             needed: the running ones claim all the work (docs/ring-attention.md, "Blocks that are not resident").
 //   end       the last block to finish completes the epoch (the next launch reads it)
 // A slot written by the predecessor is read by this rank's TMA (async proxy): the producer fences the async
 // proxy after its acquire of the arrival flag.
