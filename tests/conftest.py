@@ -32,6 +32,20 @@ def _native_ok() -> tuple[bool, str]:
         return False, str(e)
 
 
+def native_kernels(*bindings: str):
+    """tandem._C's kernel bindings for a CPU test, or a skip: the package is not built, or it was built before
+    `bindings` existed (then it needs a rebuild)."""
+    from tandem._native import available, native
+
+    if not available():
+        pytest.skip("tandem._C not built")
+    kernels = native().kernels
+    missing = [b for b in bindings if not hasattr(kernels, b)]
+    if missing:
+        pytest.skip(f"tandem._C was built before {', '.join(missing)} (python/bindings/kernels.cc): rebuild")
+    return kernels
+
+
 GPUS = _gpus()
 NATIVE_OK, NATIVE_WHY = _native_ok()
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import tandem.ops  # noqa: F401  (registers the ops)
-from tandem._native import available, native
 from tandem.errors import INVALID_ARGUMENT, TandemError
 from tandem.ops import attention, tp
+from tests.conftest import native_kernels
 
 
 def global_row(seq_local, causal, world, rank, j):
@@ -135,11 +135,7 @@ def _arg_kinds(fn):
 
 
 def test_native_bindings_take_the_arguments_the_op_passes():
-    if not available():
-        pytest.skip("tandem._C not built")
-    K = native().kernels
-    if not hasattr(K, "ring_attention"):
-        pytest.skip("tandem._C was built before the ring-attention bindings (python/bindings/kernels.cc): rebuild")
+    K = native_kernels("ring_attention", "ring_attention_workspace_size")
     assert _arg_kinds(K.ring_attention_workspace_size) == ["comm"] + ["int"] * 5 + ["bool", "int"]
     # comm, mode, dtype, B, S_l, Hq, Hkv, d, causal, scale, q, k, v, o, lse, ws, sm_count, comm_blocks, kv_slots,
     # stream

@@ -20,17 +20,13 @@ import random
 
 import pytest
 
-ITEMS = 2  # work items a step on each rank (independent parties; the kernel has B * Hq * Q tiles)
+from tests.conftest import native_kernels
 
-from tandem._native import available, native
+ITEMS = 2  # work items a step on each rank (independent parties; the kernel has B * Hq * Q tiles)
 
 
 def _schedule():
-    if not available():
-        pytest.skip("tandem._C not built")
-    K = native().kernels
-    if not hasattr(K, "ring_schedule_previous_use"):
-        pytest.skip("tandem._C was built before the ring schedule bindings: rebuild")
+    K = native_kernels("ring_schedule_slot_of", "ring_schedule_previous_use")
     return K.ring_schedule_slot_of, K.ring_schedule_previous_use
 
 

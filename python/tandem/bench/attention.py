@@ -18,9 +18,7 @@ warm-ups, median.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 
 def _flash(q, k, v, causal, scale):
@@ -170,11 +168,9 @@ def plot(rows, world, baseline, path):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench attention", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "--nprocs", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", default=None)
+    from . import common
+
+    ap = common.parser("attention", __doc__, reps=10)
     ap.add_argument("--seqs", default="8192,16384,32768", help="global sequence lengths S")
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--batch", type=int, default=1)
@@ -182,12 +178,10 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-kv", type=int, default=None, help="KV heads (default: Hq)")
     ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
     a = ap.parse_args(argv)
-    from . import common
-
     rc = common.relaunch("attention", a.nprocs, argv)
     if rc is not None:
         return rc
     causals = {"both": [False, True], "yes": [True], "no": [False]}[a.causal]
     run([int(s) for s in a.seqs.split(",")], causals, a.batch, a.heads, a.heads_kv or a.heads, a.head_dim, a.reps,
-        a.out, "python -m tandem bench attention " + " ".join(argv if argv is not None else sys.argv[3:]))
+        a.out, common.command_line("attention", argv))
     return 0

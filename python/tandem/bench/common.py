@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 
 
 def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> float:
@@ -76,6 +78,28 @@ def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, dat
         f.write(table_md + "\n")
 
 
+def bench_argv(argv) -> list:
+    """A benchmark's own arguments: argv when given, else those after `python -m tandem bench <name>`."""
+    return list(argv if argv is not None else sys.argv[3:])
+
+
+def command_line(name: str, argv) -> str:
+    """The command that reproduces this run, for the results' headers."""
+    return " ".join(["python -m tandem bench", name] + bench_argv(argv))
+
+
+def parser(name: str, doc: str, reps: int, ranks: bool = True) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes: -n (ranks; not for single-GPU-only ones), --reps, --out."""
+    ap = argparse.ArgumentParser(prog=f"tandem bench {name}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    if ranks:
+        ap.add_argument("-n", "--nprocs", type=int, default=None,
+                        help="launch this many ranks (MPS on one GPU); default: run as the current rank")
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--out", type=str, default=None, help="folder for .json/.md/.png results")
+    return ap
+
+
 def relaunch(name: str, nprocs: int | None, argv, **launch_kw) -> int | None:
     """Run `python -m tandem bench <name> <argv>` as `nprocs` ranks (MPS on one GPU) when asked for and not already
     a rank; returns the exit code then, None when the caller is to run the benchmark itself."""
@@ -87,7 +111,7 @@ def relaunch(name: str, nprocs: int | None, argv, **launch_kw) -> int | None:
     from ..errors import TandemError
     from ..launch import launch
 
-    cmd = [sys.executable, "-m", "tandem", "bench", name] + list(argv if argv is not None else sys.argv[3:])
+    cmd = [sys.executable, "-m", "tandem", "bench", name] + bench_argv(argv)
     try:
         res = launch(cmd, nprocs, **launch_kw)
     except TandemError as e:

@@ -4,8 +4,6 @@ L2 does not hold them."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 
 SHAPES = [(8192, 8192, 8192), (8192, 6144, 12288), (16384, 3584, 8192)]  # M, N, K
 
@@ -57,11 +55,11 @@ def run(shapes, reps, out_dir, command):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench gemm", description=__doc__)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--out", default=None)
+    from . import common
+
+    ap = common.parser("gemm", __doc__, reps=20, ranks=False)
     ap.add_argument("--shapes", default=None, help="MxNxK,MxNxK,...")
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    run(shapes, a.reps, a.out, "python -m tandem bench gemm " + " ".join(argv if argv is not None else sys.argv[3:]))
+    run(shapes, a.reps, a.out, common.command_line("gemm", argv))
     return 0

@@ -8,9 +8,7 @@ torch.distributed all_to_all_single baseline waits for a multi-GPU machine.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 # name: (H, I, experts in all, top-k)
 CONFIGS = {"deepseek": (7168, 2048, 256, 8), "small": (2048, 1024, 64, 6)}
@@ -95,19 +93,15 @@ def plot(rows, world, path):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench moe", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "--nprocs", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", default=None)
+    from . import common
+
+    ap = common.parser("moe", __doc__, reps=7)
     ap.add_argument("--tokens", default="1024,4096,16384,65536")
     ap.add_argument("--configs", default="small,deepseek")
     a = ap.parse_args(argv)
-    from . import common
-
     rc = common.relaunch("moe", a.nprocs, argv)
     if rc is not None:
         return rc
     run(a.configs.split(","), [int(t) for t in a.tokens.split(",")], a.reps, a.out,
-        "python -m tandem bench moe " + " ".join(argv if argv is not None else sys.argv[3:]))
+        common.command_line("moe", argv))
     return 0

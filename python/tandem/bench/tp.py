@@ -8,9 +8,7 @@ median. NCCL cannot host several ranks on one GPU, so the NCCL baseline waits fo
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 # (M total, N, K) of the layer; AG: A_local = M/W x K, B = K x N; RS: A = M x K/W, B = K/W x N.
 SHAPES = [(8192, 4096, 8192), (16384, 8192, 4096), (1024, 4096, 8192)]
@@ -103,18 +101,14 @@ def plot(rows, world, path):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench tp", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "--nprocs", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--shapes", default=None, help="MxNxK,...")
-    a = ap.parse_args(argv)
     from . import common
 
+    ap = common.parser("tp", __doc__, reps=10)
+    ap.add_argument("--shapes", default=None, help="MxNxK,...")
+    a = ap.parse_args(argv)
     rc = common.relaunch("tp", a.nprocs, argv)
     if rc is not None:
         return rc
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    run(shapes, a.reps, a.out, "python -m tandem bench tp " + " ".join(argv if argv is not None else sys.argv[3:]))
+    run(shapes, a.reps, a.out, common.command_line("tp", argv))
     return 0

@@ -7,7 +7,6 @@ rank 1 (to itself at world 1) and prints the table. Bandwidth counts each byte o
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -170,26 +169,20 @@ def plot(path, data, meta, rtt_us):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tandem bench transport", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "--nprocs", type=int, default=None,
-                    help="launch this many ranks (MPS on one GPU); default: run as the current rank")
+    from . import common
+
+    ap = common.parser("transport", __doc__, reps=10)
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated byte counts")
-    ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rtt-iters", type=int, default=10000)
     ap.add_argument("--bulk-blocks", type=int, default=8, help="blocks of the few-SM TMA put column")
-    ap.add_argument("--out", type=str, default=None, help="folder for .json/.md/.png results")
     ap.add_argument("--ranks-per-node", type=int, default=None,
                     help="emulate nodes of this many ranks (1: rank 1 is on another node, the proxy path)")
     a = ap.parse_args(argv)
-    from . import common
-
     rc = common.relaunch("transport", a.nprocs, argv, ranks_per_node=a.ranks_per_node)
     if rc is not None:
         return rc
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
     if not a.sizes and (os.environ.get("TANDEM_RANKS_PER_NODE") == "1"):
         sizes = [s for s in DEFAULT_SIZES if s <= 64 << 20]  # the proxy path over TCP: keep the run short
-    command = "python -m tandem bench transport " + " ".join(argv if argv is not None else sys.argv[3:])
-    run(sizes, a.reps, a.rtt_iters, a.out, command.strip(), a.bulk_blocks)
+    run(sizes, a.reps, a.rtt_iters, a.out, common.command_line("transport", argv), a.bulk_blocks)
     return 0
