@@ -172,7 +172,7 @@ struct Traits {
 
 struct Problem {
   int batch, seq, heads_q, heads_kv, group;  // group = Hq / Hkv
-  int world, rank, slots, comm_blocks, attn_blocks, items;  // items: work items of one step
+  int world, rank, slots, comm_blocks, items;  // items: work items of one step
   bool causal;
   float scale_log2;        // softmax_scale * log2(e)
   int m_tiles, n_tiles;    // per (batch, head): ceil(S_l / kBlockM), ceil(S_l / kBlockN)
@@ -304,7 +304,8 @@ __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
   const Problem& pr = p.pr;
   const uint64_t parties = static_cast<uint64_t>(pr.items) + (step < pr.world - 1 ? pr.comm_blocks : 0);
   if (tp::detail::atom_add_acq_rel_gpu(&p.parties[step], 1) + 1 != parties) return;
-  (void)tandem::device::signal(p.comm, &p.ctl->released[slot_of(pr, step)], schedule::global_step(epoch, pr.world, step),
+  (void)tandem::device::signal(p.comm, &p.ctl->released[slot_of(pr, step)],
+                               schedule::global_step(epoch, pr.world, step),
                                tandem::device::SignalOp::kSet, (pr.rank - 1 + pr.world) % pr.world);
 }
 
@@ -438,80 +439,79 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
     ++work_state;
     const int step = job.x, t = job.y;
     if (step < 0) break;
-    {
-      const int src = source_of(pr, step);
-      const bool first = step == 0, last = step == pr.world - 1;
-      const WorkItem w = work_item(pr, t);
-      const int n_end = visible_tiles(pr, pr.rank, src, w.m);
-      const int64_t row0 = static_cast<int64_t>(w.m) * kBlockM;
-      float row_max[kRows], row_sum[kRows];
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
-      if (n_end > 0) {
-        pipe_q.consumer_wait(q_state);
-        for (int n = 0; n < n_end; ++n) {
-          pipe_kv.consumer_wait(kv_state);
-          const int s = kv_state.index();
-          mma(mma_s, tSrQ, tSrK(_, _, _, s), acc_s, true);
-          const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
-          if (tile_needs_mask(pr, pr.rank, src, w.m, n)) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < size<0>(s_rc); ++r) {
-              const int64_t qrow = row0 + get<0>(cS_rc(r, 0));
-              CUTLASS_PRAGMA_UNROLL
-              for (int c = 0; c < size<1>(s_rc); ++c) {
-                if (key_hidden(pr, pr.rank, src, qrow, col0 + get<1>(cS_rc(r, c)))) s_rc(r, c) = -INFINITY;
-              }
-            }
-          }
-          // online softmax, base 2: p = 2^(s * scale - max * scale)
+    const int src = source_of(pr, step);
+    const bool first = step == 0, last = step == pr.world - 1;
+    const WorkItem w = work_item(pr, t);
+    const int n_end = visible_tiles(pr, pr.rank, src, w.m);
+    const int64_t row0 = static_cast<int64_t>(w.m) * kBlockM;
+    float row_max[kRows], row_sum[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+    if (n_end > 0) {
+      pipe_q.consumer_wait(q_state);
+      for (int n = 0; n < n_end; ++n) {
+        pipe_kv.consumer_wait(kv_state);
+        const int s = kv_state.index();
+        mma(mma_s, tSrQ, tSrK(_, _, _, s), acc_s, true);
+        const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
+        if (tile_needs_mask(pr, pr.rank, src, w.m, n)) {
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < size<0>(s_rc); ++r) {
-            float mx = row_max[r];
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
-            mx = quad_max(mx);
-            // a row that sees nothing yet keeps max -inf: use 0 so the exponentials are 0, not NaN
-            const float base = mx == -INFINITY ? 0.f : mx * scale;
-            const float correction = exp2f(row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale - base);
-            row_max[r] = mx;
-            float sum = 0.f;
+            const int64_t qrow = row0 + get<0>(cS_rc(r, 0));
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < size<1>(s_rc); ++c) {
-              const float e = exp2f(s_rc(r, c) * scale - base);
-              s_rc(r, c) = e;
-              sum += e;
+              if (key_hidden(pr, pr.rank, src, qrow, col0 + get<1>(cS_rc(r, c)))) s_rc(r, c) = -INFINITY;
             }
-            row_sum[r] = row_sum[r] * correction + sum;  // quad-partial; reduced once at the end
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
           }
-          // P in the input precision, as the A operand of O += P V
-          Tensor p_reg = make_tensor<Element>(acc_s.layout());
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(acc_s); ++i) p_reg(i) = static_cast<Element>(acc_s(i));
-          Tensor tOrP = make_tensor(p_reg.data(), as_a_operand(p_reg.layout()));
-          mma(mma_o, tOrP, tOrV(_, _, _, s), acc_o, n == 0);
-          pipe_kv.consumer_release(kv_state);
-          ++kv_state;
         }
-        pipe_q.consumer_release(q_state);
-        ++q_state;
-      } else {  // nothing of the source's block is visible to the tile
+        // online softmax, base 2: p = 2^(s * scale - max * scale)
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
+        for (int r = 0; r < size<0>(s_rc); ++r) {
+          float mx = row_max[r];
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+          mx = quad_max(mx);
+          // a row that sees nothing yet keeps max -inf: use 0 so the exponentials are 0, not NaN
+          const float base = mx == -INFINITY ? 0.f : mx * scale;
+          const float correction = exp2f(row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale - base);
+          row_max[r] = mx;
+          float sum = 0.f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(s_rc); ++c) {
+            const float e = exp2f(s_rc(r, c) * scale - base);
+            s_rc(r, c) = e;
+            sum += e;
+          }
+          row_sum[r] = row_sum[r] * correction + sum;  // quad-partial; reduced once at the end
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
+        }
+        // P in the input precision, as the A operand of O += P V
+        Tensor p_reg = make_tensor<Element>(acc_s.layout());
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) p_reg(i) = static_cast<Element>(acc_s(i));
+        Tensor tOrP = make_tensor(p_reg.data(), as_a_operand(p_reg.layout()));
+        mma(mma_o, tOrP, tOrV(_, _, _, s), acc_o, n == 0);
+        pipe_kv.consumer_release(kv_state);
+        ++kv_state;
       }
-      // The item's previous step may have been merged by another block (items are claimed anew every step): wait
-      // for it. That block is running (it claimed the item), so the wait ends.
-      if (!first) {
-        if (tid == 0)
-          (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
-                                                   schedule::global_step(epoch, pr.world, step - 1), kMergePollNs,
-                                                   pr.rank);  // a timeout leaves the abort flag up
-        cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
-      }
-      // An invisible block changes nothing before the last step; the last step writes O and LSE in any case.
-      if (n_end > 0 || last) {
+      pipe_q.consumer_release(q_state);
+      ++q_state;
+    } else {  // nothing of the source's block is visible to the tile
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
+    }
+    // The item's previous step may have been merged by another block (items are claimed anew every step): wait
+    // for it. That block is running (it claimed the item), so the wait ends.
+    if (!first) {
+      if (tid == 0)
+        (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
+                                                 schedule::global_step(epoch, pr.world, step - 1), kMergePollNs,
+                                                 pr.rank);  // a timeout leaves the abort flag up
+      cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    }
+    // An invisible block changes nothing before the last step; the last step writes O and LSE in any case.
+    if (n_end > 0 || last) {
       // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
       float lse_step[kRows];
       CUTLASS_PRAGMA_UNROLL
@@ -530,7 +530,8 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
         const int64_t row = row0 + get<0>(cO_rc(r, 0));
         lse_old[r] = -INFINITY;
         // L2 reads (ld.cg): another SM may have written the accumulators (its L1 is not coherent with ours)
-        if (!first && row < pr.seq) lse_old[r] = __ldcg(p.lse_acc + (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row);
+        if (!first && row < pr.seq)
+          lse_old[r] = __ldcg(p.lse_acc + (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row);
       }
       __syncwarp();
       CUTLASS_PRAGMA_UNROLL
@@ -572,8 +573,7 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
           else p.lse_acc[l_idx] = lse_new;
         }
       }
-      }  // merge
-    }
+    }  // merge
     // Every consumer is done with the item: its K/V reads completed before they released the stages, its merge
     // is stored. Publish the merge (for the block that takes the item's next step) and count the item among the
     // step's parties; the last party releases the slot (release_if_last).
@@ -713,7 +713,6 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   pr.rank = a.comm.rank;
   pr.slots = slots_of(a);
   pr.comm_blocks = comm_blocks_of(a);
-  pr.attn_blocks = a.plan.sm_count - pr.comm_blocks;
   pr.causal = s.causal;
   const float scale = s.softmax_scale > 0.f ? s.softmax_scale : 1.f / std::sqrt(static_cast<float>(s.head_dim));
   pr.scale_log2 = scale * 1.4426950408889634f;
@@ -787,7 +786,8 @@ Status can_implement(const RingArgs& a, std::string* why) {
   if (s.heads_q % s.heads_kv) return fail(why, "heads_kv must divide heads_q");
   if (s.head_dim != 64 && s.head_dim != 128) return fail(why, "head_dim must be 64 or 128");
   if (s.causal && s.seq_local % 2) return fail(why, "causal (zigzag) needs an even seq_local");
-  if (s.softmax_scale < 0.f || !std::isfinite(s.softmax_scale)) return fail(why, "softmax_scale must be >= 0 (0: 1/sqrt(d))");
+  if (s.softmax_scale < 0.f || !std::isfinite(s.softmax_scale))
+    return fail(why, "softmax_scale must be >= 0 (0: 1/sqrt(d))");
   const int64_t rows = static_cast<int64_t>(s.batch) * s.seq_local;
   if (rows * s.heads_q > (int64_t(1) << 31) || static_cast<int64_t>(s.seq_local) > (int64_t(1) << 31) - kBlockM)
     return fail(why, "B * S_l * Hq must stay below 2^31");
