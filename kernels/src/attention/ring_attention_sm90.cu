@@ -52,12 +52,23 @@ constexpr int kMaxWorldRing = 64;
 constexpr int kMaxCommBlocks = 8;
 constexpr int kBlockM = 128;           // Q rows per work item: two consumer warpgroups of 64 rows
 constexpr int kBlockN = 128;           // K/V rows per tile
-constexpr int kStages = 2;             // K/V smem pipeline depth
+constexpr int kStages = 2;             // K and V smem pipeline depth (each)
+constexpr int kQStages = 2;            // Q tiles: the next item's Q loads while the current one computes
 constexpr int kWorkStages = 4;         // claimed work items the producer may run ahead of the consumers
 constexpr int kThreads = 384;          // producer warpgroup + two consumer warpgroups
 constexpr int kConsumerThreads = 256;
 constexpr uint32_t kMergePollNs = 200;     // waiting for another block's merge of the item (rare, short)
 constexpr uint32_t kArrivalPollNs = 2000;  // one poller per block; each poll costs the senders bandwidth (MoE)
+// Named barriers of the two consumer warpgroups (cutlass::arch::NamedBarrier adds its reserved offset):
+// kItemBarrier joins both at the end of a work item; kSchedulerBarrier + g is warpgroup g's turn to issue wgmma.
+constexpr uint32_t kItemBarrier = 0;
+constexpr uint32_t kSchedulerBarrier = 1;
+// The two consumer warpgroups take turns issuing their GEMMs (FlashAttention-3's "ping-pong"), so that one's
+// softmax runs while the other's GEMMs hold the tensor cores. A diagnostic build may turn it off to measure it.
+#ifndef TANDEM_RING_ATTENTION_PINGPONG
+#define TANDEM_RING_ATTENTION_PINGPONG 1
+#endif
+constexpr bool kPingPong = TANDEM_RING_ATTENTION_PINGPONG != 0;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Flow-control state in the workspace.
@@ -130,7 +141,7 @@ struct Traits {
 
   using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element,
                                                                                   Int<kBlockM>, Int<kHeadDim>>());
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));
   using SmemAtomKV = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element,
                                                                                    Int<kBlockN>, Int<kHeadDim>>());
   using SmemLayoutK = decltype(tile_to_shape(SmemAtomKV{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
@@ -146,23 +157,26 @@ struct Traits {
   using GLayout = Layout<GShape, GStride>;
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)),
                                                                    GLayout{}),
-                                      SmemLayoutQ{}));
+                                      take<0, 2>(SmemLayoutQ{})));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{},
                                        make_tensor(make_gmem_ptr(static_cast<const Element*>(nullptr)), GLayout{}),
                                        take<0, 2>(SmemLayoutK{})));
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVBytes = 2 * kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVTileBytes = kBlockN * kHeadDim * sizeof(Element);  // one K (or V) tile
 
+  // K and V have pipelines of their own: a consumer is done with K_n after S = Q K_n^T, but with V_n only after
+  // the next iteration's O += P V_n (the GEMMs of consecutive tiles overlap), so one stage for both would hold K.
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineQ = cutlass::PipelineTmaAsync<1>;
+  using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
   using PipelineWork = cutlass::PipelineAsync<kWorkStages>;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutK>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutV>> v;
-    typename PipelineKV::SharedStorage pipe_kv;
+    typename PipelineKV::SharedStorage pipe_k;
+    typename PipelineKV::SharedStorage pipe_v;
     typename PipelineQ::SharedStorage pipe_q;
     typename PipelineWork::SharedStorage pipe_work;
     int2 work[kWorkStages];  // (step, item) the producer claimed, in order; step -1: no more work
@@ -207,23 +221,27 @@ CUTE_HOST_DEVICE int64_t position(const Problem& pr, int rank, int64_t j) {
   return j < c ? rank * c + j : (2 * static_cast<int64_t>(pr.world) - 1 - rank) * c + (j - c);
 }
 
-// Key tiles of source rank `src` that some row of Q tile m (of rank `rank`) sees: a prefix [0, n_end), since
-// positions grow with the local index on every rank.
-CUTE_HOST_DEVICE int visible_tiles(const Problem& pr, int rank, int src, int m) {
-  if (!pr.causal) return pr.n_tiles;
-  const int64_t last_row = cute::min(static_cast<int64_t>(pr.seq), static_cast<int64_t>(m + 1) * kBlockM) - 1;
-  const int64_t q_hi = position(pr, rank, last_row);
-  int n_end = 0;
-  while (n_end < pr.n_tiles && position(pr, src, static_cast<int64_t>(n_end) * kBlockN) <= q_hi) ++n_end;
-  return n_end;
+// Key rows of source rank `src` that query row `qrow` of `rank` sees: a prefix [0, visible_keys), since positions
+// grow with the local index on every rank (zigzag: chunk `src`, then the later chunk 2W - 1 - src). Rows past S_l
+// (computed, never stored) are treated as the last row.
+CUTE_HOST_DEVICE int64_t visible_keys(const Problem& pr, int rank, int src, int64_t qrow) {
+  if (!pr.causal) return pr.seq;
+  const int64_t q = position(pr, rank, cute::min(qrow, static_cast<int64_t>(pr.seq) - 1));
+  const int64_t c = pr.seq / 2;
+  const auto seen = [&](int64_t chunk) { return cute::max(int64_t(0), cute::min(c, q - chunk * c + 1)); };
+  return seen(src) + seen(2 * static_cast<int64_t>(pr.world) - 1 - src);
 }
 
-// Whether query row `qrow` of `rank` does not see key row `kcol` of `src` (past S_l, or causal and later). Rows
-// past S_l (computed, never stored) are treated as the last row.
+// Key tiles of source rank `src` that some row of Q tile m (of rank `rank`) sees: a prefix [0, n_end).
+CUTE_HOST_DEVICE int visible_tiles(const Problem& pr, int rank, int src, int m) {
+  const int64_t keys = visible_keys(pr, rank, src, static_cast<int64_t>(m + 1) * kBlockM - 1);
+  return static_cast<int>((keys + kBlockN - 1) / kBlockN);
+}
+
+// Whether query row `qrow` of `rank` does not see key row `kcol` of `src` (past S_l, or causal and later): the
+// element form of visible_keys (the kernel masks whole rows with the count; tests/cpu/ring_layouts.cu checks both).
 CUTE_HOST_DEVICE bool key_hidden(const Problem& pr, int rank, int src, int64_t qrow, int64_t kcol) {
-  if (kcol >= pr.seq) return true;
-  if (!pr.causal) return false;
-  return position(pr, src, kcol) > position(pr, rank, cute::min(qrow, static_cast<int64_t>(pr.seq) - 1));
+  return kcol >= visible_keys(pr, rank, src, qrow);
 }
 
 // Whether some element of (Q tile m, key tile n of `src`) is hidden: key rows past S_l (the ragged last tile,
@@ -269,8 +287,10 @@ CUTE_HOST_DEVICE auto as_a_operand(Layout l) {
                      coalesce(make_layout(get<0, 1>(groups), get<2>(l))));
 }
 
+// Issues C (+)= A B as one wgmma batch and commits it; the caller waits (warpgroup_wait<k>) and fences C (and a
+// register-sourced A: the GEMM reads it until the wait).
 template <class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void mma(TiledMma& tiled_mma, const TA& a, const TB& b, TC& c, bool zero_init) {
+__device__ __forceinline__ void mma_issue(TiledMma& tiled_mma, const TA& a, const TB& b, TC& c, bool zero_init) {
   tiled_mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   warpgroup_fence_operand(c);
   warpgroup_arrive();
@@ -280,8 +300,15 @@ __device__ __forceinline__ void mma(TiledMma& tiled_mma, const TA& a, const TB& 
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
   warpgroup_fence_operand(c);
+}
+
+// 2^x on the SFU (ex2.approx, flush-to-zero): exp2f without fast math adds range handling that the softmax does
+// not need (its arguments are <= 0 or -inf, and 2^-inf = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -314,7 +341,8 @@ __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
 
 template <class T>
 __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
-                        typename T::PipelineKV& pipe_kv, typename T::PipelineWork& pipe_work, uint64_t epoch) {
+                        typename T::PipelineKV& pipe_k, typename T::PipelineKV& pipe_v,
+                        typename T::PipelineWork& pipe_work, uint64_t epoch) {
   using namespace tandem::device;
   const Problem& pr = p.pr;
   cutlass::PipelineState<kWorkStages> work_state = cutlass::make_producer_start_state<typename T::PipelineWork>();
@@ -324,8 +352,9 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
     pipe_work.producer_commit(work_state);
     ++work_state;
   };
-  cutlass::PipelineState<1> q_state = cutlass::make_producer_start_state<typename T::PipelineQ>();
-  cutlass::PipelineState<kStages> kv_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
+  cutlass::PipelineState<kQStages> q_state = cutlass::make_producer_start_state<typename T::PipelineQ>();
+  cutlass::PipelineState<kStages> k_state = cutlass::make_producer_start_state<typename T::PipelineKV>();
+  cutlass::PipelineState<kStages> v_state = k_state;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutV{});
@@ -369,31 +398,39 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
       const int hkv = w.h / pr.group;
       pipe_q.producer_acquire(q_state);
       Tensor gQ = local_tile(mQ(_, _, w.h, w.b, 0), Shape<Int<kBlockM>, Int<T::kHeadDim>>{}, make_coord(w.m, 0));
-      copy(p.tma_q.with(*pipe_q.producer_get_barrier(q_state)), tma_q.partition_S(gQ), tma_q.partition_D(sQ));
+      copy(p.tma_q.with(*pipe_q.producer_get_barrier(q_state)), tma_q.partition_S(gQ),
+           tma_q.partition_D(sQ(_, _, q_state.index())));
       ++q_state;
+      // K_n then V_n: the consumers need K_n one GEMM before V_n
       for (int n = 0; n < n_end; ++n) {
-        pipe_kv.producer_acquire(kv_state);
-        auto* bar = pipe_kv.producer_get_barrier(kv_state);
-        const int s = kv_state.index();
         const auto tile = Shape<Int<kBlockN>, Int<T::kHeadDim>>{};
-        if (from_user) {
-          Tensor gK = local_tile(mKu(_, _, hkv, w.b, 0), tile, make_coord(n, 0));
-          Tensor gV = local_tile(mVu(_, _, hkv, w.b, 0), tile, make_coord(n, 0));
-          copy(p.tma_k_user.with(*bar), tma_ku.partition_S(gK), tma_ku.partition_D(sK(_, _, s)));
-          copy(p.tma_v_user.with(*bar), tma_vu.partition_S(gV), tma_vu.partition_D(sV(_, _, s)));
-        } else {
-          Tensor gK = local_tile(mKs(_, _, hkv, w.b, slot), tile, make_coord(n, 0));
-          Tensor gV = local_tile(mVs(_, _, hkv, w.b, slot), tile, make_coord(n, 0));
-          copy(p.tma_k_slots.with(*bar), tma_ks.partition_S(gK), tma_ks.partition_D(sK(_, _, s)));
-          copy(p.tma_v_slots.with(*bar), tma_vs.partition_S(gV), tma_vs.partition_D(sV(_, _, s)));
-        }
-        ++kv_state;
+        pipe_k.producer_acquire(k_state);
+        auto* k_bar = pipe_k.producer_get_barrier(k_state);
+        if (from_user)
+          copy(p.tma_k_user.with(*k_bar), tma_ku.partition_S(local_tile(mKu(_, _, hkv, w.b, 0), tile, make_coord(n, 0))),
+               tma_ku.partition_D(sK(_, _, k_state.index())));
+        else
+          copy(p.tma_k_slots.with(*k_bar),
+               tma_ks.partition_S(local_tile(mKs(_, _, hkv, w.b, slot), tile, make_coord(n, 0))),
+               tma_ks.partition_D(sK(_, _, k_state.index())));
+        ++k_state;
+        pipe_v.producer_acquire(v_state);
+        auto* v_bar = pipe_v.producer_get_barrier(v_state);
+        if (from_user)
+          copy(p.tma_v_user.with(*v_bar), tma_vu.partition_S(local_tile(mVu(_, _, hkv, w.b, 0), tile, make_coord(n, 0))),
+               tma_vu.partition_D(sV(_, _, v_state.index())));
+        else
+          copy(p.tma_v_slots.with(*v_bar),
+               tma_vs.partition_S(local_tile(mVs(_, _, hkv, w.b, slot), tile, make_coord(n, 0))),
+               tma_vs.partition_D(sV(_, _, v_state.index())));
+        ++v_state;
       }
     }
   }
   hand_out(-1, 0);
   pipe_q.producer_tail(q_state);
-  pipe_kv.producer_tail(kv_state);
+  pipe_k.producer_tail(k_state);
+  pipe_v.producer_tail(v_state);
   pipe_work.producer_tail(work_state);
 }
 
@@ -402,13 +439,16 @@ __device__ void produce(const Params<T>& p, typename T::SharedStorage& ss, typen
 
 template <class T>
 __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typename T::PipelineQ& pipe_q,
-                        typename T::PipelineKV& pipe_kv, typename T::PipelineWork& pipe_work, uint64_t epoch) {
+                        typename T::PipelineKV& pipe_k, typename T::PipelineKV& pipe_v,
+                        typename T::PipelineWork& pipe_work, uint64_t epoch) {
   using Element = typename T::Element;
+  using cutlass::arch::NamedBarrier;
   const Problem& pr = p.pr;
   const int tid = static_cast<int>(threadIdx.x) - 128;  // 0..255
+  const int wg = tid / 128;                             // consumer warpgroup: rows [64 wg, 64 wg + 64) of a tile
   cutlass::PipelineState<kWorkStages> work_state;
-  cutlass::PipelineState<1> q_state;
-  cutlass::PipelineState<kStages> kv_state;
+  cutlass::PipelineState<kQStages> q_state;
+  cutlass::PipelineState<kStages> k_state, v_state;
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutVt{});
@@ -428,9 +468,26 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
   Tensor acc_s = partition_fragment_C(mma_s, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor o_rc = make_tensor(acc_o.data(), rowcol(acc_o.layout()));
   Tensor s_rc = make_tensor(acc_s.data(), rowcol(acc_s.layout()));
+  // P in the input precision, the A operand of O += P V. It has registers of its own: P_{n-1} is in flight in
+  // the PV GEMM while S_n is computed and softmaxed in acc_s.
+  Tensor p_reg = make_tensor<Element>(acc_s.layout());
+  Tensor tOrP = make_tensor(p_reg.data(), as_a_operand(p_reg.layout()));
   constexpr int kRows = decltype(size<0>(o_rc))::value;  // rows a thread holds (2)
   static_assert(kRows == decltype(size<0>(s_rc))::value, "S and O rows must match");
   const float scale = pr.scale_log2;
+
+  // Ping-pong: warpgroup g issues its GEMMs after the other one has issued its own (scheduler barrier g), then
+  // lets the other go. Warpgroup 1 lets warpgroup 0 go first. Both issue the same number of rounds per item
+  // (one per key tile: they share the item), so the turns never drift apart.
+  const auto scheduler_wait = [&] {
+    if constexpr (kPingPong) NamedBarrier::sync(kConsumerThreads, kSchedulerBarrier + wg);
+  };
+  const auto scheduler_pass = [&] {
+    if constexpr (kPingPong) NamedBarrier::arrive(kConsumerThreads, kSchedulerBarrier + (1 - wg));
+  };
+  if constexpr (kPingPong) {
+    if (wg == 1) NamedBarrier::arrive(kConsumerThreads, kSchedulerBarrier + 0);
+  }
 
   for (;;) {
     pipe_work.consumer_wait(work_state);
@@ -444,59 +501,106 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
     const WorkItem w = work_item(pr, t);
     const int n_end = visible_tiles(pr, pr.rank, src, w.m);
     const int64_t row0 = static_cast<int64_t>(w.m) * kBlockM;
-    float row_max[kRows], row_sum[kRows];
+    float row_max[kRows], row_sum[kRows], correction[kRows];
     CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f;
+    for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.f, correction[r] = 1.f;
+    // -inf where key tile n hides the key from the row (past S_l, or causal and later): the visible keys of a
+    // row are a prefix, so one count per row and one compare per element.
+    const auto mask = [&](int n) {
+      if (!tile_needs_mask(pr, pr.rank, src, w.m, n)) return;
+      const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        const int64_t keys = visible_keys(pr, pr.rank, src, row0 + get<0>(cS_rc(r, 0))) - col0;
+        const int limit = static_cast<int>(cute::max(int64_t(0), cute::min(int64_t(kBlockN), keys)));
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c)
+          if (get<1>(cS_rc(r, c)) >= limit) s_rc(r, c) = -INFINITY;
+      }
+    };
+    // Online softmax of S (base 2): p = 2^(s scale - max scale); correction[r] rescales what was accumulated
+    // before this tile (applied to O later, when O is not in flight).
+    const auto softmax = [&] {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        float mx = row_max[r];
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
+        mx = quad_max(mx);
+        // a row that sees nothing yet keeps max -inf: use 0 so the exponentials are 0, not NaN
+        const float base = mx == -INFINITY ? 0.f : mx * scale;
+        correction[r] = fast_exp2(row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale - base);
+        row_max[r] = mx;
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(s_rc); ++c) {
+          const float e = fast_exp2(s_rc(r, c) * scale - base);
+          s_rc(r, c) = e;
+          sum += e;
+        }
+        row_sum[r] = row_sum[r] * correction[r] + sum;  // quad-partial; reduced once at the end
+      }
+    };
+    const auto rescale_o = [&] {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(o_rc); ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction[r];
+      }
+    };
+    const auto convert_p = [&] {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) p_reg(i) = static_cast<Element>(acc_s(i));
+    };
     if (n_end > 0) {
+      // FlashAttention-3's intra-warpgroup overlap: iteration n issues S_n = Q K_n^T and O += P_{n-1} V_{n-1}
+      // back to back, softmaxes S_n while the PV GEMM runs, then rescales O (once the GEMM is done with it).
       pipe_q.consumer_wait(q_state);
-      for (int n = 0; n < n_end; ++n) {
-        pipe_kv.consumer_wait(kv_state);
-        const int s = kv_state.index();
-        mma(mma_s, tSrQ, tSrK(_, _, _, s), acc_s, true);
-        const int64_t col0 = static_cast<int64_t>(n) * kBlockN;
-        if (tile_needs_mask(pr, pr.rank, src, w.m, n)) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < size<0>(s_rc); ++r) {
-            const int64_t qrow = row0 + get<0>(cS_rc(r, 0));
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(s_rc); ++c) {
-              if (key_hidden(pr, pr.rank, src, qrow, col0 + get<1>(cS_rc(r, c)))) s_rc(r, c) = -INFINITY;
-            }
-          }
-        }
-        // online softmax, base 2: p = 2^(s * scale - max * scale)
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < size<0>(s_rc); ++r) {
-          float mx = row_max[r];
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < size<1>(s_rc); ++c) mx = fmaxf(mx, s_rc(r, c));
-          mx = quad_max(mx);
-          // a row that sees nothing yet keeps max -inf: use 0 so the exponentials are 0, not NaN
-          const float base = mx == -INFINITY ? 0.f : mx * scale;
-          const float correction = exp2f(row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale - base);
-          row_max[r] = mx;
-          float sum = 0.f;
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < size<1>(s_rc); ++c) {
-            const float e = exp2f(s_rc(r, c) * scale - base);
-            s_rc(r, c) = e;
-            sum += e;
-          }
-          row_sum[r] = row_sum[r] * correction + sum;  // quad-partial; reduced once at the end
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= correction;
-        }
-        // P in the input precision, as the A operand of O += P V
-        Tensor p_reg = make_tensor<Element>(acc_s.layout());
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) p_reg(i) = static_cast<Element>(acc_s(i));
-        Tensor tOrP = make_tensor(p_reg.data(), as_a_operand(p_reg.layout()));
-        mma(mma_o, tOrP, tOrV(_, _, _, s), acc_o, n == 0);
-        pipe_kv.consumer_release(kv_state);
-        ++kv_state;
+      const int qs = q_state.index();
+      pipe_k.consumer_wait(k_state);
+      scheduler_wait();
+      mma_issue(mma_s, tSrQ(_, _, _, qs), tSrK(_, _, _, k_state.index()), acc_s, true);
+      scheduler_pass();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      pipe_k.consumer_release(k_state);
+      ++k_state;
+      mask(0);
+      softmax();
+      convert_p();
+      for (int n = 1; n < n_end; ++n) {
+        pipe_k.consumer_wait(k_state);
+        scheduler_wait();
+        mma_issue(mma_s, tSrQ(_, _, _, qs), tSrK(_, _, _, k_state.index()), acc_s, true);
+        if (n > 1) rescale_o();  // O holds tiles < n - 1: bring it to tile n - 1's max before adding P_{n-1} V
+        pipe_v.consumer_wait(v_state);
+        warpgroup_fence_operand(p_reg);
+        mma_issue(mma_o, tOrP, tOrV(_, _, _, v_state.index()), acc_o, n == 1);
+        scheduler_pass();
+        warpgroup_wait<1>();  // S_n
+        warpgroup_fence_operand(acc_s);
+        pipe_k.consumer_release(k_state);
+        ++k_state;
+        mask(n);
+        softmax();
+        warpgroup_wait<0>();  // O += P_{n-1} V_{n-1}
+        warpgroup_fence_operand(acc_o);
+        warpgroup_fence_operand(p_reg);
+        pipe_v.consumer_release(v_state);
+        ++v_state;
+        convert_p();
       }
       pipe_q.consumer_release(q_state);
       ++q_state;
+      if (n_end > 1) rescale_o();
+      pipe_v.consumer_wait(v_state);
+      warpgroup_fence_operand(p_reg);
+      mma_issue(mma_o, tOrP, tOrV(_, _, _, v_state.index()), acc_o, n_end == 1);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      warpgroup_fence_operand(p_reg);
+      pipe_v.consumer_release(v_state);
+      ++v_state;
     } else {  // nothing of the source's block is visible to the tile
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
@@ -508,7 +612,7 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
         (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
                                                  schedule::global_step(epoch, pr.world, step - 1), kMergePollNs,
                                                  pr.rank);  // a timeout leaves the abort flag up
-      cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+      NamedBarrier::sync(kConsumerThreads, kItemBarrier);
     }
     // An invisible block changes nothing before the last step; the last step writes O and LSE in any case.
     if (n_end > 0 || last) {
@@ -577,7 +681,7 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
     // Every consumer is done with the item: its K/V reads completed before they released the stages, its merge
     // is stored. Publish the merge (for the block that takes the item's next step) and count the item among the
     // step's parties; the last party releases the slot (release_if_last).
-    cutlass::arch::NamedBarrier::sync(kConsumerThreads, 0);
+    NamedBarrier::sync(kConsumerThreads, kItemBarrier);
     if (tid == 0 && pr.world > 1) {
       __threadfence();
       tandem::device::impl::st_release_gpu(&p.merged[t], schedule::global_step(epoch, pr.world, step));
@@ -649,8 +753,8 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
     pq.role = warp_group == 0 ? T::PipelineQ::ThreadCategory::Producer : T::PipelineQ::ThreadCategory::Consumer;
     pq.is_leader = producer_thread;
     pq.num_consumers = kConsumerThreads;
-    typename T::PipelineKV::Params pkv;
-    pkv.transaction_bytes = T::kKVBytes;
+    typename T::PipelineKV::Params pkv;  // K and V alike
+    pkv.transaction_bytes = T::kKVTileBytes;
     pkv.role = warp_group == 0 ? T::PipelineKV::ThreadCategory::Producer : T::PipelineKV::ThreadCategory::Consumer;
     pkv.is_leader = producer_thread;
     pkv.num_consumers = kConsumerThreads;
@@ -660,7 +764,8 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
     pw.consumer_arv_count = kConsumerThreads;
     typename T::PipelineWork pipe_work(ss.pipe_work, pw);
     typename T::PipelineQ pipe_q(ss.pipe_q, pq, Shape<_1, _1, _1>{});
-    typename T::PipelineKV pipe_kv(ss.pipe_kv, pkv, Shape<_1, _1, _1>{});
+    typename T::PipelineKV pipe_k(ss.pipe_k, pkv, Shape<_1, _1, _1>{});
+    typename T::PipelineKV pipe_v(ss.pipe_v, pkv, Shape<_1, _1, _1>{});
     if (warp == 0 && cute::elect_one_sync()) {
       cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.tma_k_user.get_tma_descriptor());
@@ -673,10 +778,10 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
     __syncthreads();  // barrier initialization visible to every thread
     if (warp_group == 0) {
       cutlass::arch::warpgroup_reg_dealloc<40>();
-      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_kv, pipe_work, epoch);
+      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
     } else {
       cutlass::arch::warpgroup_reg_alloc<232>();
-      consume(p, ss, pipe_q, pipe_kv, pipe_work, epoch);
+      consume(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
     }
   }
   __syncthreads();
@@ -739,7 +844,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   const auto gtensor = [&](const void* ptr, int heads, int slots) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), global_layout<T>(s, heads, slots));
   };
-  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.q, s.heads_q, 1), typename T::SmemLayoutQ{});
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.q, s.heads_q, 1), take<0, 2>(typename T::SmemLayoutQ{}));
   const auto kv_tile = take<0, 2>(typename T::SmemLayoutK{});
   p.tma_k_user = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.k, s.heads_kv, 1), kv_tile);
   p.tma_v_user = make_tma_copy(SM90_TMA_LOAD{}, gtensor(a.v, s.heads_kv, 1), kv_tile);
