@@ -124,34 +124,40 @@ int check_masks() {
   return bad != 0;
 }
 
-// The claim order of the work items: every (batch, head, Q tile) exactly once a step, Q tiles non-increasing (the
-// longest causal items first), and items_of (the workspace's merge flags) counts them.
+// The claim order of the work items: every (batch, head, Q tile) exactly once a step, each (batch, head)'s Q tiles
+// in decreasing order (the longest causal items first), every (batch, head) pair claimed within its group's span,
+// and items_of (the workspace's merge flags) counts them. Groups of 1, some, and all pairs; ragged last groups.
 int check_work_items() {
   int bad = 0;
   for (int batch : {1, 2, 3})
     for (int heads : {1, 4, 6})
-      for (int seq : {2, 128, 129, 1000}) {
-        attn::Problem pr{};
-        pr.batch = batch, pr.heads_q = heads, pr.seq = seq;
-        pr.m_tiles = (seq + attn::kBlockM - 1) / attn::kBlockM;
-        attn::RingShape shape{};
-        shape.batch = batch, shape.heads_q = heads, shape.seq_local = seq;
-        const int items = static_cast<int>(attn::items_of(shape));
-        bad += items != batch * heads * pr.m_tiles;
-        std::vector<int> seen(static_cast<size_t>(items), 0);
-        int prev_m = pr.m_tiles;
-        for (int t = 0; t < items; ++t) {
-          const attn::WorkItem w = attn::work_item(pr, t);
-          const bool in_range = w.b >= 0 && w.b < batch && w.h >= 0 && w.h < heads && w.m >= 0 && w.m < pr.m_tiles;
-          if (!in_range || w.m > prev_m) {
-            if (bad++ < 5) std::printf("work: B %d H %d S_l %d item %d -> (%d, %d, %d)\n", batch, heads, seq, t, w.b, w.h, w.m);
-            continue;
+      for (int seq : {2, 128, 129, 1000})
+        for (int group : {1, 4, 5, 100}) {
+          attn::Problem pr{};
+          pr.batch = batch, pr.heads_q = heads, pr.seq = seq;
+          pr.m_tiles = (seq + attn::kBlockM - 1) / attn::kBlockM;
+          pr.order_group = std::min(group, batch * heads);
+          attn::RingShape shape{};
+          shape.batch = batch, shape.heads_q = heads, shape.seq_local = seq;
+          const int items = static_cast<int>(attn::items_of(shape));
+          bad += items != batch * heads * pr.m_tiles;
+          std::vector<int> seen(static_cast<size_t>(items), 0), last_m(static_cast<size_t>(batch) * heads, pr.m_tiles);
+          for (int t = 0; t < items; ++t) {
+            const attn::WorkItem w = attn::work_item(pr, t);
+            const bool in_range = w.b >= 0 && w.b < batch && w.h >= 0 && w.h < heads && w.m >= 0 && w.m < pr.m_tiles;
+            const int bh = in_range ? w.b * heads + w.h : 0;
+            const int span = pr.order_group * pr.m_tiles;  // items of one group
+            if (!in_range || w.m >= last_m[bh] || bh / pr.order_group != t / span) {
+              if (bad++ < 5)
+                std::printf("work: B %d H %d S_l %d group %d item %d -> (%d, %d, %d)\n", batch, heads, seq,
+                            pr.order_group, t, w.b, w.h, w.m);
+              continue;
+            }
+            last_m[bh] = w.m;
+            seen[static_cast<size_t>(bh) * pr.m_tiles + w.m] += 1;
           }
-          prev_m = w.m;
-          seen[(static_cast<size_t>(w.b) * heads + w.h) * pr.m_tiles + w.m] += 1;
+          for (int c : seen) bad += c != 1;
         }
-        for (int c : seen) bad += c != 1;
-      }
   std::printf("work items: %s (%d mismatches)\n", bad ? "FAILED" : "ok", bad);
   return bad != 0;
 }
