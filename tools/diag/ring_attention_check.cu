@@ -181,21 +181,36 @@ void time_case(int s, int h, int d, bool causal, bool random) {
 
 }  // namespace
 
-// One launch on random data (for a profiler): --one S causal
-int profile_one(int s, bool causal) {
+// Back-to-back launches of one case, for a profiler or a clock/power log: --one S causal [const|random] [launches]
+int profile_one(int s, bool causal, bool random, int launches) {
   Run r = setup(1, s, 16, 16, 128, causal, nullptr);
   const size_t n = size_t(s) * 16 * 128;
-  for (int i = 0; i < 3; ++i) fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(i == 0 ? r.q : i == 1 ? r.k : r.v), n, i + 1);
+  if (random)
+    for (int i = 0; i < 3; ++i)
+      fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(i == 0 ? r.q : i == 1 ? r.k : r.v), n, i + 1);
   std::string why;
-  const bool ok = attn::run(r.args, 0, &why) == tandem::Status::kOk;
-  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  bool ok = true;
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < launches && ok; ++i) ok = attn::run(r.args, 0, &why) == tandem::Status::kOk;
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float t = 0;
+  CHECK(cudaEventElapsedTime(&t, e0, e1));
   release(r);
-  std::printf("one S=%d causal=%d: %s\n", s, int(causal), ok ? "ok" : why.c_str());
+  const double flop = 4.0 * s * double(s) * 128 * 16 * (causal ? 0.5 : 1.0);
+  std::printf("one S=%d causal=%d data=%s launches=%d: %s, %.3f ms a launch, %.0f TFLOP/s\n", s, int(causal),
+              random ? "random" : "const", launches, ok ? "ok" : why.c_str(), t / launches,
+              flop / (t / launches * 1e-3) / 1e12);
   return ok ? 0 : 1;
 }
 
 int main(int argc, char** argv) {
-  if (argc > 3 && std::string(argv[1]) == "--one") return profile_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0);
+  if (argc > 3 && std::string(argv[1]) == "--one")
+    return profile_one(std::atoi(argv[2]), std::atoi(argv[3]) != 0, argc <= 4 || std::string(argv[4]) != "const",
+                       argc > 5 ? std::atoi(argv[5]) : 1);
   bool ok = true;
   ok &= check_case(1, 300, 4, 2, 128, false);
   ok &= check_case(1, 300, 4, 2, 128, true);

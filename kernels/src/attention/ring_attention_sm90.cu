@@ -14,9 +14,11 @@
 //             the last party of step i (every work item of step i computed or skipped, every comm block done
 //             forwarding it) signals released[i mod N] = G(i) on the predecessor; nobody waits for that
 //   attention blocks [nb, grid): the producer thread waits arrived[i mod N][*] >= G(i) once per step (i > 0), then
-//             claims the step's (batch, head, 128-row Q tile) work items from claimed[i] one at a time (last Q
-//             tiles first), hands each to the consumers through a shared-memory queue and TMA-loads Q and the
-//             visible K/V tiles; two consumer warpgroups compute S = Q K^T, the online softmax, O += P V, wait
+//             claims the step's (batch, head, 128-row Q tile) work items from claimed[i] one at a time (work_item:
+//             (batch, head) groups, last Q tiles first), hands each to the consumers through a shared-memory queue
+//             and TMA-loads Q and the visible K, V tiles (pipelines of their own); two consumer warpgroups compute
+//             S = Q K^T, the online softmax, O += P V with FlashAttention-3's overlap (S_n and P_{n-1} V_{n-1}
+//             in flight together, softmax of S_n under the PV GEMM; the warpgroups take turns issuing), wait
 //             until the item's previous step is merged (merged[item] >= G(i-1): another block may have had it),
 //             merge the step's (O_i, lse_i) into an fp32 accumulator (the last step writes O and LSE), publish
 //             merged[item] = G(i) and count the item a party of step i. Blocks that never get an SM are not
