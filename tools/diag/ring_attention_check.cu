@@ -145,15 +145,17 @@ __global__ void fill_hash(__nv_bfloat16* x, size_t n, uint32_t seed) {
   }
 }
 
+// Q, K and V of a run with H = Hkv, each n elements: random-looking values (fill_hash), a seed each.
+void fill_random(Run& r, size_t n) {
+  fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.q), n, 1);
+  fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.k), n, 2);
+  fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.v), n, 3);
+  CHECK(cudaGetLastError());
+}
+
 void time_case(int s, int h, int d, bool causal, bool random) {
   Run r = setup(1, s, h, h, d, causal, nullptr);
-  if (random) {
-    const size_t n = size_t(s) * h * d;
-    fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.q), n, 1);
-    fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.k), n, 2);
-    fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(r.v), n, 3);
-    CHECK(cudaGetLastError());
-  }
+  if (random) fill_random(r, size_t(s) * h * d);
   std::string why;
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
@@ -184,10 +186,7 @@ void time_case(int s, int h, int d, bool causal, bool random) {
 // Back-to-back launches of one case, for a profiler or a clock/power log: --one S causal [const|random] [launches]
 int profile_one(int s, bool causal, bool random, int launches) {
   Run r = setup(1, s, 16, 16, 128, causal, nullptr);
-  const size_t n = size_t(s) * 16 * 128;
-  if (random)
-    for (int i = 0; i < 3; ++i)
-      fill_hash<<<1024, 256>>>(static_cast<__nv_bfloat16*>(i == 0 ? r.q : i == 1 ? r.k : r.v), n, i + 1);
+  if (random) fill_random(r, size_t(s) * 16 * 128);
   std::string why;
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
