@@ -12,9 +12,10 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export TANDEM_COMMIT=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi -L
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
-# CUTLASS headers: the machine has no internet, so the wheel travels in .whl/ (tools/fetch_device_wheels.sh;
-# name .whl in the call's carry list).
-python3 -c "import cutlass_library" 2>/dev/null || python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl
+# The README's offline install ("Without internet"): the machine has no internet, so the CUTLASS wheel travels in
+# .whl/ (tools/fetch_device_wheels.sh; name .whl in the call's carry list) and the build runs without isolation.
+python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)" \
+  || python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl
 t0=$(date +%s)
 # TANDEM_PIP_DEFS: extra -Ccmake.define.X=Y arguments (tools/diag/exceptions.sh prints the ones that work)
 python3 -m pip install --no-build-isolation --no-deps -e . ${TANDEM_PIP_DEFS:-} > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }

@@ -27,17 +27,22 @@ class ProxyEndpoint {
     bytes_ = static_cast<uint64_t>(info.size * info.itemsize);
     py::gil_scoped_release nogil;
     boot_ = std::make_unique<tandem::FileBootstrap>(dir, rank, world, std::chrono::milliseconds(timeout_ * 6));
-    domain_ = std::make_unique<HostMemoryDomain>(base_, bytes_);
     queue_ = std::make_unique<CommandQueue>(capacity, rank);
-    proxy_ = std::make_unique<Proxy>(rank, *queue_, *domain_);
     std::vector<int> peers(world);
     for (int r = 0; r < world; ++r) peers[r] = r;
     TcpOptions o;
     o.listen_host = host;
     o.timeout = timeout_;
-    backend_ = std::make_unique<TcpBackend>(*boot_, "proxy", rank, peers, *domain_, o,
-                                            [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
-    proxy_->start(backend_.get());
+    o.secret = tandem::job_secret(*boot_, "proxy");  // rank 0 draws it; key "proxy/secret"
+    service_ = std::make_unique<ProxyService>(*boot_, "proxy", rank, peers, *queue_,
+                                              std::make_unique<HostMemoryDomain>(base_, bytes_), o);
+    proxy_ = service_->proxy();
+    backend_ = service_->backend();
+    // The same test hook as the communicator's: this constructor fails with the proxy running, and the members
+    // (service_ first: proxy thread, then backend threads) must come down without a use after free.
+    if (fault_injected("TANDEM_TEST_FAIL_AFTER_PROXY", rank))
+      throw tandem::Error(tandem::Status::kInternal, "proxy_endpoint.init", rank, -1,
+                          "fault injected after the proxy started (TANDEM_TEST_FAIL_AFTER_PROXY)");
   }
   ~ProxyEndpoint() { close(); }
 
@@ -146,6 +151,7 @@ class ProxyEndpoint {
   }
 
   void check() {
+    if (backend_ == nullptr) throw tandem::Error(tandem::Status::kInvalidArgument, "proxy", rank_, -1, "endpoint closed");
     backend_->check();  // the root cause (a lost link) if there is one
     int peer = -1;
     std::string what;
@@ -162,14 +168,15 @@ class ProxyEndpoint {
       } catch (const tandem::Error&) {
       }
     }
-    if (proxy_) proxy_->stop();
-    if (backend_) backend_->shutdown();
-    proxy_.reset();
-    backend_.reset();
+    if (backend_ != nullptr) refused_at_close_ = backend_->refused();
+    service_.reset();  // proxy thread, then backend threads
+    proxy_ = nullptr;
+    backend_ = nullptr;
   }
 
   uint64_t retired() const { return queue_->retired(); }
   uint64_t tail() const { return queue_->tail(); }
+  int refused() const { return backend_ != nullptr ? backend_->refused() : refused_at_close_; }
 
  private:
   int rank_;
@@ -178,10 +185,11 @@ class ProxyEndpoint {
   char* base_ = nullptr;
   uint64_t bytes_ = 0;
   std::unique_ptr<tandem::FileBootstrap> boot_;
-  std::unique_ptr<HostMemoryDomain> domain_;
   std::unique_ptr<CommandQueue> queue_;
-  std::unique_ptr<Proxy> proxy_;
-  std::unique_ptr<TcpBackend> backend_;
+  std::unique_ptr<ProxyService> service_;  // declared after queue_: destroyed first (it drains queue_)
+  Proxy* proxy_ = nullptr;                 // owned by service_
+  TcpBackend* backend_ = nullptr;          // owned by service_
+  int refused_at_close_ = 0;
 };
 
 const char* op_name(uint32_t op) {
@@ -292,7 +300,9 @@ void bind_proxy(py::module_& m) {
       .def("check", &ProxyEndpoint::check)
       .def("close", &ProxyEndpoint::close)
       .def_property_readonly("retired", &ProxyEndpoint::retired)
-      .def_property_readonly("tail", &ProxyEndpoint::tail);
+      .def_property_readonly("tail", &ProxyEndpoint::tail)
+      .def_property_readonly("refused", &ProxyEndpoint::refused,
+                             "Connections the TCP listener refused during setup (stray, wrong secret, bad rank).");
 }
 
 }  // namespace tandem_py

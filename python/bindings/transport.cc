@@ -1,4 +1,6 @@
 #include <pybind11/stl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <memory>
 
@@ -6,7 +8,9 @@
 #include "tandem/transport/allocator.h"
 #include "tandem/transport/comm.h"
 #include "tandem/transport/proxy.h"
+#include "fd_passing.h"
 #include "peer_monitor.h"
+#include "unix_socket.h"
 
 namespace tandem_py {
 
@@ -91,15 +95,56 @@ void bind_transport(py::module_& m) {
              t->boot = std::make_unique<tandem::FileBootstrap>(dir, rank, world, std::chrono::seconds(60));
              std::vector<int> ranks(world);
              for (int r = 0; r < world; ++r) ranks[r] = r;
+             const std::string secret = tandem::job_secret(*t->boot, "monitor");
              t->mon = std::make_unique<tandem::detail::PeerMonitor>(
                  *t->boot, "monitor", rank, ranks, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
-                 nullptr);
+                 nullptr, secret);
              return t;
            }),
            py::arg("directory"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("exited_peer", [](const MonitorForTest& t) { return t.mon->exited_peer(); })
+      .def_property_readonly("accepted", [](const MonitorForTest& t) { return t.mon->accepted(); })
+      .def_property_readonly("refused", [](const MonitorForTest& t) { return t.mon->refused(); })
       .def("close", [](MonitorForTest& t) { t.mon.reset(); });
+
+  // The heap's fd exchange on its own, over a FileBootstrap (key prefix "fdx"), with a memfd holding `payload`
+  // in place of the cuMem fd: returns ({peer: payload read through the fd received from peer}, refused).
+  m.def(
+      "_fd_exchange_for_test",
+      [](const std::string& dir, int rank, int world, double timeout_s, const std::string& payload) {
+        tandem::FileBootstrap boot(dir, rank, world, std::chrono::seconds(60));
+        std::vector<int> ranks(world);
+        for (int r = 0; r < world; ++r) ranks[r] = r;
+        const std::string secret = tandem::job_secret(boot, "fdx");
+        const int mine = ::memfd_create("tandem-fdx-test", MFD_CLOEXEC);
+        if (mine < 0 || ::pwrite(mine, payload.data(), payload.size(), 0) != static_cast<ssize_t>(payload.size()))
+          throw tandem::Error(tandem::Status::kSystemError, "fd_exchange.test", rank, -1, "memfd");
+        std::map<int, std::string> got;
+        int refused = 0;
+        try {
+          const std::string session = tandem::detail::node_session(boot, "fdx", rank, ranks);
+          tandem::detail::FdExchange ex(session, rank, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+          boot.set("fdx/listening/" + std::to_string(rank), tandem::detail::local_identity());
+          std::map<int, std::string> ids;
+          for (int r : ranks) ids[r] = boot.get("fdx/listening/" + std::to_string(r));
+          const auto fds = ex.run(ranks, mine, secret, ids);
+          refused = ex.refused();
+          for (const auto& [peer, fd] : fds) {
+            std::string buf(4096, '\0');
+            const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
+            ::close(fd);
+            got[peer] = buf.substr(0, n > 0 ? static_cast<size_t>(n) : 0);
+          }
+        } catch (...) {
+          ::close(mine);
+          throw;
+        }
+        ::close(mine);
+        return std::make_pair(got, refused);
+      },
+      py::arg("directory"), py::arg("rank"), py::arg("world"), py::arg("timeout_s"), py::arg("payload"),
+      py::call_guard<py::gil_scoped_release>());
 
   py::class_<tandem::Communicator, std::shared_ptr<tandem::Communicator>>(m, "Communicator")
       .def(py::init([](py::object store, int rank, int world, uint64_t heap_bytes, double timeout_s, int device,

@@ -4,6 +4,7 @@ import faulthandler
 import importlib
 import json
 import os
+import signal
 import sys
 import traceback
 
@@ -13,6 +14,9 @@ def main():
     mod_name, fn_name = target.split(":")
     rank = int(os.environ.get("RANK", "0"))
     faulthandler.enable()  # a crash prints the Python stack of every thread to stderr
+    # The launcher stops ranks with SIGTERM (a failed peer, its timeout, a signal to the launcher): say where this
+    # one was, then die of the signal as before (chain=True re-raises it with the default action).
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     hang = float(os.environ.get("TANDEM_RANK_DUMP_AFTER_S", "0"))
     if hang > 0:  # a rank still running then prints every thread's stack (the launcher kills it later)
         faulthandler.dump_traceback_later(hang, exit=False)

@@ -57,7 +57,8 @@ def main():
             ep.quiet()
             for t in ts:
                 t.join()
-            out.update(violations=sum(v[0] for v in results.values()), sources=len(results), retired=ep.retired)
+            out.update(violations=sum(v[0] for v in results.values()), sources=len(results), retired=ep.retired,
+                       guard_nonzero=int(np.count_nonzero(heap[-65536:])), refused=ep.refused)
         elif mode == "bulk":
             rounds, size = args["rounds"], args["round_mib"] * MiB
             data = flags

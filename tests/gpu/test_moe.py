@@ -48,3 +48,43 @@ def test_moe_across_emulated_nodes(run_ranks):
     res = run_ranks(f"{W}:correctness", 4, ranks_per_node=2, counts=[21, 40, 0, 33], hidden=128, inter=256, epr=2,
                     cases=[("uniform", 2), ("skewed", 2)], timeout_s=240)
     _check(res, 2 * 2)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_moe_duplicate_experts_and_max_tokens_that_differ_are_refused(run_ranks, world):
+    # issue 20 point 3: the same expert twice in a token's top-k is refused before launch (one host sync, shared
+    # with the id range check); max_tokens that differ between ranks (given, or the default: the token count) are
+    # refused on every rank, naming each rank's key; afterwards an agreed call still matches torch
+    timeout_s = 8
+    res = run_ranks(f"{W}:disagree", world, comm_timeout_s=timeout_s, timeout_s=180)
+    for r, out in enumerate(res):
+        for name in ("duplicate_all", "duplicate_one", "duplicate_unfused"):
+            c = out[name]
+            assert c["raised"] and c["status"] == 3, (r, name, c)
+            assert c["message"].startswith("tandem: moe_dispatch_gemm: the same expert twice in one token's top-k, in "), c
+        assert "in 16 of 16 tokens (token 0: [0, 0])" in out["duplicate_all"]["message"], out["duplicate_all"]
+        assert "in 1 of 16 tokens (token 5: [1, 1])" in out["duplicate_one"]["message"], out["duplicate_one"]
+        others = "rank 1 has" if world == 2 else "ranks 1, 2, 3 have"
+        for name in ("max_tokens", "max_tokens_unfused"):
+            c = out[name]
+            assert c["raised"] and c["status"] == 3 and c["seconds"] < timeout_s, (r, name, c)
+            assert c["message"].startswith(f"tandem: rank {r}: moe_dispatch_gemm: ranks disagree: rank 0 has "
+                                           "(op=moe_dispatch_gemm, max_tokens=32, "), c
+            assert f", {others} (op=moe_dispatch_gemm, max_tokens=64, " in c["message"], c
+        c = out["default_max_tokens"]
+        assert c["raised"] and c["status"] == 3 and "ranks disagree" in c["message"], (r, c)
+        assert "max_tokens=16" in c["message"] and "max_tokens=24" in c["message"], c
+        a = out["agreed_after"]
+        assert a["wrong_layout"] == 0 and a["wrong_y"] == 0 and a["wrong_out"] == 0, a
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+def test_moe_kernel_refuses_a_receive_capacity_overrun(run_ranks, mode):
+    # the host check skipped (as under graph capture): duplicates that would send rank 0 twice its receive capacity.
+    # The kernel sends nothing, leaves every layout empty and reports INVALID_ARGUMENT on every rank, at once
+    timeout_s = 8
+    res = run_ranks(f"{W}:capacity_guard", 2, comm_timeout_s=timeout_s, mode=mode, timeout_s=120)
+    for r, c in enumerate(res):
+        assert c["raised"] and c["status"] == 3, (r, c)
+        assert c["received"] == 0 and c["capacity"] == 32, (r, c)
+        assert c["seconds"] < timeout_s, (r, c)

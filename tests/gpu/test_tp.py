@@ -6,8 +6,11 @@ import pytest
 pytestmark = pytest.mark.gpu
 W = "tests.gpu.workers_tp"
 
-# (M_local, N, K); 100: not a tile multiple; 1024 x 4096: enough tiles for the full persistent grid (every SM busy)
-AG_SHAPES = [(256, 1024, 1024), (512, 520, 1032), (100, 256, 512), (1024, 4096, 1024)]
+# (M_local, N, K); 100: not a multiple of 8 (unfused only); 8, 136, 1000: multiples of 8 but not of the 128-row
+# tile, so tiles straddle chunks and the last tile is partial (fused too); 1024 x 4096: enough tiles for the full
+# persistent grid (every SM busy)
+AG_SHAPES = [(256, 1024, 1024), (512, 520, 1032), (100, 256, 512), (1024, 4096, 1024), (8, 256, 512),
+             (136, 520, 1032), (1000, 1024, 512)]
 RS_SHAPES = [(256, 1024, 1024), (300, 520, 1032), (1024, 4096, 1024)]  # (M / world, N, K_local); AR too
 
 
@@ -16,7 +19,7 @@ def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
     res = run_ranks(f"{W}:correctness", world, ag_shapes=AG_SHAPES, rs_shapes=RS_SHAPES,
                     dtypes=["bfloat16", "float16"], modes=["auto", "fused", "unfused"], timeout_s=300)
     for r in res:
-        assert len(r["ag"]) == 2 * (2 * 3 * 4 - 2) and len(r["rs"]) == 2 * 3 * 3 and len(r["ar"]) == 2 * 3 * 3 * 2
+        assert len(r["ag"]) == 2 * (2 * 3 * len(AG_SHAPES) - 2) and len(r["rs"]) == 2 * 3 * 3 and len(r["ar"]) == 2 * 3 * 3 * 2
         for c in r["ag"]:
             assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
         for c in r["rs"]:
@@ -28,7 +31,7 @@ def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
     for i in range(len(res[0]["ar"])):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, (i, [r["ar"][i] for r in res])
         if world > 1:
-            assert r["fused_ragged"] == 3  # the fused kernel refuses M_local % 256 != 0 with a clear error
+            assert r["fused_ragged"] == 3  # the fused kernel refuses M_local % 8 != 0 with a clear error
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -66,3 +69,57 @@ def test_tp_ops_across_emulated_nodes(run_ranks, ranks_per_node):
         assert r["one_shot_refused"] == 3, r
     for i in range(4):  # every rank holds the same all-reduced bytes
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
+def _keys_named(msg, op, mine, theirs, world):
+    others = "rank 1 has" if world == 2 else "ranks " + ", ".join(str(r) for r in range(1, world)) + " have"
+    return (f": {op}: ranks disagree: rank 0 has (op={op}, {mine}" in msg and f", {others} (op={op}, {theirs}" in msg
+            and "nothing was allocated or launched" in msg)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_disagree_get_an_error_on_every_rank(run_ranks, world):
+    # issue 20 point 3: rank 0 with K = 1024, the others with K = 2048 (and N, mode, algo likewise): a TandemError
+    # naming every rank's key on every rank, before anything is allocated or launched, fused and unfused
+    timeout_s = 8
+    res = run_ranks(f"{W}:disagree", world, comm_timeout_s=timeout_s, timeout_s=180)
+    expect = {
+        "ag_k_fused": ("ag_gemm", "m_local=256, n=512, k=1024, dtype=bf16, mode=fused",
+                       "m_local=256, n=512, k=2048, dtype=bf16, mode=fused"),
+        "ag_k_unfused": ("ag_gemm", "m_local=256, n=512, k=1024, dtype=bf16, mode=unfused",
+                         "m_local=256, n=512, k=2048, dtype=bf16, mode=unfused"),
+        "ag_n_fused": ("ag_gemm", "m_local=256, n=512, k=1024, dtype=bf16, mode=fused",
+                       "m_local=256, n=1024, k=1024, dtype=bf16, mode=fused"),
+        "ag_n_unfused": ("ag_gemm", "m_local=256, n=512, k=1024, dtype=bf16, mode=unfused",
+                         "m_local=256, n=1024, k=1024, dtype=bf16, mode=unfused"),
+        "ag_mode": ("ag_gemm", "m_local=256, n=512, k=1024, dtype=bf16, mode=fused",
+                    "m_local=256, n=512, k=1024, dtype=bf16, mode=unfused"),
+        "rs_n": ("gemm_rs", f"m={256 * world}, n=512, k=512", f"m={256 * world}, n=1024, k=512"),
+        "ar_algo": ("gemm_ar", "comm_blocks=0, algo=one_shot", "comm_blocks=0, algo=two_shot"),
+    }
+    for r, out in enumerate(res):
+        for name, (op, mine, theirs) in expect.items():
+            c = out[name]
+            assert c["raised"] and c["status"] == 3, (r, name, c)  # INVALID_ARGUMENT, never a silent result
+            assert c["message"].startswith(f"tandem: rank {r}: "), (r, name, c)
+            if name != "ar_algo":
+                assert _keys_named(c["message"], op, mine, theirs, world), (r, name, c["message"])
+            else:
+                assert "algo=one_shot" in c["message"] and "algo=two_shot" in c["message"], c["message"]
+            assert c["seconds"] < timeout_s, (r, name, c)  # every rank took the step: no wait for a timeout
+        assert out["agreed_after_wrong"] == 0, out
+
+
+def test_a_rank_out_of_step_is_an_error_within_the_timeout(run_ranks):
+    # rank 0 calls a key agreed before (skips the step and launches), rank 1 a new one (takes the step): rank 1's
+    # step times out (TandemError, timeout) and rank 0's device wait times out; nobody hangs or returns a result
+    timeout_s = 5
+    res = run_ranks(f"{W}:out_of_step", 2, comm_timeout_s=timeout_s, timeout_s=120)
+    for r, out in enumerate(res):
+        assert not out["first"]["raised"], out
+        c = out["second"]
+        assert c["raised"] and c["seconds"] < timeout_s + 15, (r, c)
+        if r == 0:
+            assert c["status"] in (1, 2), c  # the device wait's timeout (or abort)
+        else:
+            assert c["status"] == 1 and "ranks out of step: rank 0 did not take agreement step" in c["message"], c

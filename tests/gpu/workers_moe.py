@@ -6,10 +6,13 @@ communication. Values are small multiples of 1/8, so the fp32 sums are exact and
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 import tandem.ops  # noqa: F401
-from tandem.ops import moe
+from tandem.errors import TandemError
+from tandem.ops import moe, tp
 from tandem.transport import Communicator
 
 from .worker_common import capture, reject_statuses
@@ -194,3 +197,82 @@ def rejects():
     comm.check()
     comm.destroy()
     return out
+
+
+def _outcome(comm, fn):
+    """fn's outcome on this rank: dict(raised, status, message, seconds); a call that launched is synchronized and
+    checked, so an error the device reports counts too."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        torch.cuda.synchronize()
+        comm.check()
+        return dict(raised=False, seconds=time.monotonic() - t0)
+    except TandemError as e:
+        return dict(raised=True, status=e.status, message=str(e), seconds=time.monotonic() - t0)
+
+
+def _distinct_ids(tokens, k, experts):
+    t = torch.arange(tokens, device="cuda").view(-1, 1)
+    s = torch.arange(k, device="cuda").view(1, -1)
+    return ((t + s) % experts).to(torch.int32).contiguous()
+
+
+def disagree(comm_timeout_s):
+    """Issue 20 point 3 for MoE: the same expert twice in one token's top-k, refused before launch (on every rank:
+    every rank's ids have one); max_tokens that differ between ranks (given, or the default, the token count),
+    refused on every rank naming both keys; then an agreed dispatch + combine is still right."""
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=comm_timeout_s)
+    rank, world = comm.rank, comm.world_size
+    epr, hidden, inter, k, tokens = 1, 64, 64, 2, 16
+    dtype = torch.bfloat16
+    x = _x(rank, tokens, hidden, dtype)
+    w = torch.stack([_w_expert(rank * epr + j, hidden, inter, dtype) for j in range(epr)])
+    ids = _distinct_ids(tokens, k, epr * world)
+    dup_all = torch.zeros(tokens, k, dtype=torch.int32, device="cuda")  # the brief's [[0, 0], ...]
+    dup_one = ids.clone()
+    dup_one[5, 1] = dup_one[5, 0]
+    more = 16 + 8 * rank  # token counts that differ, with the default max_tokens (= the token count)
+    x_more = _x(rank, more, hidden, dtype)
+    ids_more = _distinct_ids(more, k, epr * world)
+    out = {
+        "duplicate_all": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x, dup_all, w, max_tokens=tokens)),
+        "duplicate_one": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x, dup_one, w, max_tokens=tokens)),
+        "duplicate_unfused": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x, dup_all, w, max_tokens=tokens,
+                                                                          mode="unfused")),
+        "max_tokens": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x, ids, w,
+                                                                   max_tokens=32 if rank == 0 else 64)),
+        "max_tokens_unfused": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x, ids, w, mode="unfused",
+                                                                           max_tokens=32 if rank == 0 else 64)),
+        "default_max_tokens": _outcome(comm, lambda: moe.moe_dispatch_gemm(comm, x_more, ids_more, w)),
+    }
+    # in step afterwards: an agreed dispatch + combine runs and matches torch
+    out["agreed_after"] = _case(comm, [tokens] * world, "uniform", k, epr, hidden, inter, dtype, "auto")
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def capacity_guard(comm_timeout_s, mode):
+    """The kernel's receive capacity guard, reached by skipping the host check (as a CUDA graph capture does): the
+    same expert twice in every token's top-k (one expert a rank) would send rank 0 twice its capacity. Expected: no
+    rank sends anything, every layout is empty, every rank reports INVALID_ARGUMENT, and nobody waits for a
+    timeout."""
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=comm_timeout_s)
+    rank, world = comm.rank, comm.world_size
+    epr, hidden, inter, k, tokens = 1, 64, 64, 2, 16
+    dtype = torch.bfloat16
+    x = _x(rank, tokens, hidden, dtype)
+    w = torch.stack([_w_expert(rank * epr + j, hidden, inter, dtype) for j in range(epr)])
+    dup_all = torch.zeros(tokens, k, dtype=torch.int32, device="cuda")
+    got = {}
+
+    def run():
+        got["y"], got["layout"] = moe._dispatch(comm, x, dup_all, w, tokens, mode, 0, 0, check_ids=False)
+
+    res = _outcome(comm, run)
+    res["received"] = int(got["layout"][0].item()) if "layout" in got else None
+    res["capacity"] = int(got["y"].shape[0]) if "y" in got else None
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res

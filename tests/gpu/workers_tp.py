@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import torch
 
@@ -106,7 +107,7 @@ def correctness(ag_shapes, rs_shapes, dtypes, modes):
         for (m_local, n, k) in ag_shapes:
             for mode in modes:
                 for in_place in (False, True):
-                    if mode == "fused" and m_local % 256:
+                    if mode == "fused" and m_local % 8:
                         continue
                     out["ag"].append(_ag_case(comm, m_local, n, k, dtype, mode, in_place))
         for (mr, n, k) in rs_shapes:
@@ -114,7 +115,7 @@ def correctness(ag_shapes, rs_shapes, dtypes, modes):
                 out["rs"].append(_rs_case(comm, mr, n, k, dtype, mode))
                 for algo in ("one_shot", "two_shot"):
                     out["ar"].append(_ar_case(comm, mr, n, k, dtype, mode, algo))
-    # ragged M_local is refused by the fused kernel with a clear error (auto takes the unfused path)
+    # M_local not a multiple of 8 is refused by the fused kernel with a clear error (auto takes the unfused path)
     try:
         tp.ag_gemm(comm, _ints(100, 64, 0, torch.bfloat16), _b(64, 64, 1, torch.bfloat16), mode="fused")
         out["fused_ragged"] = None if comm.world_size > 1 else "world1"
@@ -295,3 +296,75 @@ def emulated_nodes(ag_shapes, rs_shapes, launches=20):
     tp.release_workspaces(comm)
     comm.destroy()
     return out
+
+
+def _attempt(comm, fn):
+    """fn's outcome on this rank: dict(raised, status, message, seconds); a call that launched is synchronized and
+    checked, so an error the device reports counts too."""
+    t0 = time.monotonic()
+    try:
+        out = fn()
+        torch.cuda.synchronize()
+        comm.check()
+        return dict(raised=False, shape=list(out.shape), seconds=time.monotonic() - t0)
+    except TandemError as e:
+        return dict(raised=True, status=e.status, peer=e.peer, message=str(e), seconds=time.monotonic() - t0)
+
+
+def disagree(comm_timeout_s):
+    """Ranks that call an op with different keys (rank 0 one value, the others another; every key new, so every
+    rank takes the agreement step): a TandemError on every rank naming both keys, nothing launched; then a call the
+    ranks agree on still runs and is right (the ranks stayed in step)."""
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=comm_timeout_s)
+    rank, world = comm.rank, comm.world_size
+    dtype = torch.bfloat16
+    m_local = 256
+    first = rank == 0
+
+    def ag(k, n, mode):
+        a_local = _ints(world * m_local, k, 0, dtype)[rank * m_local:(rank + 1) * m_local].clone()
+        return tp.ag_gemm(comm, a_local, _b(k, n, 1, dtype), mode=mode)
+
+    def rs(n, op="gemm_rs", algo="two_shot"):
+        a, b = _ints(m_local * world, 512, 2, dtype), _b(512, n, 3, dtype)
+        if op == "gemm_rs":
+            return tp.gemm_rs(comm, a, b, mode="fused")
+        return tp.gemm_ar(comm, a, b, mode="fused", algo=algo)
+
+    out = {
+        "ag_k_fused": _attempt(comm, lambda: ag(1024 if first else 2048, 512, "fused")),
+        "ag_k_unfused": _attempt(comm, lambda: ag(1024 if first else 2048, 512, "unfused")),
+        "ag_n_fused": _attempt(comm, lambda: ag(1024, 512 if first else 1024, "fused")),
+        "ag_n_unfused": _attempt(comm, lambda: ag(1024, 512 if first else 1024, "unfused")),
+        "ag_mode": _attempt(comm, lambda: ag(1024, 512, "fused" if first else "unfused")),
+        "rs_n": _attempt(comm, lambda: rs(512 if first else 1024)),
+        "ar_algo": _attempt(comm, lambda: rs(512, "gemm_ar", "one_shot" if first else "two_shot")),
+    }
+    # in step afterwards: an agreed call runs and is right
+    k, n = 1024, 512
+    a_full = _ints(world * m_local, k, 0, dtype)
+    c = ag(k, n, "fused")
+    torch.cuda.synchronize()
+    comm.check()
+    out["agreed_after_wrong"] = int((c != (a_full.float() @ _b(k, n, 1, dtype).float()).to(dtype)).sum())
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def out_of_step(comm_timeout_s):
+    """Rank 0 calls a key the ranks agreed on before (it skips the agreement step and launches), the others a new
+    key (they take the step): every rank gets a TandemError within about timeout_s, none hangs and none returns a
+    result (the others: the step times out; rank 0: its kernel's device wait times out)."""
+    comm = Communicator(heap_bytes=256 << 20, timeout_s=comm_timeout_s)
+    rank, world = comm.rank, comm.world_size
+    dtype = torch.bfloat16
+    m_local, k = 256, 1024
+    a_local = _ints(world * m_local, k, 0, dtype)[rank * m_local:(rank + 1) * m_local].clone()
+    b512, b1024 = _b(k, 512, 1, dtype), _b(k, 1024, 1, dtype)
+    first = _attempt(comm, lambda: tp.ag_gemm(comm, a_local, b512, mode="fused"))
+    second = _attempt(comm, lambda: tp.ag_gemm(comm, a_local, b512 if rank == 0 else b1024, mode="fused"))
+    # the communicator of a rank that timed out is aborted: only free the workspaces and destroy it
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return dict(first=first, second=second)

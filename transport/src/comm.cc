@@ -76,24 +76,47 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   if (options_.timeout_s <= 0)
     throw Error(Status::kInvalidArgument, "communicator.init", rank_, -1, "timeout_s must be positive");
   prefix_ = "tandem/comm" + std::to_string(g_comm_counter.fetch_add(1));
+  // A throwing constructor runs no destructor, and the members alone would come down in the wrong order
+  // (e.g. with the proxy thread still running): on any failure, release everything of this rank here.
+  try {
+    setup();
+  } catch (...) {
+    abort();  // a proxy thread or monitor callback still running sees the flag, not freed memory
+    release_local();
+    throw;
+  }
+}
 
+void Communicator::setup() {
   if (options_.device >= 0) TANDEM_CUDA_CHECK(cudaSetDevice(options_.device), "communicator.init", rank_);
   TANDEM_CUDA_CHECK(cudaGetDevice(&device_), "communicator.init", rank_);
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_),
                     "communicator.init", rank_);
 
   detect_topology();
+  // Only this job's ranks know it: the fd exchange, the peer monitor and the TCP proxy refuse anyone else.
+  const std::string secret = job_secret(*bootstrap_, prefix_);
 
-  // Heap backend: chosen collectively so that every rank of a node runs the same exchange.
+  // Heap backend: chosen collectively so that every rank of a node runs the same exchange. The heap size is
+  // compared in the same round: symmetric offsets mean nothing between heaps of different sizes.
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options_.timeout_s * 1000));
   bool want_vmm = options_.heap != HeapKind::kIpc && vmm_heap_supported(device_);
   if (options_.heap == HeapKind::kVmm && !want_vmm)
     throw Error(Status::kUnsupported, "heap.vmm", rank_, -1,
                 "cuMem VMM with POSIX fd handles is not available on this device/driver");
-  const auto votes = bootstrap_->all_gather(next_tag("heapkind"), want_vmm ? "1" : "0");
-  for (const auto& v : votes) want_vmm = want_vmm && v == "1";
+  const auto votes =
+      bootstrap_->all_gather(next_tag("heapkind"), std::string(want_vmm ? "1" : "0") + " " + std::to_string(options_.heap_bytes));
+  for (int r = 0; r < world_; ++r) {
+    const auto& v = votes[r];
+    want_vmm = want_vmm && v.rfind("1 ", 0) == 0;
+    const std::string theirs = v.size() > 2 ? v.substr(2) : "?";
+    if (theirs != std::to_string(options_.heap_bytes))
+      throw Error(Status::kInvalidArgument, "communicator.init", rank_, r,
+                  "heap_bytes is " + std::to_string(options_.heap_bytes) + " on rank " + std::to_string(rank_) +
+                      " but " + theirs + " on rank " + std::to_string(r) + ": every rank must ask for the same size");
+  }
   HeapSetup setup{bootstrap_.get(), next_tag("heap"), rank_, world_, local_ranks_, device_,
-                  options_.heap_bytes, timeout};
+                  options_.heap_bytes, timeout, secret};
   heap_ = want_vmm ? make_vmm_heap(setup) : make_ipc_heap(setup);
 
   const uint64_t reserved = ReservedLayout::bytes(world_);
@@ -132,12 +155,15 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap, const CommOptio
   device_comm_.error = static_cast<ErrorRecord*>(error_dev);
   device_comm_.timeout_ns = static_cast<uint64_t>(options_.timeout_s * 1e9);
 
-  if (num_nodes_ > 1) setup_proxy(timeout);
+  if (num_nodes_ > 1) setup_proxy(timeout, secret);
+  if (proxy::fault_injected("TANDEM_TEST_FAIL_AFTER_PROXY", rank_))  // tests of the failure path below
+    throw Error(Status::kInternal, "communicator.init", rank_, -1,
+                "fault injected after the proxy started (TANDEM_TEST_FAIL_AFTER_PROXY)");
 
   // A local peer that dies raises our abort flag at once: no device wait has to run into its timeout, and no
   // kernel of ours goes on storing into memory its death may have released (MPS frees a dead client's).
   monitor_ = std::make_unique<detail::PeerMonitor>(*bootstrap_, next_tag("monitor"), rank_, local_ranks_, timeout,
-                                                   [this](int) { abort(); });
+                                                   [this](int) { abort(); }, secret);
 
   // Every heap is zeroed and mapped before any rank may write into a peer's.
   host_barrier();
@@ -208,8 +234,12 @@ void* Communicator::heap_base() const { return heap_ ? heap_->local_base() : nul
 uint64_t Communicator::heap_bytes() const { return heap_ ? heap_->bytes() : 0; }
 uint64_t Communicator::heap_bytes_in_use() const { return allocator_ ? allocator_->bytes_in_use() : 0; }
 
+void Communicator::require_live(const char* op) const {
+  if (destroyed_ || !heap_) throw Error(Status::kInvalidArgument, op, rank_, -1, "communicator destroyed");
+}
+
 void* Communicator::alloc(uint64_t bytes, uint64_t align, bool verify) {
-  if (destroyed_) throw Error(Status::kInvalidArgument, "heap.alloc", rank_, -1, "communicator destroyed");
+  require_live("heap.alloc");
   if (align < 16 || (align & (align - 1)) != 0)
     throw Error(Status::kInvalidArgument, "heap.alloc", rank_, -1, "align must be a power of two >= 16");
   const auto off = allocator_->allocate(bytes, align);
@@ -219,13 +249,20 @@ void* Communicator::alloc(uint64_t bytes, uint64_t align, bool verify) {
                     std::to_string(allocator_->largest_free()) + " of " + std::to_string(heap_->bytes()) +
                     " (raise heap_bytes)");
   if (verify && world_ > 1) {
-    const auto offsets = bootstrap_->all_gather(next_tag("alloc"), std::to_string(*off));
+    // Offset and size: equal offsets with different sizes would still let a rank write past a peer's buffer.
+    const std::string mine = std::to_string(*off) + " " + std::to_string(bytes);
+    const auto all = bootstrap_->all_gather(next_tag("alloc"), mine);
     for (int r = 0; r < world_; ++r) {
-      if (offsets[r] != std::to_string(*off)) {
+      if (all[r] != mine) {
         allocator_->release(*off);
+        const auto sp = all[r].find(' ');
+        const std::string their_off = all[r].substr(0, sp);
+        const std::string their_bytes = sp == std::string::npos ? "?" : all[r].substr(sp + 1);
         throw Error(Status::kInvalidArgument, "heap.alloc", rank_, r,
-                    "symmetric allocation at offset " + std::to_string(*off) + " here but " + offsets[r] +
-                        " on rank " + std::to_string(r) + ": ranks allocated or freed out of step");
+                    "symmetric allocation of " + std::to_string(bytes) + " bytes at offset " + std::to_string(*off) +
+                        " on rank " + std::to_string(rank_) + " but of " + their_bytes + " bytes at offset " +
+                        their_off + " on rank " + std::to_string(r) +
+                        ": ranks allocated different sizes, or allocated or freed out of step");
       }
     }
   }
@@ -242,6 +279,7 @@ void Communicator::free(void* ptr) {
 }
 
 void* Communicator::peer_ptr(const void* sym, int peer) const {
+  require_live("peer_ptr");
   if (peer < 0 || peer >= world_) throw Error(Status::kInvalidArgument, "peer_ptr", rank_, peer, "no such rank");
   const char* p = static_cast<const char*>(sym);
   const char* base = heap_->local_base();
@@ -279,7 +317,7 @@ std::optional<DeviceError> Communicator::async_error() const {
   return e;
 }
 
-void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
+void Communicator::setup_proxy(std::chrono::milliseconds timeout, const std::string& secret) {
   using namespace proxy;
   const uint32_t cap = options_.proxy_capacity;
   if (cap == 0 || (cap & (cap - 1)) != 0)
@@ -310,8 +348,6 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
     publish_to_device();
     return;
   }
-  domain_ = std::make_unique<CudaMemoryDomain>(heap_->local_base(), heap_->bytes(), device_);
-  proxy_ = std::make_unique<Proxy>(rank_, *queue_, *domain_);
   std::vector<int> peers;
   for (int r = 0; r < world_; ++r)
     if (r == rank_ || node_of_rank_[r] != node_) peers.push_back(r);
@@ -322,19 +358,16 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout) {
     o.listen_host = env != nullptr ? env : "127.0.0.1";
   }
   o.timeout = timeout;
-  backend_ = std::make_unique<TcpBackend>(*bootstrap_, next_tag("proxy"), rank_, peers, *domain_, o,
-                                          [this](int peer, uint64_t t) { proxy_->on_ack(peer, t); });
-  proxy_->start(backend_.get(), [this] { abort(); });
+  o.secret = secret;
+  service_ = std::make_unique<ProxyService>(
+      *bootstrap_, next_tag("proxy"), rank_, peers, *queue_,
+      std::make_unique<CudaMemoryDomain>(heap_->local_base(), heap_->bytes(), device_), o, [this] { abort(); });
   publish_to_device();
 }
 
 void Communicator::teardown_proxy() {
-  if (proxy_) proxy_->stop();
-  if (backend_) backend_->shutdown();
-  backend_.reset();
-  proxy_.reset();
+  service_.reset();  // proxy thread, then backend threads, then the domain (ProxyService::close)
   queue_.reset();
-  domain_.reset();
   if (ring_host_ != nullptr) cudaFreeHost(ring_host_);
   if (ctl_host_ != nullptr) cudaFreeHost(ctl_host_);
   if (tail_dev_ != nullptr) cudaFree(tail_dev_);
@@ -344,11 +377,12 @@ void Communicator::teardown_proxy() {
 }
 
 const char* Communicator::proxy_backend() const {
-  if (backend_) return backend_->name();
+  if (service_) return service_->backend()->name();
   return queue_ ? "external" : "none";
 }
 
 int Communicator::export_heap_dmabuf(std::string* why) const {
+  require_live("export_heap_dmabuf");
   const auto& api = detail::driver_api();
   if (api.cuMemGetHandleForAddressRange == nullptr) {
     if (why) *why = "the CUDA driver has no cuMemGetHandleForAddressRange";
@@ -375,10 +409,10 @@ std::optional<ErrorInfo> Communicator::first_error() const noexcept {
     if (const int p = exited_peer(); p >= 0)
       return make(Status::kPeerExited, "peer_exit", rank_, p,
                   "peer process exited without destroying its communicator; device waits were aborted");
-    if (proxy_) {
+    if (service_) {
       int peer = -1;
       std::string what;
-      if (const Status s = proxy_->status(&peer, &what); s != Status::kOk)
+      if (const Status s = service_->proxy()->status(&peer, &what); s != Status::kOk)
         return make(s, "proxy", rank_, peer, "the proxy stopped: " + what);
     }
     if (auto e = async_error()) return make(e->status, device_op_name(e->op), e->rank, e->peer, e->message());
@@ -393,7 +427,10 @@ void Communicator::check() const {
   if (auto e = first_error()) throw Error(e->status, e->op, e->rank, e->peer, e->detail);
 }
 
-void Communicator::host_barrier() { bootstrap_->barrier(next_tag("barrier")); }
+void Communicator::host_barrier() {
+  require_live("host_barrier");
+  bootstrap_->barrier(next_tag("barrier"));
+}
 
 void Communicator::destroy() {
   if (destroyed_) return;
@@ -405,7 +442,7 @@ void Communicator::destroy() {
   //  * cudaIpc heap: the export dies with cudaFree, so meet the peers first.
   //  * proxy: deliver what our GPU enqueued, then meet the remote peers (they may still be sending to us)
   //    before the proxy stops.
-  if (proxy_ && !aborted() && !async_error() && proxy_->status() == Status::kOk) {
+  if (service_ && !aborted() && !async_error() && service_->proxy()->status() == Status::kOk) {
     unsigned long long issued = 0;
     if (cudaMemcpy(&issued, tail_dev_, sizeof(issued), cudaMemcpyDeviceToHost) == cudaSuccess) {
       try {
@@ -414,12 +451,18 @@ void Communicator::destroy() {
       }
     }
   }
-  if ((proxy_ || std::string(heap_kind()) == "ipc") && !aborted() && !async_error()) {
+  if ((service_ || std::string(heap_kind()) == "ipc") && !aborted() && !async_error()) {
     try {  // a store failure here only means a peer left first; teardown goes on
-      host_barrier();
+      bootstrap_->barrier(next_tag("barrier"));
     } catch (...) {
     }
   }
+  release_local();
+}
+
+// In dependency order: the proxy (its thread calls abort(), so before abort_host_) and the monitor (its
+// callback too), then the heap the proxy's domain points into, then the rest.
+void Communicator::release_local() noexcept {
   teardown_proxy();
   monitor_.reset();  // says goodbye: peers do not mistake this for a crash
   heap_.reset();

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -33,9 +34,17 @@ void set_timeout(int fd, std::chrono::milliseconds timeout) {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-void send_fd(int sock, int my_rank, int fd) {
+// What travels with the descriptor: the server's rank under a magic, so the client can tell a reply of the
+// rank it asked from anything else.
+struct FdReply {
+  uint32_t magic;
+  int32_t rank;
+};
+
+void send_fd(int sock, int my_rank, int peer, int fd) {
+  FdReply reply{kLocalHelloMagic, my_rank};
   msghdr msg{};
-  iovec iov{&my_rank, sizeof(my_rank)};
+  iovec iov{&reply, sizeof(reply)};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -46,24 +55,33 @@ void send_fd(int sock, int my_rank, int fd) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(my_rank))) sys_fail("sendmsg", my_rank, -1);
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(reply))) sys_fail("sendmsg", my_rank, peer);
 }
 
 int recv_fd(int sock, int my_rank, int expected_peer) {
   msghdr msg{};
-  int peer = -1;
-  iovec iov{&peer, sizeof(peer)};
+  FdReply reply{};
+  iovec iov{&reply, sizeof(reply)};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  if (::recvmsg(sock, &msg, 0) != static_cast<ssize_t>(sizeof(peer))) sys_fail("recvmsg", my_rank, expected_peer);
+  const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  if (n < 0) sys_fail("recvmsg", my_rank, expected_peer);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS || peer != expected_peer)
-    throw Error(Status::kSystemError, "heap.fd_exchange", my_rank, expected_peer, "no descriptor received");
   int fd = -1;
-  std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  if (c != nullptr && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+      c->cmsg_len == CMSG_LEN(sizeof(int)))
+    std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kLocalHelloMagic || reply.rank != expected_peer ||
+      fd < 0 || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC))) {
+    if (fd >= 0) ::close(fd);
+    throw Error(Status::kSystemError, "heap.fd_exchange", my_rank, expected_peer,
+                n == 0 ? "the peer closed the connection without sending its descriptor (it refused our hello: "
+                         "different job secret or uid?)"
+                       : "no valid descriptor received");
+  }
   return fd;
 }
 
@@ -79,29 +97,65 @@ FdExchange::~FdExchange() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
-std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_fd) {
+// Empty if `s` is the peer it claims to be (then *peer is its rank); else why it is refused. Checks the uid
+// before reading a byte, and reads the hello for at most kLocalHandshake.
+std::string FdExchange::serve_one(int s, const std::vector<int>& local_ranks, const std::vector<int>& served,
+                                  const std::string& secret, const std::map<int, std::string>& identities,
+                                  std::chrono::steady_clock::time_point deadline, int* peer) {
+  if (std::string why = check_peer_credentials(s, ""); !why.empty()) return why;
+  LocalHello h{};
+  const auto hs_deadline = std::min(deadline, std::chrono::steady_clock::now() + kLocalHandshake);
+  if (!read_exact_until(s, &h, sizeof(h), hs_deadline))
+    return "no hello within " + std::to_string(kLocalHandshake.count()) + " ms";
+  if (!local_hello_valid(h, secret)) return "bad hello or wrong job secret";
+  if (h.rank == rank_ || std::find(local_ranks.begin(), local_ranks.end(), h.rank) == local_ranks.end())
+    return "rank " + std::to_string(h.rank) + " is not a local peer";
+  if (std::find(served.begin(), served.end(), h.rank) != served.end())
+    return "rank " + std::to_string(h.rank) + " was already served";
+  const auto it = identities.find(h.rank);
+  if (std::string why = check_peer_credentials(s, it == identities.end() ? "" : it->second); !why.empty())
+    return "claims rank " + std::to_string(h.rank) + " but " + why;
+  *peer = h.rank;
+  return "";
+}
+
+std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_fd, const std::string& secret,
+                                   const std::map<int, std::string>& identities) {
   const int peers = static_cast<int>(local_ranks.size()) - 1;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   // Serve our descriptor to every peer from a helper thread while this thread collects theirs.
   std::string serve_error;
   std::thread server([&] {
     try {
-      for (int served = 0; served < peers; ++served) {
+      std::vector<int> served;
+      while (static_cast<int>(served.size()) < peers) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
                                                                                 std::chrono::steady_clock::now());
         pollfd p{listen_fd_, POLLIN, 0};
         if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-          throw Error(Status::kTimeout, "heap.fd_exchange", rank_, -1, "peers did not connect in time");
+          throw Error(Status::kTimeout, "heap.fd_exchange", rank_, -1,
+                      "peers did not connect in time: served " + std::to_string(served.size()) + " of " +
+                          std::to_string(peers) + ", refused " + std::to_string(refused_));
         const int s = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (s < 0) sys_fail("accept", rank_, -1);
-        set_timeout(s, timeout_);
+        if (s < 0) {
+          if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+          sys_fail("accept", rank_, -1);
+        }
+        int peer = -1;
+        std::string why;
         try {
-          send_fd(s, rank_, my_fd);
+          why = serve_one(s, local_ranks, served, secret, identities, deadline, &peer);
+          if (why.empty()) {
+            set_timeout(s, timeout_);
+            send_fd(s, rank_, peer, my_fd);
+            served.push_back(peer);
+          }
         } catch (...) {
           ::close(s);
           throw;
         }
         ::close(s);
+        if (!why.empty()) log_refused("heap.fd_exchange", rank_, why, refused_++);
       }
     } catch (const std::exception& e) {
       serve_error = e.what();
@@ -110,6 +164,7 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
   std::map<int, int> out;
   std::string fetch_error;
   try {
+    const LocalHello hello = make_local_hello(rank_, secret);
     for (int peer : local_ranks) {
       if (peer == rank_) continue;
       const int s = connect_abstract_unix(socket_name(session_, peer), deadline);
@@ -117,8 +172,14 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
         if (errno == ETIMEDOUT) throw Error(Status::kTimeout, "heap.fd_exchange", rank_, peer, "cannot connect to peer");
         sys_fail("connect", rank_, peer);
       }
-      set_timeout(s, timeout_);
       try {
+        // The secret goes only to the process that published itself as `peer`, and only its fd is trusted.
+        const auto it = identities.find(peer);
+        if (std::string why = check_peer_credentials(s, it == identities.end() ? "" : it->second); !why.empty())
+          throw Error(Status::kSystemError, "heap.fd_exchange", rank_, peer, "the listener is not that rank: " + why);
+        set_timeout(s, timeout_);
+        if (::send(s, &hello, sizeof(hello), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(hello)))
+          sys_fail("send", rank_, peer);
         out[peer] = recv_fd(s, rank_, peer);
       } catch (...) {
         ::close(s);

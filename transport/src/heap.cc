@@ -22,11 +22,14 @@ using detail::driver_api;
 
 uint64_t round_up(uint64_t n, uint64_t g) { return (n + g - 1) / g * g; }
 
-// Barrier among `ranks` only (ranks of other nodes never touch these keys).
-void node_barrier(Bootstrap& b, const std::string& tag, int rank, const std::vector<int>& ranks) {
-  b.set(tag + "/" + std::to_string(rank), "");
+// Barrier among `ranks` only (ranks of other nodes never touch these keys); returns what each published.
+std::map<int, std::string> node_gather(Bootstrap& b, const std::string& tag, int rank, const std::vector<int>& ranks,
+                                       const std::string& mine) {
+  b.set(tag + "/" + std::to_string(rank), mine);
+  std::map<int, std::string> out{{rank, mine}};
   for (int r : ranks)
-    if (r != rank) b.get(tag + "/" + std::to_string(r));
+    if (r != rank) out[r] = b.get(tag + "/" + std::to_string(r));
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -36,6 +39,19 @@ void node_barrier(Bootstrap& b, const std::string& tag, int rank, const std::vec
 class VmmHeap final : public SymmetricHeap {
  public:
   explicit VmmHeap(const HeapSetup& s) : rank_(s.rank), world_(s.world) {
+    // A throwing constructor runs no destructor: give back what was reserved, created and mapped so far.
+    try {
+      setup(s);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~VmmHeap() override { release(); }
+
+ private:
+  void setup(const HeapSetup& s) {
     const auto& api = driver_api();
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -63,25 +79,32 @@ class VmmHeap final : public SymmetricHeap {
       int fd = -1;
       TANDEM_CU_CHECK(api.cuMemExportToShareableHandle(&fd, mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                       "heap.vmm.export", rank_);
-      // Only this node's ranks take part.
-      const std::string session = detail::node_session(*s.bootstrap, s.tag, rank_, slots_);
       std::map<int, int> fds;
-      {
+      try {
+        // Only this node's ranks take part; each publishes its pid so that peers can match SO_PEERCRED.
+        const std::string session = detail::node_session(*s.bootstrap, s.tag, rank_, slots_);
         detail::FdExchange exchange(session, rank_, s.timeout);
-        node_barrier(*s.bootstrap, s.tag + "/listening", rank_, slots_);
-        try {
-          fds = exchange.run(slots_, fd);
-        } catch (...) {
-          ::close(fd);
-          throw;
-        }
+        const auto identities = node_gather(*s.bootstrap, s.tag + "/listening", rank_, slots_, detail::local_identity());
+        fds = exchange.run(slots_, fd, s.secret, identities);
+      } catch (...) {
+        ::close(fd);
+        throw;
       }
       ::close(fd);
+      // Every received descriptor is closed exactly once, also when an import or map below throws.
+      struct CloseRest {
+        std::map<int, int>& fds;
+        ~CloseRest() {
+          for (auto& [peer, peer_fd] : fds)
+            if (peer_fd >= 0) ::close(peer_fd);
+        }
+      } close_rest{fds};
       for (auto& [peer, peer_fd] : fds) {
         CUmemGenericAllocationHandle h{};
         const CUresult r = api.cuMemImportFromShareableHandle(
             &h, reinterpret_cast<void*>(static_cast<uintptr_t>(peer_fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         ::close(peer_fd);
+        peer_fd = -1;
         if (r != CUDA_SUCCESS) throw_cu_error(r, "cuMemImportFromShareableHandle", "heap.vmm.import", rank_, peer);
         handles_.push_back(h);
         map_slot(slot_of_[peer], h);
@@ -90,13 +113,18 @@ class VmmHeap final : public SymmetricHeap {
     }
   }
 
-  ~VmmHeap() override {
+  // Unmap, release, free the reservation: safe on a partly built heap (the constructor's failure path).
+  void release() noexcept {
     const auto& api = driver_api();
     for (int slot : mapped_) api.cuMemUnmap(slot_addr(slot), bytes_);
     for (auto h : handles_) api.cuMemRelease(h);
     if (va_ != 0) api.cuMemAddressFree(va_, bytes_ * slots_.size());
+    mapped_.clear();
+    handles_.clear();
+    va_ = 0;
   }
 
+ public:
   char* local_base() const override { return peer_base(rank_); }
   uint64_t bytes() const override { return bytes_; }
   char* peer_base(int rank) const override {
@@ -132,6 +160,17 @@ class VmmHeap final : public SymmetricHeap {
 class IpcHeap final : public SymmetricHeap {
  public:
   explicit IpcHeap(const HeapSetup& s) : rank_(s.rank), bytes_(round_up(s.bytes, 2u << 20)) {
+    try {  // a throwing constructor runs no destructor: free our allocation, close what was opened
+      setup(s);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~IpcHeap() override { release(); }
+
+ private:
+  void setup(const HeapSetup& s) {
     bases_.assign(s.world, nullptr);
     void* mine = nullptr;
     TANDEM_CUDA_CHECK(cudaMalloc(&mine, bytes_), "heap.ipc.alloc", rank_);
@@ -152,13 +191,16 @@ class IpcHeap final : public SymmetricHeap {
       bases_[peer] = static_cast<char*>(p);
     }
   }
-  ~IpcHeap() override {
+  void release() noexcept {
     for (size_t r = 0; r < bases_.size(); ++r) {
       if (bases_[r] == nullptr) continue;
       if (static_cast<int>(r) == rank_) cudaFree(bases_[r]);
       else cudaIpcCloseMemHandle(bases_[r]);
+      bases_[r] = nullptr;
     }
   }
+
+ public:
   char* local_base() const override { return bases_[rank_]; }
   uint64_t bytes() const override { return bytes_; }
   char* peer_base(int rank) const override {

@@ -31,6 +31,7 @@ struct HeapSetup {
   int device;
   uint64_t bytes;
   std::chrono::milliseconds timeout;
+  std::string secret;           // the job secret (job_secret()): only its holders get our heap's fd
 };
 
 // True if this process can use the cuMem VMM path with POSIX fd export on `device`.

@@ -203,9 +203,33 @@ __global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, 
   vals[i] = i;
 }
 
+// True (in every thread of the block) if some destination would receive more rows than its receive capacity; `report`:
+// record it (kInvalidArgument, once per communicator).
+__device__ bool capacity_overrun(const Common& c, const int32_t* counts_all, bool report) {
+  const int world = c.comm.world;
+  int over = -1;
+  int64_t rows = 0;
+  for (int q = threadIdx.x; q < world; q += blockDim.x) {
+    int64_t n = 0;
+    for (int j = 0; j < c.el; ++j)
+      for (int s = 0; s < world; ++s) n += counts_all[s * c.experts + q * c.el + j];
+    if (n > c.capacity && over < 0) {
+      over = q;
+      rows = n;
+    }
+  }
+  const bool any = __syncthreads_or(over >= 0) != 0;
+  if (any && report && over >= 0)
+    tandem::device::impl::report_error(c.comm, Status::kInvalidArgument, DeviceOp::kNone, over,
+                                       static_cast<uint64_t>(c.capacity), static_cast<uint64_t>(rows), 0);
+  return any;
+}
+
 // Receive layout of this rank and the grouped GEMM's arrays (one block; E_l entries).
+// empty: the launch overruns a receive capacity (capacity_overrun): every expert gets no rows (the GEMM has no
+// tiles, the combine sends nothing).
 template <class Element>
-__device__ void write_layout(const DispatchParams<Element>& p, uint64_t e) {
+__device__ void write_layout(const DispatchParams<Element>& p, uint64_t e, bool empty) {
   const Common& c = p.c;
   const int world = c.comm.world, rank = c.comm.rank;
   if (threadIdx.x == 0) {
@@ -216,7 +240,7 @@ __device__ void write_layout(const DispatchParams<Element>& p, uint64_t e) {
       p.expert_offset[j] = off;
       for (int s = 0; s < world; ++s) {
         p.source_offset[j * (world + 1) + s] = m;
-        m += p.counts_all[s * c.experts + x];
+        if (!empty) m += p.counts_all[s * c.experts + x];
       }
       p.source_offset[j * (world + 1) + world] = m;
       p.expert_rows[j] = m;
@@ -269,7 +293,14 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   trace_stamp(p.trace, 2);
-  if (db == 0) write_layout(p, e);
+  // Receive capacity guard: rows that every destination would receive, from the count rows every rank now holds
+  // (the same on every rank). More than the capacity (moe.h: distinct experts per token; the same expert twice in
+  // a token's top-k, or max_tokens that differ between ranks, can exceed it) would write past y, the layout and
+  // the heap buffers: then no rank sends anything, every layout is empty, and the launch reports
+  // kInvalidArgument (peer: the destination, expected: its capacity, observed: the rows) and completes.
+  const bool overrun = capacity_overrun(c, p.counts_all, db == 0);
+  if (db == 0) write_layout(p, e, overrun);
+  if (overrun) return;
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
   // seg[x] = where x's pairs start in the sorted list.
   int32_t* base = smem_i;
@@ -426,6 +457,7 @@ struct CombineParams {
   const int32_t* topk_ids;
   const float* weights;
   char* comb_in;          // symmetric: T_max * k rows of D
+  int64_t comb_rows;      // T_max * k: a row source at or past it is refused (reported), never written
   char* out;
   uint32_t* rows_sent;    // [world]
   int blocks;
@@ -436,8 +468,10 @@ struct CombineParams {
 // device) are copied there by this kernel, stream-ordered before the send kernel. (Staging inside the send
 // kernel needed a grid-wide wait before the first send, i.e. every block resident at once, which MPS ranks
 // sharing one GPU do not guarantee: the 4-rank emulated-node test deadlocked on it.)
-__global__ void moe_stage_rows_kernel(const int32_t* received, const char* src, char* dst, size_t row_bytes) {
-  const size_t bytes = static_cast<size_t>(*received) * row_bytes;
+__global__ void moe_stage_rows_kernel(const int32_t* received, int64_t capacity, const char* src, char* dst,
+                                      size_t row_bytes) {
+  const int32_t rows = *received;  // (the combine kernel reports a count outside [0, capacity])
+  const size_t bytes = static_cast<size_t>(rows < 0 ? 0 : (rows > capacity ? capacity : rows)) * row_bytes;
   for (size_t i = 16 * (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < bytes;
        i += 16 * static_cast<size_t>(gridDim.x) * blockDim.x)
     *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
@@ -459,9 +493,15 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
   const int32_t* offset = p.layout + p.li.offset;
   const int32_t* source = p.layout + p.li.source;
   const int32_t* row_source = p.layout + p.li.row_source;
-  const int32_t received = p.layout[0];
+  int32_t received = p.layout[0];
   const size_t row_bytes = static_cast<size_t>(p.dim) * p.esize;
   Status st = Status::kOk;
+  if (received < 0 || received > c.capacity) {  // not a dispatch layout of this shape: send nothing
+    if (b == 0 && threadIdx.x == 0)
+      impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kNone, -1, static_cast<uint64_t>(c.capacity),
+                         static_cast<uint64_t>(static_cast<uint32_t>(received)), 0);
+    received = 0;
+  }
   if (threadIdx.x == 0) {  // every source is done reading its combine buffer of e - 1
     for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
   }
@@ -512,6 +552,13 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
         run_s = s;
       }
       const int32_t flat = row_source[r];
+      if (flat < 0 || flat >= p.comb_rows) {  // past the source's combine buffer: refused, reported
+        if (lane == 0)
+          impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kNone, s, static_cast<uint64_t>(p.comb_rows),
+                             static_cast<uint64_t>(static_cast<uint32_t>(flat)), 0);
+        st = Status::kInvalidArgument;
+        break;
+      }
       const Status s2 = put<Group::kWarp>(comm, p.comb_in + static_cast<size_t>(flat) * row_bytes,
                                           p.z + static_cast<size_t>(r) * row_bytes, row_bytes, s);
       if (st == Status::kOk) st = s2;
@@ -817,6 +864,7 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   p.topk_ids = a.topk_ids;
   p.weights = a.topk_weights;
   p.comb_in = ws + o.comb_in;
+  p.comb_rows = static_cast<int64_t>(a.shape.max_tokens) * a.shape.topk;
   p.out = static_cast<char*>(a.out);
   p.rows_sent = reinterpret_cast<uint32_t*>(ws + o.rows_sent);
   p.esize = 2;
@@ -825,8 +873,8 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * a.comm.world, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (p.z_stage != nullptr)
-    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, static_cast<const char*>(a.z), p.z_stage,
-                                                      static_cast<size_t>(a.dim) * 2);
+    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.c.capacity, static_cast<const char*>(a.z),
+                                                      p.z_stage, static_cast<size_t>(a.dim) * 2);
   if (a.dtype == DType::kFP16) moe_combine_kernel<__half><<<blocks, kCombineThreads, 0, stream>>>(p);
   else moe_combine_kernel<__nv_bfloat16><<<blocks, kCombineThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();

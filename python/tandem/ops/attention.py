@@ -27,14 +27,15 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-from .tp import _DTYPES, _comm, _stream, _token, register
+from .tp import _DTYPES, _comm, _stream, _token, op_key, register
 from .tp import _workspace as _tp_workspace
 
 OP = "ring_attention"
 HEAD_DIMS = (64, 128)
 
-def _workspace(comm, key, nbytes):
-    return _tp_workspace(comm, key, nbytes, loaders=("ring_attention_preload_kernels",))
+def _workspace(comm, key, nbytes, agree):
+    # agree: the op key every rank must have, compared before anything is allocated (tp._agree)
+    return _tp_workspace(comm, key, nbytes, loaders=("ring_attention_preload_kernels",), agree=agree)
 
 
 def validate(q, k, v, *, causal: bool, softmax_scale: float, comm_blocks: int, sm_count: int, device: torch.device,
@@ -90,8 +91,10 @@ def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
                                   sm_count=sm_count, device=torch.device("cuda", comm.device), rank=rank)
     K = native().kernels
     key = (OP, _token(comm), b, s_l, hq, hkv, d, bool(causal), int(kv_slots), q.dtype)
+    agree = op_key(OP, batch=b, seq_local=s_l, heads_q=hq, heads_kv=hkv, head_dim=d, causal=bool(causal),
+                   kv_slots=int(kv_slots), dtype=q.dtype, comm_blocks=int(comm_blocks))
     ws = _workspace(comm, key, K.ring_attention_workspace_size(comm.native, b, s_l, hq, hkv, d, bool(causal),
-                                                               int(kv_slots)))
+                                                               int(kv_slots)), agree)
     o = torch.empty_like(q)
     lse = torch.empty((b, hq, s_l), dtype=torch.float32, device=q.device)
     args = (_DTYPES[q.dtype], b, s_l, hq, hkv, d, bool(causal), float(softmax_scale), q.data_ptr(), k.data_ptr(),

@@ -7,7 +7,10 @@
 E = world * experts_per_rank experts (w1 holds this rank's experts_per_rank); expert e lives on rank
 e // experts_per_rank. The layout (kernels/include/tandem/kernels/moe/moe.h) says which rows of y belong to which
 local expert and source: `layout_view(comm, layout, ...)` slices it. Every rank must pass the same max_tokens
-(it sizes the symmetric buffers); token counts may differ between ranks.
+(it sizes the symmetric buffers; ranks that differ get a TandemError on every rank before anything runs, see
+tp._agree); token counts may differ between ranks. A token's top-k experts must be distinct (checked with the
+same host sync as the id range; under graph capture the kernel drops a launch that would overrun the receive
+capacity and reports it).
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-from .tp import _DTYPES, _comm, _stream, _token, register
+from .tp import _DTYPES, _comm, _stream, _token, op_key, register
 from .tp import _workspace as _tp_workspace
 
-def _workspace(comm, key, nbytes):
-    # the MoE kernels and the GEMM core's (the unfused path's grouped GEMM beside them)
-    return _tp_workspace(comm, key, nbytes, loaders=("moe_preload_kernels", "preload_kernels"))
+def _workspace(comm, key, nbytes, agree):
+    # the MoE kernels and the GEMM core's (the unfused path's grouped GEMM beside them); `agree`: the op key every
+    # rank must have (max_tokens included: it sizes the symmetric buffers), compared before anything is allocated
+    return _tp_workspace(comm, key, nbytes, loaders=("moe_preload_kernels", "preload_kernels"), agree=agree)
 
 
 def _dev_check(comm, t, name, op):
@@ -30,6 +34,18 @@ def _dev_check(comm, t, name, op):
         raise invalid(f"{name} must be a tensor", op, comm.rank)
     if t.device != dev:
         raise invalid(f"{name} must be on the communicator's device {dev}, got {t.device}", op, comm.rank)
+
+
+def id_problems(topk_ids, experts):
+    """(ids outside [0, experts), tokens whose top-k names one expert twice, the first such token or -1), read
+    with one device sync (any device; used by the ops' host check)."""
+    out_of_range = ((topk_ids < 0) | (topk_ids >= experts)).sum()
+    if topk_ids.shape[1] < 2 or topk_ids.shape[0] == 0:
+        return int(out_of_range.item()), 0, -1
+    dup_rows = (topk_ids.sort(dim=1).values.diff(dim=1) == 0).any(dim=1)
+    first = torch.where(dup_rows.any(), dup_rows.int().argmax(), -1)
+    bad, dups, first = (int(v) for v in torch.stack([out_of_range, dup_rows.sum(), first]).tolist())
+    return bad, dups, first
 
 
 def _ids(comm, topk_ids, tokens, experts, op, check_ids):
@@ -42,9 +58,16 @@ def _ids(comm, topk_ids, tokens, experts, op, check_ids):
     if k < 1 or k > experts:
         raise invalid(f"k (topk_ids.shape[1] = {k}) must be in [1, {experts}] (the number of experts)", op, comm.rank)
     if check_ids and tokens > 0 and not torch.cuda.is_current_stream_capturing():
-        bad = ((topk_ids < 0) | (topk_ids >= experts)).sum().item()  # one sync; the kernel also reports them
+        # One sync for both checks (the kernel also reports both: ids out of range are dropped, and a receive
+        # capacity overrun drops the whole launch). The same expert twice in one token's top-k is refused: the
+        # receive capacity (world x max_tokens x min(k, E_local) rows) counts distinct experts per token.
+        bad, dups, first = id_problems(topk_ids, experts)
         if bad:
             raise invalid(f"{bad} expert ids outside [0, {experts})", op, comm.rank)
+        if dups:
+            raise invalid(f"the same expert twice in one token's top-k, in {dups} of {tokens} tokens (token {first}: "
+                          f"{topk_ids[first].tolist()}); a token's experts must be distinct (the receive capacity "
+                          "counts distinct experts per token)", op, comm.rank)
     return topk_ids.to(torch.int32).contiguous(), k
 
 
@@ -107,7 +130,9 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
         raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
     K = native().kernels
     key = (op, _token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
-    ws = _workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr))
+    agree = op_key(op, max_tokens=max_tokens, hidden=hidden, inter=inter, k=k, experts_per_rank=epr, dtype=x.dtype,
+                   mode=mode, comm_blocks=int(comm_blocks))
+    ws = _workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr), agree)
     cap = K.moe_receive_capacity(world, max_tokens, k, epr)
     size = layout_index(world, max_tokens, k, epr)[4]
     y = torch.empty((cap, inter), dtype=x.dtype, device=x.device)
@@ -157,7 +182,8 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
         raise invalid(f"z's columns ({dim}) must be a multiple of 8", op, comm.rank)
     weights = topk_weights.to(torch.float32).contiguous()
     key = (op, _token(comm), max_tokens, k, epr, dim, z.dtype)
-    ws = _workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim))
+    agree = op_key(op, max_tokens=max_tokens, k=k, experts_per_rank=epr, dim=dim, dtype=z.dtype)
+    ws = _workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim), agree)
     out = torch.empty((tokens, dim), dtype=z.dtype, device=z.device)
     args = (_DTYPES[z.dtype], tokens, max_tokens, k, epr, dim, z.data_ptr(), weights.data_ptr(), ids.data_ptr(),
             layout.data_ptr(), out.data_ptr(), ws.data_ptr(), int(sm_count))

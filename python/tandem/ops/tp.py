@@ -5,44 +5,41 @@
     gemm_ar(a, b):        all_reduce(a @ b)             a (M x K), b (K x N)                  -> (M x N), the
                           same bytes on every rank (fixed reduction order, owners' rows gathered)
 
-Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective).
+Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective); the first
+call of a key (shapes, dtype, mode, ...) checks that the ranks agree and raises a TandemError on every rank if
+they do not (_agree below).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
-reduction kernel next to the plain GEMM, one after the other), "auto" (the measured choice, AUTO_RULES below;
-world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
+reduction kernel next to the plain GEMM, one after the other), "auto" (mode and SM split per shape: the tuned
+table of `python -m tandem tune`, else the cost model of tandem.ops.tp_plan; world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
 a shape and reused: make that first call before capturing a CUDA graph (allocation is collective and not
 capturable); replays are safe (epochs live on the device).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import weakref
 
 import torch
 
 from .._native import native
-from ..errors import TandemError, invalid
+from ..errors import INVALID_ARGUMENT, TandemError, invalid
+from . import tp_plan
 from .gemm import _DTYPES, gemm as _plain_gemm
 
-# The crossover, measured (docs/results.md, one H200 under MPS, 2026-12-03, commit a03d283 at world 4 and the
-# AG poll-sleep sweep at world 2), as fused/unfused speed (M x N x K of the layer):
-#   AG+GEMM  1.58x at 8192x4096x8192, 1.03x at 16384x8192x4096, 0.95x at 1024x4096x8192 (w4); 1.59x at the
-#            first shape per rank at w2 (diag)                          -> fused from M*N*K >= 2**38
-#   GEMM+RS  1.00x, 0.95x, 1.52x (w4); 1.10x, 1.03x (w2)                -> fused
-#   GEMM+AR  1.10x, 1.03x, 0.89x (8 MiB output, w4); 1.07x, 1.02x (w2)  -> fused above 8 MiB of output
-# Few points, one GPU shared by all ranks: a multi-GPU machine will move these. mode="fused"/"unfused" force.
-AUTO_RULES = {
-    "ag_gemm": lambda m, n, k: m * n * k >= 2**38,
-    "gemm_rs": lambda m, n, k: True,
-    "gemm_ar": lambda m, n, k: m * n * 2 > (8 << 20),
-}
+def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple:
+    """(mode, comm_blocks) that mode="auto" runs for the rank's problem M x N x K (AG: M the gathered rows; RS/AR:
+    K the rank's): the tuned table of `python -m tandem tune`, else the cost model (tandem.ops.tp_plan). The same
+    on every rank that reads the same table; the choice is part of what the ranks agree on."""
+    return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
 
-
-def auto_fused(op: str, m: int, n: int, k: int) -> bool:
-    """What mode="auto" picks for the layer problem M x N x K (the measured rule above)."""
-    return bool(AUTO_RULES[op](m, n, k))
-
-_COMMS: dict[int, object] = {}
+# Handle -> communicator, weakly: the registry must not keep a communicator (and its heap) alive. The workspaces
+# (keys: (op, token, ...)) hold the heap mapping, not the communicator (transport._Lifetime); they are dropped when
+# their communicator is destroyed (its destroy hooks) or garbage-collected (a weakref.finalize), which lets the heap
+# go. So a CUDA graph that replays these ops needs its communicator kept alive (and not destroyed) by the caller.
+_COMMS: dict[int, weakref.ref] = {}
 _WORKSPACES: dict[tuple, torch.Tensor] = {}
 
 
@@ -51,25 +48,57 @@ _NEXT_TOKEN = itertools.count(1)
 
 def _token(comm) -> int:
     """A number this communicator owns for its lifetime (id() can be reused by a later object once this one is
-    gone, which would hand a new communicator a destroyed one's workspaces)."""
+    gone, which would hand a new communicator a destroyed one's workspaces). Every workspace key has it, so the
+    first call ties the ops' state of `comm` to its lifetime."""
     t = getattr(comm, "_tandem_op_token", None)
     if t is None:
         t = next(_NEXT_TOKEN)
         comm._tandem_op_token = t
+        try:
+            gone = weakref.finalize(comm, _forget, t)  # collected: its registry entry and workspaces go
+            gone.atexit = False  # at exit the process's end releases everything; no teardown-order surprises
+        except TypeError:  # a stand-in without weak references (tests' namespaces): registered strongly below
+            pass
+        hooks = getattr(comm, "_destroy_hooks", None)
+        if hooks is not None:  # destroy(): its workspaces go first, so that the heap can be released at once
+            hooks.append(functools.partial(_drop_workspaces, t))
     return t
 
 
+def _drop_workspaces(token: int):
+    # list(): a snapshot taken without running Python code, so a finalizer run by the garbage collector in between
+    # cannot change the dict under the loop
+    for k in list(_WORKSPACES):
+        if k[1] == token:
+            _WORKSPACES.pop(k, None)
+
+
+def _forget(token: int):
+    _COMMS.pop(token, None)
+    _drop_workspaces(token)
+
+
 def register(comm) -> int:
-    """The handle of `comm` for the ops (idempotent)."""
+    """The handle of `comm` for the ops (idempotent). The registry holds `comm` weakly."""
     h = _token(comm)
-    _COMMS[h] = comm
+    if h not in _COMMS:
+        try:
+            _COMMS[h] = weakref.ref(comm)
+        except TypeError:  # not weakly referenceable (a stand-in, never a Communicator): held as before
+            _COMMS[h] = lambda: comm
     return h
 
 
 def _comm(handle: int, op: str):
-    c = _COMMS.get(int(handle))
+    ref = _COMMS.get(int(handle))
+    c = ref() if ref is not None else None
     if c is None:
-        raise invalid(f"unknown communicator handle {handle} (tandem.ops.tp.register(comm) first)", op)
+        raise invalid(f"unknown communicator handle {handle}: never registered, or its communicator was "
+                      "garbage-collected (tandem.ops.tp.register(comm) first, and keep the communicator)", op)
+    if getattr(c, "destroyed", False):
+        rank = getattr(c, "_rank", -1)
+        raise TandemError(f"tandem: rank {rank}: {op}: communicator handle {handle} belongs to a destroyed "
+                          "communicator", INVALID_ARGUMENT, op, rank)
     return c
 
 
@@ -89,24 +118,173 @@ def _preload(op, rank, loaders):
             _LOADED.add(name)
 
 
-def _workspace(comm, key: tuple, nbytes: int, loaders=("preload_kernels",)) -> torch.Tensor:
+# ---- ranks agree, or it is an error ---------------------------------------------------------------------------
+# A call whose op key (op_key: everything that sizes or lays out the workspace, or decides what the kernels exchange)
+# is new on this communicator first takes an agreement step: every rank publishes its key in the communicator's
+# store (Communicator._op_store, keys "agree<seq>/<rank>", seq counting this communicator's steps) and reads the
+# others', bounded by timeout_s. Keys that differ raise a TandemError on every rank, naming each rank's key, before
+# anything is allocated or launched; the ranks stay in step and the communicator stays usable. Then the
+# workspace is made (if it is new) and the key is remembered with it: later calls with the same key skip the step
+# (no host cost on the hot path, nothing to do in a CUDA graph replay).
+#
+# Limits. A rank whose key is already agreed skips the step, so if rank 0 calls a known key and rank 1 a new one,
+# rank 1 times out in the step (a TandemError after timeout_s; its communicator is then aborted: the ranks are out
+# of step) and rank 0's kernel times out on the device (a TandemError from comm.check() / synchronize()). Two
+# different keys that are both known already are not compared: each rank launches on its own workspace, whose
+# size is the same on every rank (agreed when it was made), so nothing is written out of bounds; the peers' signals
+# never come and the device waits time out (TandemError, timeout) — unless both keys share one workspace (same
+# sizes, e.g. AG+GEMM with another N), in which case the kernels run with each rank's own arguments.
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def op_key(op: str, **fields) -> tuple:
+    """The key the ranks must agree on for one call of `op`: ((name, value), ...), "op" first, in the order given
+    (dtypes by their short names)."""
+    return (("op", op),) + tuple((k, _DTYPE_NAMES.get(v, str(v)) if isinstance(v, torch.dtype) else v)
+                                 for k, v in fields.items())
+
+
+def format_key(key: tuple) -> str:
+    """(op=ag_gemm, m_local=512, ...)"""
+    return "(" + ", ".join(f"{k}={v}" for k, v in key) + ")"
+
+
+def _ranks(rs) -> str:
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(str(r) for r in rs)
+
+
+def disagreement(op: str, rank: int, keys: list) -> str | None:
+    """None if every rank's formatted key (keys[r]) is this rank's, else the TandemError message naming each key
+    and the ranks that have it."""
+    if all(k == keys[rank] for k in keys):
+        return None
+    groups: dict = {}
+    for r, k in enumerate(keys):
+        groups.setdefault(k, []).append(r)
+    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'} {k}" for k, rs in groups.items()]
+    return (f"tandem: rank {rank}: {op}: ranks disagree: " + ", ".join(parts) +
+            " (every rank must call the op with the same shapes and options; nothing was allocated or launched)")
+
+
+def _store_has(store, key) -> bool:
+    try:
+        return bool(store.check([key]))
+    except Exception:  # noqa: BLE001 - a failing store: report the rank as missing
+        return False
+
+
+def _wait_keys(comm, store, keys, timeout_s) -> bool:
+    """True once every key is in the store, False after timeout_s. Waits in slices: between them comm.check()
+    (when the communicator has one) raises at once if a local peer exited or the communicator was aborted."""
+    import datetime
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        t0 = time.monotonic()
+        left = deadline - t0
+        if left <= 0:
+            return False
+        try:
+            # (at least 10 ms: a store reads a timeout that rounds to 0 ms as "no timeout")
+            store.wait(keys, datetime.timedelta(seconds=max(0.01, min(left, 0.25))))
+            return True
+        except Exception:  # noqa: BLE001 - the store's timeout error (its type differs between stores and versions)
+            pass
+        check = getattr(comm, "check", None)
+        if check is not None:
+            try:
+                check()
+            except TandemError as e:
+                comm._op_agree_failed = str(e)
+                raise
+        spent = time.monotonic() - t0
+        if spent < 0.05:  # a store that fails at once (its server gone): do not spin
+            time.sleep(0.05 - spent)
+
+
+def _agree(comm, op: str, key: tuple) -> None:
+    """The agreement step (collective over the store, bounded by comm.timeout_s); raises TandemError on every rank
+    if the keys differ (INVALID_ARGUMENT), or on this rank if a peer does not take the step in time (TIMEOUT)."""
+    world, rank = comm.world_size, comm.rank
+    if world == 1:
+        return
+    failed = getattr(comm, "_op_agree_failed", None)
+    if failed is not None:
+        raise TandemError(f"tandem: rank {rank}: {op}: an earlier agreement step of this communicator failed, the "
+                          f"ranks are out of step ({failed}); make a new communicator", 2, op, rank)
+    store = getattr(comm, "_op_store", None)
+    if store is None:
+        raise TandemError(f"tandem: rank {rank}: {op}: this communicator has no store for the ranks' agreement step",
+                          10, op, rank)
+    seq = next(comm._op_seq)
+    mine = format_key(key)
+    tag = f"agree{seq}/"
+    timeout_s = float(comm.timeout_s)
+    try:
+        store.set(f"{tag}{rank}", mine)
+    except Exception as e:  # noqa: BLE001
+        raise TandemError(f"tandem: rank {rank}: {op}: the agreement step could not publish this rank's key: {e}",
+                          7, op, rank) from None
+    others = [r for r in range(world) if r != rank]
+    if not _wait_keys(comm, store, [f"{tag}{r}" for r in others], timeout_s):
+        missing = [r for r in others if not _store_has(store, f"{tag}{r}")] or others
+        why = f"{_ranks(missing)} did not take agreement step {seq} within {timeout_s:g} s"
+        comm._op_agree_failed = why
+        try:  # a peer that reaches this step late reads this instead of a key it would agree with
+            store.set(f"{tag}{rank}", f"<rank {rank} gave up waiting after {timeout_s:g} s>")
+        except Exception:  # noqa: BLE001
+            pass
+        if hasattr(comm, "abort"):
+            comm.abort()  # out of step: no later device wait of this rank may wait for a peer that will not come
+        raise TandemError(
+            f"tandem: rank {rank}: {op}: ranks out of step: {why} (this rank has {mine}). A rank whose key is known "
+            f"already (its workspace exists) skips the step: the ranks called different ops or shapes, or a rank "
+            f"stopped calling. This communicator is aborted", 1, op, rank, missing[0]) from None
+    keys = []
+    for r in range(world):
+        v = mine if r == rank else store.get(f"{tag}{r}")
+        keys.append(v.decode() if isinstance(v, bytes) else str(v))
+    msg = disagreement(op, rank, keys)
+    if msg is not None:
+        peer = next(r for r in range(world) if keys[r] != mine)
+        raise TandemError(msg, 3, op, rank, peer)
+
+
+def _workspace(comm, key: tuple, nbytes: int, loaders=("preload_kernels",), agree: tuple | None = None) -> torch.Tensor:
+    """The op's symmetric workspace for cache key `key` (op name first), made on first use (collective). `agree`:
+    the op key (op_key) of this call; one the workspace has not seen yet is agreed on first (_agree), before any
+    allocation. The workspace's size is part of what is agreed."""
     ws = _WORKSPACES.get(key)
+    agreed = getattr(ws, "_tandem_agreed", None) if ws is not None else None
+    if agree is not None and agreed is not None and agree in agreed:
+        return ws
+    if ws is None and torch.cuda.is_current_stream_capturing():
+        raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
+                      "run the op once before capturing", key[0], comm.rank)
+    if agree is not None:
+        _agree(comm, key[0], agree + (("workspace_bytes", int(nbytes)),))
     if ws is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
-                          "run the op once before capturing", key[0], comm.rank)
         _preload(key[0], comm.rank, loaders)
         ws = comm.zeros(nbytes, torch.uint8)
         torch.cuda.synchronize()
         comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
         _WORKSPACES[key] = ws
+    if agree is not None:
+        if getattr(ws, "_tandem_agreed", None) is None:
+            ws._tandem_agreed = set()  # the keys agreed for this workspace (it goes with the workspace when released)
+        ws._tandem_agreed.add(agree)
     return ws
 
 
 def release_workspaces(comm=None):
-    """Free the cached workspaces (of `comm`, or all). Collective: call on every rank."""
-    for k in [k for k in _WORKSPACES if comm is None or k[1] == _token(comm)]:
-        del _WORKSPACES[k]
+    """Free the cached workspaces (of `comm`, or all). Collective: call on every rank. (Communicator.destroy()
+    frees its own.)"""
+    if comm is not None:
+        _drop_workspaces(_token(comm))
+        return
+    _WORKSPACES.clear()
 
 
 def _check_matrix(t, name, op, rank):
@@ -176,15 +354,19 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     n = b.shape[1]
     K = native().kernels
     key = ("ag_gemm", _token(comm), m_local, k, a_local.dtype)
-    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k))
+    plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
+    agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
+                   **({"plan": plan} if plan else {}))
+    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k), agree=agree)
     off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
     gathered = ws[off:off + world * m_local * k * a_local.element_size()].view(a_local.dtype).view(world * m_local, k)
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
     dt = _DTYPES[a_local.dtype]
+    if plan is not None:
+        mode = "auto" if plan[0] == "fused" else "unfused"
+        comm_blocks = comm_blocks or plan[1]
     args = (dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
-    if mode == "auto" and not auto_fused("ag_gemm", world * m_local, n, k):
-        mode = "unfused"
     if mode in ("auto", "fused"):
         why = K.ag_gemm(comm.native, "check", *args, 0)
         if why and mode == "fused":
@@ -226,7 +408,10 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
                       op, comm.rank)
     K = native().kernels
     key = (op, _token(comm), m, n, a.dtype)
-    ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n))
+    plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
+    agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
+                   **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}))
+    ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
     out_rows = m if op == "gemm_ar" else m // world
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
     if op == "gemm_ar":  # algo was checked by the op
@@ -235,10 +420,11 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
             return K.gemm_ar(*xs, _AR_ALGOS[algo])
     else:
         run = K.gemm_rs
+    if plan is not None:
+        mode = "auto" if plan[0] == "fused" else "unfused"
+        comm_blocks = comm_blocks or plan[1]
     args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
             ws.data_ptr(), int(sm_count), int(comm_blocks))
-    if mode == "auto" and not auto_fused(op, m, n, k * world):
-        mode = "unfused"
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
         why = run(comm.native, "check", *args, 0)
@@ -329,7 +515,8 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
     it as a_local to run the all-gather in place (no local copy)."""
     K = native().kernels
     key = ("ag_gemm", _token(comm), m_local, k, dtype)
-    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k))
+    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k),
+                    agree=op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype))
     off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
     esize = torch.empty((), dtype=dtype).element_size()
     g = ws[off:off + comm.world_size * m_local * k * esize].view(dtype).view(comm.world_size * m_local, k)
@@ -342,3 +529,38 @@ def gemm_ar(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: i
     "auto" (two-shot: one-shot lost at every measured size on the H200, see tp_gemm.h); both give the same
     bits."""
     return torch.ops.tandem.gemm_ar(a, b, register(comm), mode, comm_blocks, sm_count, algo)
+
+
+def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
+    """The op's collective without its GEMM, on `sm_count` SMs (0: all of the rank's): the all-gather of a
+    (ag_gemm), or the reduction (and, for gemm_ar, the gather of the reduced rows) over whatever the op's partial
+    buffer holds. For benchmarks: the collective's own time and per-SM rate (tandem bench roles / tp). Collective;
+    same shapes on every rank. Returns nothing (the AG's gathered rows stay in the workspace)."""
+    if op not in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        raise invalid(f"op must be ag_gemm, gemm_rs or gemm_ar, got {op!r}", "collective_alone", comm.rank)
+    _validate(comm, a, b, op)
+    K = native().kernels
+    world = comm.world_size
+    if op == "ag_gemm":
+        m_local, k = a.shape
+        n = b.shape[1]
+        key = ("ag_gemm", _token(comm), m_local, k, a.dtype)
+        ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k),
+                        agree=op_key(op, collective_alone=True, m_local=m_local, k=k, dtype=a.dtype))
+        c = torch.empty((1, n), dtype=a.dtype, device=a.device)  # not written by the gather
+        err = K.ag_gemm(comm.native, "gather", _DTYPES[a.dtype], m_local, n, k, a.data_ptr(), b.data_ptr(),
+                        b.stride(0), c.data_ptr(), c.stride(0), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
+    else:
+        m, k = a.shape
+        n = b.shape[1]
+        if m % world:
+            raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
+        key = (op, _token(comm), m, n, a.dtype)
+        ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n),
+                        agree=op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
+        out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
+        args = (comm.native, "reduce", _DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(),
+                b.stride(0), out.data_ptr(), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
+        err = K.gemm_ar(*args, _AR_ALGOS["two_shot"]) if op == "gemm_ar" else K.gemm_rs(*args)
+    if err:
+        raise TandemError(f"tandem: {op} (collective alone): {err}", 5, op, comm.rank)

@@ -1,7 +1,9 @@
 // The proxy thread: queue -> backend, acks -> retired watermark.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tandem/transport/proxy.h"
@@ -9,7 +11,46 @@
 namespace tandem::proxy {
 
 namespace {
-constexpr uint64_t kChunkBytes = 4ull << 20;  // large puts leave as 4 MiB frames; the last one carries the signal
+constexpr uint64_t kChunkBytes = kMaxFramePayload;  // large puts leave as 4 MiB frames; the last one carries the signal
+}
+
+bool fault_injected(const char* name, int rank) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return false;
+  const std::string s(v);
+  if (s == "all") return true;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    if (s.substr(pos, comma - pos) == std::to_string(rank)) return true;
+    pos = comma + 1;
+  }
+  return false;
+}
+
+ProxyService::ProxyService(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
+                           CommandQueue& queue, std::unique_ptr<MemoryDomain> domain, const TcpOptions& options,
+                           std::function<void()> on_error)
+    : domain_(std::move(domain)) {
+  try {
+    proxy_ = std::make_unique<Proxy>(rank, queue, *domain_);
+    backend_ = std::make_unique<TcpBackend>(bootstrap, tag, rank, peers, *domain_, options,
+                                            [p = proxy_.get()](int peer, uint64_t t) { p->on_ack(peer, t); });
+    proxy_->start(backend_.get(), std::move(on_error));
+  } catch (...) {
+    close();  // a throwing constructor runs no destructor
+    throw;
+  }
+}
+
+ProxyService::~ProxyService() { close(); }
+
+void ProxyService::close() noexcept {
+  if (proxy_) proxy_->stop();         // 1. no more calls into the backend
+  if (backend_) backend_->shutdown(); // 2. no more acks into the proxy, no more writes into the domain
+  backend_.reset();
+  proxy_.reset();
+  domain_.reset();
 }
 
 Proxy::Proxy(int rank, CommandQueue& queue, MemoryDomain& local) : rank_(rank), queue_(queue), local_(local) {
@@ -63,6 +104,9 @@ void Proxy::run() {
       }
       idle = 0;
       const auto op = static_cast<CommandOp>(cmd.op);
+      if (op != CommandOp::kPut && op != CommandOp::kPutSignal && op != CommandOp::kSignal)
+        throw Error(Status::kInvalidArgument, "proxy", rank_, cmd.peer,
+                    "command " + std::to_string(next) + " has unknown op " + std::to_string(cmd.op));
       if (op == CommandOp::kSignal || cmd.bytes == 0) {
         Command c = cmd;
         c.op = static_cast<uint32_t>(op == CommandOp::kPut ? CommandOp::kPut : CommandOp::kSignal);

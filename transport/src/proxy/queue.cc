@@ -65,15 +65,24 @@ CommandQueue::~CommandQueue() {
 }
 
 uint64_t CommandQueue::push(const Command& c, std::chrono::milliseconds timeout) {
-  const uint64_t ticket = ref(control_->tail).fetch_add(1, std::memory_order_relaxed);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  // Back-pressure: the slot is free once the proxy has consumed ticket - capacity.
-  for (uint32_t spins = 0; ticket - ref(control_->head).load(std::memory_order_acquire) >= capacity_; ++spins) {
+  // Back-pressure: the slot of ticket t is free once the proxy has consumed t - capacity. A ticket is taken
+  // (tail advanced) only when its slot is already free, so no wait follows the reservation: a producer that
+  // gives up holds no ticket, and the proxy, which consumes strictly in ticket order, never waits forever for
+  // a slot that nobody will publish.
+  uint64_t ticket = ref(control_->tail).load(std::memory_order_relaxed);
+  for (uint32_t spins = 0;; ++spins) {
     if (ref(control_->error).load(std::memory_order_acquire) != 0)
       throw Error(Status::kAborted, "proxy.push", rank_, ref(control_->error_peer).load(), "the proxy stopped on an error");
+    if (ticket - ref(control_->head).load(std::memory_order_acquire) < capacity_) {
+      if (ref(control_->tail).compare_exchange_weak(ticket, ticket + 1, std::memory_order_relaxed)) break;
+      continue;  // another producer took it (`ticket` now holds the current tail)
+    }
     if (spins > 64) std::this_thread::yield();
     if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
-      throw Error(Status::kTimeout, "proxy.push", rank_, c.peer, "command queue stayed full");
+      throw Error(Status::kTimeout, "proxy.push", rank_, c.peer,
+                  "command queue stayed full for " + std::to_string(timeout.count()) + " ms (command not enqueued)");
+    ticket = ref(control_->tail).load(std::memory_order_relaxed);
   }
   Command& slot = slots_[ticket & (capacity_ - 1)];
   Command body = c;

@@ -13,6 +13,7 @@
 #include <deque>
 
 #include "tandem/transport/proxy.h"
+#include "../unix_socket.h"
 
 namespace tandem::proxy {
 
@@ -25,8 +26,30 @@ struct FrameHeader {
   uint32_t magic;
   uint32_t kind;
   uint64_t ticket;
-  Command cmd;
+  Command cmd;  // 64-aligned: 48 bytes of padding before it
 };
+
+// Every header that leaves this process is built here: zeroed first, padding included, so no stack or heap
+// bytes of ours ever reach the wire.
+FrameHeader make_header(FrameKind kind, uint64_t ticket, const Command* cmd = nullptr) {
+  FrameHeader h;
+  std::memset(static_cast<void*>(&h), 0, sizeof(h));
+  h.magic = kMagic;
+  h.kind = kind;
+  h.ticket = ticket;
+  if (cmd != nullptr) std::memcpy(static_cast<void*>(&h.cmd), cmd, sizeof(Command));
+  return h;
+}
+
+// The first bytes on a new connection: who connects, with the job secret.
+struct Hello {
+  uint32_t magic;
+  uint32_t kind;  // kHello
+  uint64_t rank;
+  unsigned char secret[kJobSecretBytes];
+};
+static_assert(sizeof(Hello) == 16 + kJobSecretBytes, "no padding on the wire");
+constexpr std::chrono::milliseconds kHelloTimeout{2000};  // a connection that says nothing is dropped after this
 
 [[noreturn]] void sys_fail(const char* what, int rank, int peer) {
   throw Error(errno == ETIMEDOUT || errno == EAGAIN ? Status::kTimeout : Status::kSystemError, "proxy.tcp", rank,
@@ -233,7 +256,11 @@ TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, c
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   try {
-    for (auto& link : links_) {
+    // Highest peer first. Any order works (every listener exists before its address is published, and a
+    // connect completes in the listener's backlog); this one lets a peer's listener see its lower peers
+    // arrive while a middle rank is still starting (tests/cpu/test_security.py places strays there).
+    for (auto it = links_.rbegin(); it != links_.rend(); ++it) {
+      auto& link = *it;
       if (link->peer < rank) continue;
       const auto [host, port] = split_address(bootstrap.get(tag + "/tcp/" + std::to_string(link->peer)));
       sockaddr_in pa{};
@@ -253,30 +280,38 @@ TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, c
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
       set_socket_options(link->fd, options_.timeout);
-      FrameHeader hello{kMagic, kHello, static_cast<uint64_t>(rank), {}};
+      Hello hello;
+      std::memset(&hello, 0, sizeof(hello));
+      hello.magic = kMagic;
+      hello.kind = kHello;
+      hello.rank = static_cast<uint64_t>(rank);
+      std::memcpy(hello.secret, options_.secret.data(), std::min(options_.secret.size(), sizeof(hello.secret)));
       write_all(link->fd, &hello, sizeof(hello), rank, link->peer);
     }
-    for (int i = 0; i < expect_accepts; ++i) {
+    // Until every lower-ranked peer is here: a connection that is not one of them is refused and the wait
+    // goes on, so a stray can delay setup by at most kHelloTimeout each, never take a peer's place.
+    for (int accepted = 0; accepted < expect_accepts;) {
       pollfd pf{lfd, POLLIN, 0};
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0 || ::poll(&pf, 1, static_cast<int>(left.count())) <= 0)
-        throw Error(Status::kTimeout, "proxy.tcp.accept", rank, -1, "peers did not connect in time");
+        throw Error(Status::kTimeout, "proxy.tcp.accept", rank, -1,
+                    "peers did not connect in time: " + std::to_string(accepted) + " of " +
+                        std::to_string(expect_accepts) + " came, " + std::to_string(refused_) + " refused");
       const int s = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (s < 0) sys_fail("accept", rank, -1);
+      if (s < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+        sys_fail("accept", rank, -1);
+      }
+      Link* link = nullptr;
+      const std::string why = authenticate(s, deadline, &link);
+      if (!why.empty()) {
+        ::close(s);
+        detail::log_refused("proxy.tcp.accept", rank, why, refused_++);
+        continue;
+      }
       set_socket_options(s, options_.timeout);
-      FrameHeader hello{};
-      std::atomic<bool> never{false};
-      if (!read_all(s, &hello, sizeof(hello), options_.timeout, rank, -1, never) || hello.magic != kMagic ||
-          hello.kind != kHello) {
-        ::close(s);
-        throw Error(Status::kSystemError, "proxy.tcp.accept", rank, -1, "bad hello");
-      }
-      Link* link = link_for(static_cast<int>(hello.ticket));
-      if (link == nullptr || link->fd >= 0) {
-        ::close(s);
-        throw Error(Status::kSystemError, "proxy.tcp.accept", rank, static_cast<int>(hello.ticket), "unexpected peer");
-      }
       link->fd = s;
+      ++accepted;
     }
   } catch (...) {
     ::close(lfd);
@@ -291,6 +326,62 @@ TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, c
 }
 
 TcpBackend::~TcpBackend() { shutdown(); }
+
+// Empty if `s` is an expected peer (then *link is its link); else why it is refused. Reads the hello for at
+// most kHelloTimeout and nothing after it.
+std::string TcpBackend::authenticate(int s, std::chrono::steady_clock::time_point deadline, Link** link) {
+  std::string from = "?";
+  sockaddr_in a{};
+  socklen_t alen = sizeof(a);
+  if (::getpeername(s, reinterpret_cast<sockaddr*>(&a), &alen) == 0) {
+    char host[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof(host));
+    from = std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
+  }
+  Hello hello{};
+  const auto hs_deadline = std::min(deadline, std::chrono::steady_clock::now() + kHelloTimeout);
+  if (!detail::read_exact_until(s, &hello, sizeof(hello), hs_deadline))
+    return "from " + from + ": no hello within " + std::to_string(kHelloTimeout.count()) + " ms";
+  if (hello.magic != kMagic || hello.kind != kHello) return "from " + from + ": bad hello";
+  if (options_.secret.size() != kJobSecretBytes || !secret_equal(hello.secret, options_.secret.data(), kJobSecretBytes))
+    return "from " + from + ": wrong job secret";
+  const int peer = hello.rank < static_cast<uint64_t>(rank_) ? static_cast<int>(hello.rank) : -1;
+  Link* l = peer >= 0 ? link_for(peer) : nullptr;
+  if (l == nullptr)  // out of range, this rank itself, a higher rank (we connect to those) or not a remote peer
+    return "from " + from + ": rank " + std::to_string(hello.rank) + " is not a remote peer that connects here";
+  if (l->fd >= 0) return "from " + from + ": rank " + std::to_string(peer) + " is already connected";
+  *link = l;
+  return "";
+}
+
+// A frame is checked whole before anything is allocated, read or written: a corrupt or hostile peer fails the
+// link (and the job, naming it) instead of overrunning the heap or allocating 2^63 bytes.
+void TcpBackend::check_frame(const Command& c, int peer) const {
+  const auto op = static_cast<CommandOp>(c.op);
+  if (op != CommandOp::kPut && op != CommandOp::kPutSignal && op != CommandOp::kSignal)
+    throw Error(Status::kSystemError, "proxy.tcp", rank_, peer, "frame with unknown op " + std::to_string(c.op));
+  if (c.peer != rank_)
+    throw Error(Status::kSystemError, "proxy.tcp", rank_, peer,
+                "frame addressed to rank " + std::to_string(c.peer) + " arrived here");
+  const uint64_t heap = local_.bytes();
+  if (op != CommandOp::kSignal && c.bytes > 0) {
+    if (c.bytes > kMaxFramePayload)
+      throw Error(Status::kSystemError, "proxy.tcp", rank_, peer,
+                  "frame of " + std::to_string(c.bytes) + " payload bytes exceeds the cap of " +
+                      std::to_string(kMaxFramePayload));
+    if (c.dst_offset > heap || c.bytes > heap - c.dst_offset)
+      throw Error(Status::kInvalidArgument, "proxy.tcp", rank_, peer,
+                  "frame writes [" + std::to_string(c.dst_offset) + ", +" + std::to_string(c.bytes) +
+                      ") outside this rank's heap of " + std::to_string(heap) + " bytes");
+  }
+  if (op != CommandOp::kPut) {
+    if (c.sig_offset > heap || heap - c.sig_offset < sizeof(uint64_t) || c.sig_offset % sizeof(uint64_t) != 0 ||
+        c.signal_op > 1)
+      throw Error(Status::kInvalidArgument, "proxy.tcp", rank_, peer,
+                  "frame signals flag " + std::to_string(c.sig_offset) + " (op " + std::to_string(c.signal_op) +
+                      "): not an aligned flag inside this rank's heap of " + std::to_string(heap) + " bytes");
+  }
+}
 
 TcpBackend::Link* TcpBackend::link_for(int peer) {
   for (auto& l : links_)
@@ -313,14 +404,17 @@ void TcpBackend::send(const Command& cmd, uint64_t ticket, const void* data) {
   Link* link = link_for(cmd.peer);
   if (link == nullptr || link->fd < 0)
     throw Error(Status::kUnreachablePeer, "proxy.tcp.send", rank_, cmd.peer, "no connection to this peer");
-  FrameHeader h{kMagic, kData, ticket, cmd};
+  if (data != nullptr && cmd.bytes > kMaxFramePayload)  // the receiver would refuse it
+    throw Error(Status::kInvalidArgument, "proxy.tcp.send", rank_, cmd.peer,
+                "frame of " + std::to_string(cmd.bytes) + " bytes exceeds the cap of " + std::to_string(kMaxFramePayload));
+  const FrameHeader h = make_header(kData, ticket, &cmd);
   std::lock_guard<std::mutex> g(link->send_mu);
   if (cmd.flags & kFlagAck) {  // registered before the frame leaves, so its ack cannot overtake it
     std::lock_guard<std::mutex> a(link->ack_mu);
     link->awaiting_ack.push_back(ticket);
   }
   try {
-    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(data), data != nullptr ? cmd.bytes : 0}};
+    iovec iov[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)}, {const_cast<void*>(data), data != nullptr ? cmd.bytes : 0}};
     writev_all(link->fd, iov, data != nullptr && cmd.bytes > 0 ? 2 : 1, rank_, cmd.peer);
   } catch (const Error& e) {
     fail(e);
@@ -357,6 +451,7 @@ void TcpBackend::receive_loop(Link* link) {
         case kData: {
           const Command& c = h.cmd;
           const auto op = static_cast<CommandOp>(c.op);
+          check_frame(c, link->peer);  // before the payload is allocated or read
           if (c.bytes > 0 && op != CommandOp::kSignal) {
             buf.resize(c.bytes);
             reader.read(buf.data(), c.bytes, false);
@@ -393,6 +488,8 @@ void TcpBackend::receive_loop(Link* link) {
     }
   } catch (const Error& e) {
     if (!stopping_.load()) fail(e);
+  } catch (const std::exception& e) {  // e.g. bad_alloc: an exception leaving a thread would end the process
+    if (!stopping_.load()) fail(Error(Status::kInternal, "proxy.tcp", rank_, link->peer, e.what()));
   }
 }
 
@@ -405,7 +502,7 @@ void TcpBackend::ack_loop() {
     for (auto& l : links_) {
       const uint64_t n = l->acks_owed.exchange(0);
       if (n == 0 || l->closed.load()) continue;
-      FrameHeader ack{kMagic, kAck, n, {}};
+      const FrameHeader ack = make_header(kAck, n);
       try {
         std::lock_guard<std::mutex> g(l->send_mu);  // may wait for a data frame; the peer keeps reading
         write_all(l->fd, &ack, sizeof(ack), rank_, l->peer);
@@ -427,7 +524,7 @@ void TcpBackend::heartbeat_loop() {
       if (l->closed.load() || now - l->last_send_ns.load() < std::chrono::nanoseconds(period).count()) continue;
       std::unique_lock<std::mutex> g(l->send_mu, std::try_to_lock);
       if (!g.owns_lock()) continue;  // a data send is in progress: that is traffic too
-      FrameHeader hb{kMagic, kHeartbeat, 0, {}};
+      const FrameHeader hb = make_header(kHeartbeat, 0);
       try {
         write_all(l->fd, &hb, sizeof(hb), rank_, l->peer);
         l->last_send_ns.store(now);
@@ -448,7 +545,7 @@ void TcpBackend::shutdown() {
   for (auto& l : links_) {
     if (l->fd < 0) continue;
     std::lock_guard<std::mutex> g(l->send_mu);
-    FrameHeader bye{kMagic, kBye, 0, {}};
+    const FrameHeader bye = make_header(kBye, 0);
     try {
       write_all(l->fd, &bye, sizeof(bye), rank_, l->peer);
     } catch (...) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,15 @@ class Bootstrap {
   std::vector<std::string> all_gather(const std::string& tag, const std::string& mine);
   void barrier(const std::string& tag);
 };
+
+// Per-job secret (kJobSecretBytes random bytes): rank 0 draws it from the kernel (getrandom, else
+// /dev/urandom) and publishes it under `tag + "/secret"`; every rank returns it. Collective over all ranks.
+// It is what lets a listener tell this job's ranks from any other process that can reach its sockets (the
+// fd exchange, the peer monitor, the TCP proxy); whoever can read the store is a member. Never log it.
+constexpr size_t kJobSecretBytes = 32;
+std::string job_secret(Bootstrap& bootstrap, const std::string& tag);
+// Equality of two secrets in time independent of where they differ (no early exit an attacker could time).
+bool secret_equal(const void* a, const void* b, size_t n);
 
 // Bootstrap over a shared directory: each key is a file written atomically (write + rename).
 class FileBootstrap final : public Bootstrap {

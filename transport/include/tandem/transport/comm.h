@@ -55,10 +55,8 @@ namespace detail {
 class PeerMonitor;
 }
 namespace proxy {
-class CudaMemoryDomain;
 class CommandQueue;
-class Proxy;
-class TcpBackend;
+class ProxyService;
 struct Command;
 struct QueueControl;
 }  // namespace proxy
@@ -88,7 +86,9 @@ class Communicator {
   const CommOptions& options() const { return options_; }
 
   // Symmetric allocation: collective, same sizes in the same order on every rank; returns the local address.
-  // With `verify`, the ranks compare offsets through the bootstrap and throw if they differ.
+  // With `verify`, the ranks compare offsets and sizes through the bootstrap and throw if they differ.
+  // After destroy(), every method except destroy(), free() (a no-op then) and the plain getters throws
+  // tandem::Error (kInvalidArgument, "communicator destroyed").
   void* alloc(uint64_t bytes, uint64_t align = 256, bool verify = true);
   void free(void* ptr);
   void* heap_base() const;
@@ -115,7 +115,7 @@ class Communicator {
   // Rank of the first local peer seen dying, or -1.
   int exited_peer() const;
   // True if peers on other nodes are reached through the CPU proxy (name: "tcp").
-  bool has_proxy() const { return proxy_ != nullptr || (options_.external_proxy && queue_ != nullptr); }
+  bool has_proxy() const { return service_ != nullptr || (options_.external_proxy && queue_ != nullptr); }
   const char* proxy_backend() const;  // "tcp", "external" or "none"
   // The queue the device enqueues proxy commands into (null without proxy peers). With external_proxy the
   // caller must drain it (release and retire tickets) for as long as kernels may use proxy peers.
@@ -130,9 +130,12 @@ class Communicator {
   void destroy();
 
  private:
+  void setup();  // the constructor's work (the constructor releases what it made if this throws)
   void detect_topology();
-  void setup_proxy(std::chrono::milliseconds timeout);
+  void setup_proxy(std::chrono::milliseconds timeout, const std::string& secret);
   void teardown_proxy();
+  void release_local() noexcept;        // free everything of this rank, no collective step (also on failed setup)
+  void require_live(const char* op) const;  // throw if destroyed
   std::string next_tag(const char* what);
 
   std::shared_ptr<Bootstrap> bootstrap_;
@@ -152,10 +155,8 @@ class Communicator {
   proxy::Command* ring_host_ = nullptr;
   proxy::QueueControl* ctl_host_ = nullptr;
   unsigned long long* tail_dev_ = nullptr;
-  std::unique_ptr<proxy::CudaMemoryDomain> domain_;
   std::unique_ptr<proxy::CommandQueue> queue_;
-  std::unique_ptr<proxy::Proxy> proxy_;
-  std::unique_ptr<proxy::TcpBackend> backend_;
+  std::unique_ptr<proxy::ProxyService> service_;  // memory domain, proxy thread, TCP backend (safe teardown order)
   int32_t* abort_host_ = nullptr;
   ErrorRecord* error_host_ = nullptr;
   DeviceComm device_comm_{};

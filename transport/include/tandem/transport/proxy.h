@@ -122,15 +122,26 @@ class Backend {
   virtual void shutdown() = 0;
 };
 
+// Largest payload of one frame: the proxy cuts larger puts into frames of this size, and a receiver refuses
+// (fails the link on) any frame that announces more, before it allocates or reads anything.
+constexpr uint64_t kMaxFramePayload = 4ull << 20;
+
 struct TcpOptions {
   std::string listen_host = "127.0.0.1";  // this rank's address (an interface the peers can reach)
   uint16_t listen_port = 0;               // 0 = any
   std::chrono::milliseconds timeout{10000};  // link dead after this long without traffic or progress
+  std::string secret;  // the job secret (job_secret()); a connection whose hello lacks it is refused
 };
 
 // TCP: one persistent connection per peer pair (the lower rank connects). Frames: a Command header, then its
 // payload; the receiver applies data, then the signal, then acks. Heartbeats every timeout/4 keep an idle link
 // distinguishable from a dead one; TCP_USER_TIMEOUT bounds a blocked send.
+//
+// Who can connect: the listener is open only during setup, and takes a connection as rank r's only if its
+// hello (read within a few seconds) carries the job secret and r is a remote peer of lower rank that has not
+// connected yet. Anything else is closed and counted (refused()); setup goes on until every expected peer
+// came or the timeout passed. Every frame is checked before it is applied: payload at most kMaxFramePayload,
+// destination and flag inside this rank's heap.
 class TcpBackend final : public Backend {
  public:
   TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
@@ -140,6 +151,8 @@ class TcpBackend final : public Backend {
   void send(const Command& cmd, uint64_t ticket, const void* data) override;
   void check() override;
   void shutdown() override;
+  // Connections refused during setup (no/bad hello, wrong secret, unknown or duplicate rank).
+  int refused() const { return refused_; }
 
  private:
   struct Link;
@@ -148,8 +161,11 @@ class TcpBackend final : public Backend {
   void heartbeat_loop();
   void fail(const Error& e);
   Link* link_for(int peer);
+  std::string authenticate(int s, std::chrono::steady_clock::time_point deadline, Link** link);
+  void check_frame(const Command& c, int peer) const;
 
   int rank_;
+  int refused_ = 0;
   MemoryDomain& local_;
   TcpOptions options_;
   Ack on_ack_;
@@ -197,5 +213,33 @@ class Proxy {
   int error_peer_ = -1;
   std::string error_what_;
 };
+
+// The proxy path of one rank (memory domain, proxy thread, TCP backend) as one unit that always comes down in
+// a safe order, also when its own constructor or its owner's fails half-way: the proxy thread stops first (it
+// calls the backend), then the backend's threads (they call the proxy's on_ack and write into the domain),
+// then the objects themselves. Members alone would be destroyed backend first, under a running proxy thread.
+class ProxyService {
+ public:
+  // Starts the proxy on `queue` (which must outlive this). `on_error` as for Proxy::start.
+  ProxyService(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
+               CommandQueue& queue, std::unique_ptr<MemoryDomain> domain, const TcpOptions& options,
+               std::function<void()> on_error = nullptr);
+  ~ProxyService();
+  ProxyService(const ProxyService&) = delete;
+  ProxyService& operator=(const ProxyService&) = delete;
+  // Stop the proxy, shut the backend down, free both (idempotent; what the destructor does).
+  void close() noexcept;
+  Proxy* proxy() const { return proxy_.get(); }
+  TcpBackend* backend() const { return backend_.get(); }
+
+ private:
+  std::unique_ptr<MemoryDomain> domain_;
+  std::unique_ptr<Proxy> proxy_;
+  std::unique_ptr<TcpBackend> backend_;
+};
+
+// Test-only fault injection: true if environment variable `name` is "all", or a comma-separated list of ranks
+// that holds `rank`. Used by TANDEM_TEST_FAIL_AFTER_PROXY (fail a constructor once the proxy runs).
+bool fault_injected(const char* name, int rank);
 
 }  // namespace tandem::proxy

@@ -44,7 +44,10 @@ struct MoeShape {
   int experts_per_rank = 0;  // E_local >= 1
 };
 
-// Rows a rank can receive: every token of every rank, once per local expert it chose (at most min(k, E_local)).
+// Rows a rank can receive: every token of every rank, once per local expert it chose (at most min(k, E_local)):
+// a token's experts must be distinct, and max_tokens the same on every rank (the Python ops refuse both before
+// launch). A dispatch whose rows would exceed a destination's capacity anyway sends nothing, leaves every layout
+// empty and reports kInvalidArgument (peer: the destination, expected: the capacity, observed: the rows).
 int64_t receive_capacity(const MoeShape& s, int world);
 
 struct DispatchArgs {
