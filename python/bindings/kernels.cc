@@ -170,11 +170,12 @@ void bind_kernels(py::module_& m) {
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream) {
         auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
-        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
-          return tp::run_unfused(y, st, why);
+        return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },
-      "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'check'; returns '' or the reason.");
+      "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'reduce' (the reduction kernel "
+      "alone, over the workspace's partial buffer: the collective's own time), 'check'; returns '' or the reason.");
   k.def(
       "gemm_ar",
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
@@ -183,8 +184,8 @@ void bind_kernels(py::module_& m) {
         tp::GemmArArgs x;
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         x.algo = static_cast<tp::ArAlgo>(algo);
-        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
-          return tp::run_unfused(y, st, why);
+        return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },
       "GEMM+AllReduce: mode 'fused', 'unfused', 'check'; algo 0 auto, 1 one-shot, 2 two-shot (reduce-scatter, then "

@@ -9,9 +9,11 @@ USAGE = """usage: tandem <command> [args]
 commands:
   bench transport [-n N] [--out DIR] ...   put bandwidth and flag latency (N ranks; MPS on one GPU)
   bench gemm [--out DIR]                   the GEMM core vs cuBLAS at world 1
-  bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS fused vs unfused vs the GEMM alone
+  bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS / GEMM+AR vs cuBLAS + torch collective (naive)
+  bench roles -n N [--out DIR]             the comm roles alone: GB/s per SM vs plain copies and cudaMemcpy
   bench moe -n N [--out DIR]               MoE dispatch+grouped GEMM fused vs unfused vs torch per expert
   bench attention -n N [--out DIR]         ring attention vs SDPA flash (N = 1) or a torch ring (N > 1)
+  tune -n N [--shapes ...] [--out FILE]    measure the TP ops' modes and SM splits; write mode="auto"'s table
   launch -n N -- CMD ...                   run CMD as N ranks (same as python -m tandem.launch)
   info                                     GPUs, SM counts, MPS, build
 """
@@ -62,6 +64,10 @@ def main(argv=None) -> int:
             from .bench.tp import main as bench_tp
 
             return bench_tp(rest[1:])
+        if rest[0] == "roles":
+            from .bench.roles import main as bench_roles
+
+            return bench_roles(rest[1:])
         if rest[0] == "moe":
             from .bench.moe import main as bench_moe
 
@@ -72,6 +78,10 @@ def main(argv=None) -> int:
             return bench_attention(rest[1:])
         print(f"unknown benchmark {rest[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
+    if cmd == "tune":
+        from .tune import main as tune_main
+
+        return tune_main(rest)
     if cmd == "launch":
         from .launch import main as launch_main
 

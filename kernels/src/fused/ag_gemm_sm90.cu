@@ -69,8 +69,11 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
   const Topology t = Topology::of(rank, world, p.ranks_per_node);
   // Destinations: the same local index on every other node (proxy), then this node's ranks l+1, l+2, ...
   for (int i = 1; i <= t.N + t.L - 2 && block_ok(st); ++i) {
-    const int q = i < t.N ? t.rank_of(t.node_at(i), t.local) : t.rank_of(t.node, t.local_at(i - t.N + 1));
-    if (threadIdx.x == 0) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+    // This node's ranks in the order their GEMMs consume chunk r: rank q's scheduler takes chunks q, q+1, ...,
+    // so r-1 needs r's rows first, then r-2, ... (sending to r+1 first made every rank's second chunk arrive
+    // last at world >= 3).
+    const int q = i < t.N ? t.rank_of(t.node_at(i), t.local) : t.rank_of(t.node, t.local_at(-(i - t.N + 1)));
+    if (threadIdx.x == 0) st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
     if (!block_ok(st)) break;
     // Source: this rank's slice of its own gathered buffer (in the heap, which the proxy path needs).
     if (hi > lo) st = put_bulk_block(comm, mine + lo, mine + lo, hi - lo, q, stage, kStageBytes, bars);
@@ -100,9 +103,6 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
       }
     }
   }
-  if (!p.gemm_role && threadIdx.x == 0) {
-    for (int c = 0; c < world && st == Status::kOk; ++c) st = wait_until(comm, &ctl->arrive[c], Cmp::kGe, e, c);
-  }
 }
 
 template <class GemmKernel>
@@ -128,7 +128,15 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     // The proxy reads this rank's rows from the heap: they may be overwritten once every command is delivered.
     if (p.ranks_per_node < comm.world) (void)quiet(comm);
-    if (!p.gemm_role) return;  // without the GEMM, the next launch's start says it
+    if (!p.gemm_role) {
+      // Without the GEMM role the GEMM launched next on the stream reads the gathered A: the last block waits
+      // for every chunk (only the last: a block that waits must not hold an SM a copy block still needs). The
+      // next launch's start says ready[r] = e.
+      Status st = Status::kOk;
+      for (int c = 0; c < comm.world && st == Status::kOk; ++c)
+        st = wait_until_backoff(comm, &ctl->arrive[c], Cmp::kGe, e, kRolePollNs, c);
+      return;
+    }
     for (int q = 0; q < comm.world; ++q)
       if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e, SignalOp::kSet, q);
   });
@@ -197,9 +205,11 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
     grid = dim3(2, gg.y + plan.comm_blocks / 2, 1);
   } else {
-    grid = dim3(2, plan.comm_blocks / 2, 1);
+    // The all-gather runs alone: every SM of the rank copies.
+    p.comm_blocks = (plan.sm_count & ~1) < 2 ? 2 : plan.sm_count & ~1;
+    grid = dim3(2, p.comm_blocks / 2, 1);
   }
-  p.copy_rows_y = plan.comm_blocks / 2;
+  p.copy_rows_y = p.comm_blocks / 2;
   // Copy blocks stage through shared memory; GEMM blocks need the CUTLASS kernel's (larger) storage.
   const int copy_smem = kStageBytes + 64;
   const int smem_launch = gemm_role && Kernel::SharedStorageSize > copy_smem ? Kernel::SharedStorageSize : copy_smem;
@@ -241,7 +251,7 @@ static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
   if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
   if (a.m_local <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M_local, N and K must be positive");
-  if (fused && a.m_local % 256) return fail(why, "M_local must be a multiple of 256 for the fused kernel (tile M 128 x cluster 2)");
+  if (fused && a.m_local % 8) return fail(why, "M_local must be a multiple of 8 for the fused kernel (TMA row alignment of the chunks)");
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.ldb < a.n || a.ldc < a.n) return fail(why, "leading dimensions must be at least N");
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);

@@ -44,6 +44,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../gemm/sm90_config.hpp"
+#include "tandem/kernels/roles/stream.cuh"
 #include "tp_common.cuh"
 
 namespace tandem::kernels::tp {
@@ -97,81 +98,29 @@ __device__ __forceinline__ void announce_chunk(const P& p, const Topology& t, in
   }
 }
 
+// The CUDA type of a CUTLASS element (the role primitives of roles/stream.cuh take CUDA's).
 template <class Element>
-struct Raw;
+struct CudaType;
 template <>
-struct Raw<cutlass::bfloat16_t> {
-  static __device__ __forceinline__ float2 to_float2(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  }
-  static __device__ __forceinline__ uint32_t from_float2(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
+struct CudaType<cutlass::bfloat16_t> {
+  using type = __nv_bfloat16;
 };
 template <>
-struct Raw<cutlass::half_t> {
-  static __device__ __forceinline__ float2 to_float2(uint32_t v) {
-    return __half22float2(*reinterpret_cast<const __half2*>(&v));
-  }
-  static __device__ __forceinline__ uint32_t from_float2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
+struct CudaType<cutlass::half_t> {
+  using type = __half;
 };
-
-// One step of the reduction over 8 elements (16 bytes) at vector v.
-template <class Element>
-__device__ __forceinline__ void reduce_vec(uint4 x, int64_t v, int step, int world, float* acc, char* out,
-                                           char* out2) {
-  using R = Raw<Element>;
-  float f[8];
-  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 t = R::to_float2(w[i]);
-    f[2 * i] = t.x;
-    f[2 * i + 1] = t.y;
-  }
-  float4* a = reinterpret_cast<float4*>(acc) + 2 * v;
-  if (step > 0) {
-    const float4 a0 = a[0], a1 = a[1];
-    f[0] += a0.x, f[1] += a0.y, f[2] += a0.z, f[3] += a0.w;
-    f[4] += a1.x, f[5] += a1.y, f[6] += a1.z, f[7] += a1.w;
-  }
-  if (step + 1 < world) {
-    a[0] = make_float4(f[0], f[1], f[2], f[3]);
-    a[1] = make_float4(f[4], f[5], f[6], f[7]);
-  } else {
-    uint4 o;
-    o.x = R::from_float2(f[0], f[1]);
-    o.y = R::from_float2(f[2], f[3]);
-    o.z = R::from_float2(f[4], f[5]);
-    o.w = R::from_float2(f[6], f[7]);
-    reinterpret_cast<uint4*>(out)[v] = o;
-    if (out2 != nullptr) reinterpret_cast<uint4*>(out2)[v] = o;
-  }
-}
 
 // Stream `steps` sources into this block's slice [lo, hi) of the reduction (fp32 in acc; the last step rounds
 // into out and out2). source(s) waits for source s (thread 0) and returns its slice base, or null to stop.
 template <class Element, class Source>
 __device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi, float* acc, char* out, char* out2,
                                               Source&& source) {
+  using T = typename CudaType<Element>::type;
   for (int s = 0; s < steps; ++s) {
     const uint4* src = source(s);
     if (src == nullptr) return false;
-    const int64_t stride = blockDim.x;
-    int64_t v = lo + threadIdx.x;
-    // Four independent 16-byte loads in flight per thread.
-    for (; v + 3 * stride < hi; v += 4 * stride) {
-      const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
-      reduce_vec<Element>(x0, v, s, steps, acc, out, out2);
-      reduce_vec<Element>(x1, v + stride, s, steps, acc, out, out2);
-      reduce_vec<Element>(x2, v + 2 * stride, s, steps, acc, out, out2);
-      reduce_vec<Element>(x3, v + 3 * stride, s, steps, acc, out, out2);
-    }
-    for (; v < hi; v += stride) reduce_vec<Element>(src[v], v, s, steps, acc, out, out2);
+    roles::accumulate_vectors<T>(src, lo, hi, reinterpret_cast<float4*>(acc), s == 0, s + 1 == steps,
+                                 reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
     __syncthreads();
   }
   return true;
@@ -179,13 +128,33 @@ __device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi,
 
 // Copy this block's slice [lo, hi) (16-byte vectors) of src to dst.
 __device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t lo, int64_t hi) {
-  const int64_t stride = blockDim.x;
-  int64_t v = lo + threadIdx.x;
-  for (; v + 3 * stride < hi; v += 4 * stride) {
-    const uint4 x0 = src[v], x1 = src[v + stride], x2 = src[v + 2 * stride], x3 = src[v + 3 * stride];
-    dst[v] = x0, dst[v + stride] = x1, dst[v + 2 * stride] = x2, dst[v + 3 * stride] = x3;
+  roles::copy_vectors<8>(dst, src, lo, hi);
+}
+
+// One node, every partial of this rank's rows complete or about to be (the unfused path: the GEMMs ran before
+// this kernel): wait for all sources, then one pass in registers in the fixed order q = r-1, r-2, ..., r (the
+// same fp32 adds as the step-by-step path: the same bits). No fp32 accumulator in memory: W reads and one
+// write per element instead of about 5 W.
+template <class Element, class P>
+__device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, char* out2, uint64_t e) {
+  using namespace tandem::device;
+  using T = typename CudaType<Element>::type;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
+  __shared__ const uint4* src[kMaxFusedRsWorld];
+  Status st = Status::kOk;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < world && st == Status::kOk; ++s) {
+      const int q = ((rank - 1 - s) % world + world) % world;
+      st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
+      src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));
+      if (src[s] == nullptr && st == Status::kOk) st = Status::kInvalidArgument;  // refused on the host
+    }
   }
-  for (; v < hi; v += stride) dst[v] = src[v];
+  if (!block_ok(st)) return false;
+  return roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
 }
 
 template <class Element, class P>
@@ -224,7 +193,10 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     if (!block_ok(st)) return;
   }
   // 2. This rank's rows: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
-  const bool ok = reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, [&](int s) -> const uint4* {
+  //    One node after the plain GEMM (unfused): every partial is complete, so one pass in registers.
+  const bool one_pass = t.N == 1 && p.mode == RsMode::kReduceOnly;
+  const bool ok = one_pass ? reduce_one_pass<Element>(p, lo, hi, p.out, own_out, e) :
+                  reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, [&](int s) -> const uint4* {
     if (s < t.N - 1) {
       const int n = t.node_at(-1 - s);
       if (threadIdx.x == 0)
@@ -233,7 +205,7 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
       return reinterpret_cast<const uint4*>(p.recv + static_cast<size_t>(n) * chunk_bytes);
     }
     const int q = t.rank_of(t.node, t.local_at(-1 - (s - (t.N - 1))));
-    if (threadIdx.x == 0) st = wait_until(comm, &ctl->arrive[q], Cmp::kGe, e, q);
+    if (threadIdx.x == 0) st = wait_until_backoff(comm, &ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
     if (!block_ok(st)) return nullptr;
     return reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));  // null: refused on the host
   });
@@ -273,7 +245,7 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
       if (d > 0 && l == t.local) continue;  // copied above
       const int o = t.rank_of(n_o, l), holder = t.rank_of(t.node, l);
       uint64_t* flag = d == 0 ? &ctl->reduced[o] : &p.node_flags->forwarded[o][rb];
-      if (threadIdx.x == 0) st = wait_until(comm, flag, Cmp::kGe, e, holder);
+      if (threadIdx.x == 0) st = wait_until_backoff(comm, flag, Cmp::kGe, e, kRolePollNs, holder);
       if (!block_ok(st)) return;
       const size_t off = static_cast<size_t>(o) * chunk_bytes;
       const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + off, holder));
@@ -288,12 +260,13 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
 template <class Element, class P>
 __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   using namespace tandem::device;
-  using R = Raw<Element>;
+  using T = typename CudaType<Element>::type;
   const DeviceComm& comm = p.comm;
   const int world = comm.world;
   Status st = Status::kOk;
   if (threadIdx.x == 0) {
-    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &p.ctl->arrive[q], Cmp::kGe, e, q);
+    for (int q = 0; q < world && st == Status::kOk; ++q)
+      st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
   }
   if (!block_ok(st)) return;
   const int64_t nvec = p.chunk_elems / 8;
@@ -306,26 +279,7 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
       src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + c * chunk_bytes, q));
       if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
     }
-    uint4* dst = reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes);
-    for (int64_t v = lo + threadIdx.x; v < hi; v += blockDim.x) {
-      float f[8];
-      for (int s = 0; s < world; ++s) {
-        const uint4 x = src[s][v];
-        const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 t = R::to_float2(w[i]);
-          f[2 * i] = s == 0 ? t.x : f[2 * i] + t.x;
-          f[2 * i + 1] = s == 0 ? t.y : f[2 * i + 1] + t.y;
-        }
-      }
-      uint4 o;
-      o.x = R::from_float2(f[0], f[1]);
-      o.y = R::from_float2(f[2], f[3]);
-      o.z = R::from_float2(f[4], f[5]);
-      o.w = R::from_float2(f[6], f[7]);
-      dst[v] = o;
-    }
+    roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes), nullptr);
   }
 }
 
@@ -354,13 +308,15 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     Status st = Status::kOk;
     for (int s = 0; s < world; ++s) {
       const int o = rs_chunk_at(t, s);
-      if (threadIdx.x == 0 && st == Status::kOk) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
+      if (threadIdx.x == 0 && st == Status::kOk)
+        st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
       // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
       // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
       // done with this rank's partial of e - 1.
       const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
       if (wait_all && threadIdx.x == 0) {
-        for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+        for (int q = 0; q < world && st == Status::kOk; ++q)
+          st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
       }
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
       __syncthreads();
@@ -403,7 +359,7 @@ size_t acc_offset(const GemmRsArgs& a) {
 
 template <class Element>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
-                 std::string* why) {
+                 std::string* why, bool reduce_only = false) {
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
@@ -448,13 +404,20 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
                               : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
   };
   if (!fused) {
-    p.mode = RsMode::kWaitReady;
-    if (Status s = launch(dim3(2, 1, 1), 0); s != Status::kOk) return s;
-    gemm::GemmArgs g = chunk_args(0, plan.sm_count);
-    g.m = a.m;
-    if (Status s = gemm::run(g, nullptr, stream, why); s != Status::kOk) return s;
+    if (!reduce_only) {
+      p.mode = RsMode::kWaitReady;
+      if (Status s = launch(dim3(2, 1, 1), 0); s != Status::kOk) return s;
+      gemm::GemmArgs g = chunk_args(0, plan.sm_count);
+      g.m = a.m;
+      if (Status s = gemm::run(g, nullptr, stream, why); s != Status::kOk) return s;
+    }
+    // The reduction runs alone here: on one node it takes every SM of the rank (the node flags of the
+    // cross-node path are sized for at most kMaxNodeReduceBlocks slices).
     p.mode = RsMode::kReduceOnly;
-    return launch(dim3(2, plan.comm_blocks / 2, 1), 0);
+    int blocks = topology_of(a).N == 1 ? plan.sm_count & ~1 : plan.comm_blocks;
+    blocks = blocks < 2 ? 2 : blocks;
+    p.reduce_blocks = blocks;
+    return launch(dim3(2, blocks / 2, 1), 0);
   }
   p.mode = RsMode::kFused;
   dim3 gg{};
@@ -523,13 +486,15 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
 
 template <bool kAllReduce>
-static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why) {
+static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why,
+                       bool reduce_only = false) {
   if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why);
+  if (a.dtype == DType::kFP16)
+    return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, reduce_only);
+  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, reduce_only);
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
@@ -560,6 +525,13 @@ Status run(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
 }
 Status run_unfused(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
   return dispatch<true>(a, false, use_one_shot(a), stream, why);
+}
+
+Status run_reduce_only(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<false>(a, false, false, stream, why, true);
+}
+Status run_reduce_only(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<true>(a, false, use_one_shot(a), stream, why, true);
 }
 
 }  // namespace tandem::kernels::tp

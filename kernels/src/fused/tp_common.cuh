@@ -24,6 +24,9 @@ constexpr int kStageBytes = 96 * 1024;  // TMA bulk staging of a comm block (mul
 // GEMM blocks waiting for a chunk sleep this long between polls. Measured (H200, world 2, 4096x4096x8192 per
 // rank, 4 copy blocks): 0 ns 10.97 ms, 256 ns 4.20 ms, 2000 ns 2.04 ms fused vs 3.24 ms unfused (docs/results.md).
 constexpr uint32_t kDefaultPollSleepNs = 2000;
+// Comm-role waits (one thread a block, dozens of blocks a rank) sleep this long between polls: back-to-back
+// polls of one L2 line slow down the GEMM blocks of the same GPU that write it.
+constexpr uint32_t kRolePollNs = 500;
 
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
 struct alignas(128) Control {

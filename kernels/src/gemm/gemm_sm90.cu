@@ -75,8 +75,8 @@ Status can_implement_with_arrivals(const GemmArgs& g, const ArrivalSchedule& a, 
     return Status::kInvalidArgument;
   };
   if (a.flags == nullptr || a.chunks <= 0) return fail("the arrival schedule needs flags and chunks > 0");
-  if (a.tile_m != 128 || a.chunk_rows <= 0 || a.chunk_rows % 256 != 0)
-    return fail("chunk_rows must be a positive multiple of 256 (tile M 128 x cluster M 2)");
+  if (a.tile_m != 128 || a.chunk_rows <= 0 || a.chunk_rows % 8 != 0)
+    return fail("chunk_rows must be a positive multiple of 8 (16-byte rows of A for TMA)");
   if (static_cast<int64_t>(a.chunks) * a.chunk_rows != g.m) return fail("M must equal chunks * chunk_rows");
   if (a.first_chunk < 0 || a.first_chunk >= a.chunks) return fail("first_chunk out of range");
   return Status::kOk;

@@ -121,5 +121,9 @@ size_t workspace_size(const GemmArArgs& args);
 Status run(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
 // Unfused: the RS's unfused halves, whose reduction kernel also gathers the reduced rows.
 Status run_unfused(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// The collective alone: the reduction kernel of run_unfused over whatever the partial buffer holds (no GEMM).
+// For benchmarks (the collective's own time) and for callers that wrote the partial buffer themselves.
+Status run_reduce_only(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
+Status run_reduce_only(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
 }  // namespace tandem::kernels::tp

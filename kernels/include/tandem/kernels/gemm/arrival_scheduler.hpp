@@ -104,17 +104,24 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
 
  private:
   // The base maps a linear index to (M, N) with its raster order and swizzle; the M block is then rotated so
-  // that chunk `first_chunk` comes first (chunk sizes are multiples of the cluster's M extent, so clusters stay
-  // whole), and the tile is handed out once its chunk's flag reached the epoch.
+  // that the block holding the first row of chunk `first_chunk` comes first, rounded down to an even block so
+  // that the clusters (2 M blocks) stay whole, and the tile is handed out once every chunk it reads has landed.
+  // Chunks need not be tile multiples (any chunk_rows a multiple of 8): a tile whose rows straddle chunks waits
+  // for each of them, and the M blocks past the last row (padding up to the cluster) wait for none.
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
     WorkTileInfo w = Base::get_current_work_for_linear_idx(linear);
     if (!w.is_valid() || arrival_.flags == nullptr) return w;
-    const int32_t blocks_per_chunk = arrival_.chunk_rows / arrival_.tile_m;
-    const int32_t m_blocks = blocks_per_chunk * arrival_.chunks;
-    const int32_t rotated = (w.M_idx + arrival_.first_chunk * blocks_per_chunk) % m_blocks;
+    const int64_t rows = int64_t(arrival_.chunk_rows) * arrival_.chunks;
+    const int32_t tm = arrival_.tile_m;
+    const int32_t m_tiles = int32_t((rows + tm - 1) / tm);
+    const int32_t m_blocks = (m_tiles + 1) & ~1;  // the base rounds M up to whole clusters
+    const int32_t first = int32_t(int64_t(arrival_.first_chunk) * arrival_.chunk_rows / tm) & ~1;
+    const int32_t rotated = int32_t((int64_t(w.M_idx) + first) % m_blocks);
     w.M_idx = rotated;
-    if (wait) {
-      const int32_t chunk = rotated / blocks_per_chunk;
+    if (wait && rotated < m_tiles) {
+      const int64_t row0 = int64_t(rotated) * tm;
+      const int64_t row1 = (row0 + tm < rows ? row0 + tm : rows) - 1;
+      const int32_t c0 = int32_t(row0 / arrival_.chunk_rows), c1 = int32_t(row1 / arrival_.chunk_rows);
       // Only the mainloop producer warp (warp 0 of the cooperative kernel: it issues every TMA load of A) waits,
       // one lane, acquire, bounded, abortable; the other warps take the tile at once and block on the shared-memory
       // pipeline that warp fills after its wait. (Every warp spinning measured ~100x slower copies beside the GEMM:
@@ -123,11 +130,13 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       // step, and every later wait fails fast once the abort flag is up.
       if (threadIdx.x < 32u) {
         if (threadIdx.x == 0) {
-          const int peer =
-              arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
-          (void)tandem::device::wait_until_backoff(arrival_.comm, arrival_.flags + chunk,
-                                                   tandem::device::Cmp::kGe, arrival_.epoch,
-                                                   arrival_.poll_sleep_ns, peer);
+          for (int32_t chunk = c0; chunk <= c1; ++chunk) {
+            const int peer =
+                arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
+            (void)tandem::device::wait_until_backoff(arrival_.comm, arrival_.flags + chunk,
+                                                     tandem::device::Cmp::kGe, arrival_.epoch,
+                                                     arrival_.poll_sleep_ns, peer);
+          }
         }
         __syncwarp();
         asm volatile("fence.proxy.async.global;" ::: "memory");

@@ -46,7 +46,7 @@ struct ArrivalSchedule {
   // If set, the epoch is read on the device: *epoch_counter + 1 (the fused kernels keep the counter in their
   // workspace and advance it as they finish, so a captured CUDA graph waits for a fresh epoch every replay).
   const uint64_t* epoch_counter = nullptr;
-  int32_t chunk_rows = 0;           // a multiple of 256 (tile M 128 x cluster M 2)
+  int32_t chunk_rows = 0;           // a multiple of 8; tiles that straddle chunks wait for each of them
   int32_t chunks = 0;
   int32_t first_chunk = 0;          // hand out chunk first_chunk first, then +1, ... (mod chunks)
   int32_t tile_m = 128;

@@ -1,0 +1,148 @@
+"""The SM plan of the TP ops: which mode (fused / unfused) and how many comm SMs (comm_blocks), per shape.
+
+mode="auto" asks `choose()`. It looks the problem up in a tuned table first, keyed by (op, world, SMs a rank,
+M/N/K buckets: the nearest power of two); `python -m tandem tune` measures every candidate on the machine it
+runs on and writes that table. Without an entry it falls back to a cost model of the two modes:
+
+    fused(c)  = max(GEMM on S - c SMs, collective bytes / (c x role rate a SM)) + one chunk's fill and drain
+    unfused   = GEMM on S SMs + collective bytes / min(S x role rate a SM, memory rate / ranks on the GPU)
+
+with the GEMM at a measured rate per SM and the role rates of `python -m tandem bench roles` (defaults below,
+measured on the H200; a table entry always wins over the model).
+
+Tables: TANDEM_TP_TUNE_FILE, else ~/.cache/tandem/tp_tune.json, else the one shipped beside this file
+(tp_tune_h200.json), each a JSON list of rows {op, world, sms, mb, nb, kb, mode, comm_blocks, ms}.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+# Rates of the cost model (per SM of a rank; the H200 under MPS, docs/results.md). Overridable for other parts.
+GEMM_TFLOPS_PER_SM = 5.9          # bf16 dense, CUTLASS core at ~780 TFLOP/s on 132 SMs
+ROLE_GBS_PER_SM = {"ag_gemm": 40.0, "gemm_rs": 40.0, "gemm_ar": 40.0}
+MEMORY_GBS = 4300.0               # device-to-device copy, bytes read + written
+FILL_FRACTION = 0.5               # of one chunk's collective time that fused cannot hide (first/last chunk)
+
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_tune_h200.json")
+
+
+def bucket(x: int) -> int:
+    """log2 bucket of a dimension (nearest power of two)."""
+    return int(round(math.log2(max(1, int(x)))))
+
+
+def table_path() -> str:
+    env = os.environ.get("TANDEM_TP_TUNE_FILE")
+    if env:
+        return env
+    return os.path.join(os.path.expanduser("~"), ".cache", "tandem", "tp_tune.json")
+
+
+_TABLES: dict = {}
+
+
+def _load(path: str) -> dict:
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        return {}
+    cached = _TABLES.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+        table = {(r["op"], int(r["world"]), int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])):
+                 (str(r["mode"]), int(r["comm_blocks"])) for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        table = {}
+    _TABLES[path] = (mtime, table)
+    return table
+
+
+def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
+    return (op, int(world), int(sms), bucket(m), bucket(n), bucket(k))
+
+
+def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
+    """(mode, comm_blocks) from the user's table, else the shipped one, else None."""
+    kk = key(op, world, sms, m, n, k)
+    for path in (table_path(), SHIPPED):
+        hit = _load(path).get(kk)
+        if hit is not None:
+            return hit
+    return None
+
+
+def collective_bytes(op: str, world: int, m: int, n: int, k: int) -> float:
+    """Bytes one rank's collective moves through memory (read + written once). AG: m is the layer's M (A_local is
+    M/W x K); RS/AR: the partial is M x N, this rank reduces M/W rows."""
+    if op == "ag_gemm":
+        return 2.0 * m * k * 2  # every chunk of A written once here, read once by its sender
+    chunk = m // world * n * 2
+    rs = chunk * (world + 1)
+    return rs if op == "gemm_rs" else rs + 2.0 * chunk * (world - 1)
+
+
+def gemm_flops(op: str, world: int, m: int, n: int, k: int) -> float:
+    """The rank's GEMM: M x N x K with M the layer's rows (AG: the gathered A) and K the rank's (RS/AR: K/W)."""
+    return 2.0 * m * n * k
+
+
+def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None):
+    """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused."""
+    ranks_on_gpu = ranks_on_gpu or world
+    flops = gemm_flops(op, world, m, n, k)
+    nbytes = collective_bytes(op, world, m, n, k)
+    role = ROLE_GBS_PER_SM[op] * 1e9
+    mem = MEMORY_GBS * 1e9 / ranks_on_gpu
+
+    def t_gemm(s):
+        return flops / (s * GEMM_TFLOPS_PER_SM * 1e12)
+
+    best = ("unfused", 0, t_gemm(sms) + nbytes / min(sms * role, mem))
+    if world > 1:
+        c = 2
+        while c <= max(2, sms // 4):
+            t_coll = nbytes / min(c * role, mem)
+            t = max(t_gemm(sms - c), t_coll) + FILL_FRACTION * t_coll / world
+            if t < best[2]:
+                best = ("fused", c, t)
+            c += 2
+    return best[0], best[1], best[2] * 1e3
+
+
+def choose(op: str, world: int, sms: int, m: int, n: int, k: int):
+    """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice."""
+    if world == 1:
+        return "unfused", 0
+    hit = lookup(op, world, sms, m, n, k)
+    if hit is not None:
+        return hit
+    mode, c, _ = model(op, world, sms, m, n, k)
+    return mode, c
+
+
+def write_table(rows: list, path: str | None = None) -> str:
+    """Merge rows {op, world, sms, m, n, k, mode, comm_blocks, ms} into the table at `path` (default
+    table_path()); returns the path."""
+    path = path or table_path()
+    old = []
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except (OSError, ValueError):
+            old = []
+    merged = {}
+    for r in old + [dict(r, mb=bucket(r["m"]), nb=bucket(r["n"]), kb=bucket(r["k"])) for r in rows]:
+        merged[(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"])] = r
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(sorted(merged.values(), key=lambda r: (r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"])),
+                  f, indent=1)
+    _TABLES.pop(path, None)
+    return path

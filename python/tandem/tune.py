@@ -1,0 +1,89 @@
+"""`python -m tandem tune -n N`: measure the TP ops' modes and SM splits on this machine and write the table that
+mode="auto" reads (tandem.ops.tp_plan). Every rank runs every candidate at once, as the ops run in a job: the
+unfused path and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a quarter of the rank's SMs.
+
+    python -m tandem tune -n 4 [--shapes MxNxK,...] [--out FILE] [--reps 5]
+
+Shapes are the rank's problems as tandem.bench.tp takes them (default: that benchmark's set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def candidates(sms: int) -> list:
+    out, c = [], 2
+    while c <= max(2, sms // 4):
+        out.append(c)
+        c = c + 2 if c < 8 else c + 4
+    return out
+
+
+def run(case_list, reps, path):
+    import torch
+
+    from . import ops  # noqa: F401
+    from .bench import common
+    from .ops import tp, tp_plan
+    from .transport import Communicator
+
+    comm = Communicator(heap_bytes=12 << 30, timeout_s=60)
+    world, rank, sms = comm.world_size, comm.rank, comm.sm_count
+    rows = []
+    for op, m, n, k, label in case_list:
+        if m % world:
+            continue
+        if op == "ag_gemm":
+            a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+            fn, kk = tp.ag_gemm, k
+        else:
+            a = torch.randn(m, k // world, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(k // world, n, device="cuda", dtype=torch.bfloat16)
+            fn, kk = (tp.gemm_rs if op == "gemm_rs" else tp.gemm_ar), k // world
+        results = {}
+        for mode, c in [("unfused", 0)] + [("fused", c) for c in candidates(sms)]:
+            comm.barrier()
+            try:
+                results[(mode, c)] = common.time_launches(lambda: fn(comm, a, b, mode=mode, comm_blocks=c),
+                                                          warmup=2, reps=reps) * 1e3
+            except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is not a candidate
+                if rank == 0:
+                    print(f"  {label} {op} {mode} {c}: {str(e).splitlines()[0][:120]}")
+        comm.check()
+        tp.release_workspaces(comm)
+        # every rank must pick the same: rank 0's timings decide (the ranks agree on keys, not on timings)
+        (mode, c), ms = min(results.items(), key=lambda kv: kv[1])
+        rows.append(dict(op=op, world=world, sms=sms, m=m, n=n, k=kk, mode=mode, comm_blocks=c, ms=ms,
+                         candidates={f"{mo}:{cc}": t for (mo, cc), t in results.items()}))
+        if rank == 0:
+            print(f"{label:>24} {op:8} best {mode} comm_blocks={c} {ms:.3f} ms; "
+                  + " ".join(f"{mo[0]}{cc}={t:.2f}" for (mo, cc), t in results.items()), flush=True)
+    if rank == 0:
+        print("tuned table:", tp_plan.write_table(rows, path))
+    comm.destroy()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tandem tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--nprocs", type=int, default=None, help="ranks to launch (MPS on one GPU)")
+    ap.add_argument("--shapes", default=None, help="MxNxK,... (default: tandem bench tp's set)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=None, help="table file (default: tandem.ops.tp_plan.table_path())")
+    argv = list(sys.argv[2:] if argv is None else argv)
+    a = ap.parse_args(argv)
+    if a.nprocs is not None and "RANK" not in os.environ:
+        from .launch import launch
+
+        res = launch([sys.executable, "-m", "tandem", "tune"] + argv, a.nprocs)
+        return 0 if res.ok else 1
+    from .bench.tp import cases
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
+    run(cases(world, shapes), a.reps, a.out)
+    return 0

@@ -1,0 +1,66 @@
+"""mode="auto"'s SM plan (tandem.ops.tp_plan): the tuned table wins over the cost model, keys bucket by powers of
+two, a table from `tandem tune` round-trips, and the cost model's choices follow its inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+tp_plan = pytest.importorskip("tandem.ops.tp_plan")
+
+
+def test_tuned_entry_wins_over_the_model(tmp_path, monkeypatch):
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    model_mode, model_blocks, _ = tp_plan.model(*shape)
+    forced = ("fused", 12) if model_mode == "unfused" else ("unfused", 0)
+    tp_plan.write_table([dict(op="gemm_rs", world=4, sms=33, m=16384, n=8192, k=1024, mode=forced[0],
+                              comm_blocks=forced[1], ms=1.0)])
+    assert tp_plan.choose(*shape) == forced
+    # the same bucket (nearest power of two) hits the entry; another SM count or world does not
+    assert tp_plan.choose("gemm_rs", 4, 33, 15000, 8192, 1100) == forced
+    assert tp_plan.choose("gemm_rs", 2, 33, 16384, 8192, 1024) != forced or tp_plan.model(
+        "gemm_rs", 2, 33, 16384, 8192, 1024)[:2] == forced
+    assert tp_plan.lookup("gemm_rs", 4, 66, 16384, 8192, 1024) is None
+
+
+def test_write_table_merges_and_replaces(tmp_path):
+    path = str(tmp_path / "t.json")
+    row = dict(op="ag_gemm", world=2, sms=66, m=8192, n=4096, k=8192, mode="fused", comm_blocks=4, ms=2.0)
+    tp_plan.write_table([row], path)
+    tp_plan.write_table([dict(row, comm_blocks=8, ms=1.5), dict(row, op="gemm_ar", mode="unfused", comm_blocks=0)],
+                        path)
+    rows = json.load(open(path))
+    assert len(rows) == 2
+    by_op = {r["op"]: r for r in rows}
+    assert by_op["ag_gemm"]["comm_blocks"] == 8 and by_op["gemm_ar"]["mode"] == "unfused"
+
+
+def test_model_follows_its_rates(monkeypatch):
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    # a nearly free collective: fusing only costs the GEMM SMs, so unfused
+    monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 1000.0)
+    monkeypatch.setattr(tp_plan, "MEMORY_GBS", 1e6)
+    assert tp_plan.model(*shape)[0] == "unfused"
+    # a collective bound by memory, not by SMs, about as long as the GEMM: overlapping it pays, on the fewest
+    # comm SMs that reach the memory rate
+    monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 40.0)
+    monkeypatch.setattr(tp_plan, "MEMORY_GBS", 400.0)
+    mode, blocks, t = tp_plan.model(*shape)
+    assert mode == "fused" and blocks == 4, (mode, blocks, t)  # 4 x 40 GB/s > 400 / 4 ranks
+    # a very slow role cannot hide anything: the collective on every SM after the GEMM wins
+    monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 0.1)
+    assert tp_plan.model(*shape)[0] == "unfused"
+    assert tp_plan.choose("gemm_rs", 1, 132, 16384, 8192, 1024) == ("unfused", 0)  # world 1: the plain GEMM
+
+
+def test_collective_bytes():
+    # RS at world 4: 4 partial chunks read + 1 written; AR adds 3 chunks copied (read + written)
+    chunk = 4096 * 8192 * 2
+    assert tp_plan.collective_bytes("gemm_rs", 4, 16384, 8192, 1024) == 5 * chunk
+    assert tp_plan.collective_bytes("gemm_ar", 4, 16384, 8192, 1024) == 5 * chunk + 6 * chunk
+    assert tp_plan.collective_bytes("ag_gemm", 4, 16384, 8192, 4096) == 2 * 16384 * 4096 * 2
