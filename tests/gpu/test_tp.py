@@ -14,7 +14,7 @@ AG_SHAPES = [(256, 1024, 1024), (512, 520, 1032), (100, 256, 512), (1024, 4096, 
 RS_SHAPES = [(256, 1024, 1024), (300, 520, 1032), (1024, 4096, 1024)]  # (M / world, N, K_local); AR too
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
     res = run_ranks(f"{W}:correctness", world, ag_shapes=AG_SHAPES, rs_shapes=RS_SHAPES,
                     dtypes=["bfloat16", "float16"], modes=["auto", "fused", "unfused"], timeout_s=300)
