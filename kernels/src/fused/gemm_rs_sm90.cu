@@ -143,17 +143,21 @@ __device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, c
   const int rank = comm.rank, world = comm.world;
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
   const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
-  __shared__ const uint4* src[kMaxFusedRsWorld];
   Status st = Status::kOk;
   if (threadIdx.x == 0) {
     for (int s = 0; s < world && st == Status::kOk; ++s) {
       const int q = ((rank - 1 - s) % world + world) % world;
       st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
-      src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));
-      if (src[s] == nullptr && st == Status::kOk) st = Status::kInvalidArgument;  // refused on the host
     }
   }
   if (!block_ok(st)) return false;
+  // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
+  // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
+  const uint4* src[kMaxFusedRsWorld];
+  for (int s = 0; s < world; ++s) {
+    src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
+    if (src[s] == nullptr) return false;  // refused on the host (load/store peers only)
+  }
   return roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
 }
 
