@@ -205,8 +205,11 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
     grid = dim3(2, gg.y + plan.comm_blocks / 2, 1);
   } else {
-    // The all-gather runs alone: every SM of the rank copies.
-    p.comm_blocks = (plan.sm_count & ~1) < 2 ? 2 : plan.sm_count & ~1;
+    // The all-gather runs alone: up to kMaxCollectiveBlocks SMs of the rank copy (bench roles, H200, world 4:
+    // 808 GB/s a rank on 16 SMs, 798 on 32; a grid of every SM of an MPS rank hung beside the other ranks' GEMMs
+    // in bench tp, 16384x8192x4096, world 4).
+    const int all = plan.sm_count & ~1;
+    p.comm_blocks = all < 2 ? 2 : (all > kMaxCollectiveBlocks ? kMaxCollectiveBlocks : all);
     grid = dim3(2, p.comm_blocks / 2, 1);
   }
   p.copy_rows_y = p.comm_blocks / 2;

@@ -27,6 +27,10 @@ constexpr uint32_t kDefaultPollSleepNs = 2000;
 // Comm-role waits (one thread a block, dozens of blocks a rank) sleep this long between polls: back-to-back
 // polls of one L2 line slow down the GEMM blocks of the same GPU that write it.
 constexpr uint32_t kRolePollNs = 500;
+// The unfused collectives (all-gather, reduction) run alone on at most this many SMs of a rank: the per-rank
+// rate stops growing past it on the H200 under MPS (tandem bench roles), and fewer blocks than the rank's SMs
+// leave room for the other ranks' kernels on a shared GPU.
+constexpr int kMaxCollectiveBlocks = 16;
 
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
 struct alignas(128) Control {
