@@ -44,7 +44,18 @@ def id_problems(topk_ids, experts):
         return int(out_of_range.item()), 0, -1
     dup_rows = (topk_ids.sort(dim=1).values.diff(dim=1) == 0).any(dim=1)
     first = torch.where(dup_rows.any(), dup_rows.int().argmax(), -1)
-    bad, dups, first = (int(v) for v in torch.stack([out_of_range, dup_rows.sum(), first]).tolist())
+    vals = torch.stack([out_of_range, dup_rows.sum(), first])
+    if vals.is_cuda:
+        # Into pinned memory, as .item() does: .tolist() copies into pageable memory, and a pageable copy that
+        # waits for a running kernel holds the driver's staging path, which the CPU proxy's own copies need. With
+        # a dispatch kernel in flight that waits for proxy traffic (ranks on other nodes), that was a deadlock
+        # until the device timeout (tests/gpu/test_moe.py::test_moe_across_emulated_nodes, H200, 2026-12-04;
+        # tools/diag/moe_emulated_probe.py showed three ranks in this line). The old check synced with .item().
+        host = torch.empty(vals.shape, dtype=vals.dtype, pin_memory=True)
+        host.copy_(vals, non_blocking=True)
+        torch.cuda.current_stream(vals.device).synchronize()
+        vals = host
+    bad, dups, first = (int(v) for v in vals.tolist())
     return bad, dups, first
 
 
