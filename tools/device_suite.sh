@@ -9,6 +9,8 @@ set -uo pipefail
 OUT=${OUT:-$PWD/_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The device's copy of the tree may carry stale git metadata (seen 2026-12-04: it named the session's starting
+# HEAD): pass the commit from here, e.g. run(command="TANDEM_COMMIT=<git rev-parse --short HEAD> bash tools/...").
 export TANDEM_COMMIT=${TANDEM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi -L
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
