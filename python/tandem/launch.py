@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import ABORTED, TandemError
-from .mps import MpsDaemon, gpu_count
+from .mps import MpsDaemon, gpu_count, kill_group
 
 
 @dataclass
@@ -248,17 +248,6 @@ def _stop_ranks(procs, term_grace_s: float):
             pass
 
 
-def _kill(p: subprocess.Popen):
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
 def _wait_all(procs, timeout_s, on_failure, grace_s, t0) -> list:
     first_failure = None
     while True:
@@ -271,12 +260,12 @@ def _wait_all(procs, timeout_s, on_failure, grace_s, t0) -> list:
         if on_failure == "kill" and first_failure is not None and now - first_failure > grace_s:
             for p in procs:
                 if p.poll() is None:
-                    _kill(p)
+                    kill_group(p)
             return [p.poll() for p in procs]
         if timeout_s is not None and now - t0 > timeout_s:
             for p in procs:
                 if p.poll() is None:
-                    _kill(p)
+                    kill_group(p)
             raise TandemError(f"tandem.launch: ranks still running after {timeout_s:.0f} s; killed", 1, "launch")
         time.sleep(0.02)
 

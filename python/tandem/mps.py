@@ -18,6 +18,18 @@ import time
 from .errors import TandemError
 
 
+def kill_group(p: subprocess.Popen, timeout_s: float = 10.0):
+    """SIGKILL `p`'s whole process group (p started a session of its own) and reap p; quiet if it is gone."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        p.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def gpu_count() -> int:
     """GPUs visible to child processes, without creating a CUDA context here (MPS must start first)."""
     smi = shutil.which("nvidia-smi")
@@ -128,16 +140,8 @@ class MpsDaemon:
             deadline = time.monotonic() + self.pipe_timeout_s
             while self.running() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            client = self._client
-            if client is not None:
-                try:  # its whole group: a hung `-d` and anything it forked without leaving the group
-                    os.killpg(client.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                try:
-                    client.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    pass
+            if self._client is not None:  # its whole group: a hung `-d` and anything it forked in the group
+                kill_group(self._client)
         self._launched = False
         self._client = None
         self.started = False

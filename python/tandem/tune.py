@@ -23,10 +23,9 @@ def candidates(sms: int) -> list:
 
 
 def run(case_list, reps, path):
-    import torch
-
     from . import ops  # noqa: F401
     from .bench import common
+    from .bench.tp import rank_problem
     from .ops import tp, tp_plan
     from .transport import Communicator
 
@@ -36,14 +35,8 @@ def run(case_list, reps, path):
     for op, m, n, k, label in case_list:
         if m % world:
             continue
-        if op == "ag_gemm":
-            a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            fn, kk = tp.ag_gemm, k
-        else:
-            a = torch.randn(m, k // world, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(k // world, n, device="cuda", dtype=torch.bfloat16)
-            fn, kk = (tp.gemm_rs if op == "gemm_rs" else tp.gemm_ar), k // world
+        fn, a, b = rank_problem(op, m, n, k, world)
+        kk = a.shape[1]  # the rank's K: the table is keyed by the problem the op sees
         results = {}
         for mode, c in [("unfused", 0)] + [("fused", c) for c in candidates(sms)]:
             comm.barrier()

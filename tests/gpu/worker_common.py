@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import torch
 
 from tandem.errors import TandemError
@@ -32,3 +36,11 @@ def capture(fn):
             out = fn()
     torch.cuda.current_stream().wait_stream(side)
     return g, out
+
+
+def kill_self(stamp_dir: str):
+    """Write the time to stamp_dir/killed_at (the tests measure the survivors' detection from it), then SIGKILL
+    this rank: no destroy, no goodbye to the peer monitor, kernels possibly in flight."""
+    with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
+        f.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)

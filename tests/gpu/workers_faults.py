@@ -4,8 +4,6 @@ to the survivors from what tandem does."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import torch
@@ -14,6 +12,8 @@ import tandem.ops  # noqa: F401
 from tandem.errors import TandemError
 from tandem.ops import tp
 from tandem.transport import Communicator
+
+from .worker_common import kill_self
 
 
 def _first_line(e: BaseException) -> str:
@@ -43,9 +43,7 @@ def kill_mid_ag_gemm(victim: int, comm_timeout_s: float, stamp_dir: str, m_local
     if rank == victim:
         while not first.query():  # the kernels have started on the device: kill with work in flight
             time.sleep(0.0005)
-        with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
-            f.write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_self(stamp_dir)
     out = dict(rank=rank, raised=False, context_ok=True, context_error=None)
     try:
         torch.cuda.synchronize()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import torch
@@ -11,6 +9,8 @@ import torch
 from tandem.errors import TandemError
 from tandem.transport import Communicator
 from tandem.transport import probe
+
+from .worker_common import kill_self
 
 GUARD = 64
 POISON = 0xA5
@@ -229,9 +229,7 @@ def kill_peer(victim: int, comm_timeout_s: float, stamp_dir: str):
     probe.barrier_loop(comm, slots, iters=2_000_000_000, base=0, errors=errors, status=status, progress=progress)
     if rank == victim:
         time.sleep(1.0)
-        with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
-            f.write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_self(stamp_dir)
     out = dict(rank=rank, raised=False, context_ok=True, context_error=None)
     try:
         torch.cuda.synchronize()
@@ -307,9 +305,7 @@ def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):
     comm.barrier()
     if rank == victim:
         time.sleep(1.0)
-        with open(os.path.join(stamp_dir, "killed_at"), "w") as f:
-            f.write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill_self(stamp_dir)
     probe.wait(comm, flag, cmp="ge", value=1, peer=victim, status=status, observed=observed)
     torch.cuda.synchronize()
     out = dict(rank=rank, raised_at=time.time())

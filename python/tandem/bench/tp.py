@@ -46,6 +46,22 @@ def cases(world: int, shapes=None) -> list:
     return out
 
 
+def rank_problem(op, m, n, k, world):
+    """(fn, a, b): the op and this rank's random bf16 operands for the layer M x N x K (AG: A_local = M/W x K,
+    B = K x N; RS/AR: A = M x K/W, B = K/W x N). Shared with `tandem tune`."""
+    import torch
+
+    from ..ops import tp
+
+    if op == "ag_gemm":
+        rows, inner, fn = m // world, k, tp.ag_gemm
+    else:
+        rows, inner, fn = m, k // world, (tp.gemm_rs if op == "gemm_rs" else tp.gemm_ar)
+    a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(inner, n, device="cuda", dtype=torch.bfloat16)
+    return fn, a, b
+
+
 def _torch_collective(comm, op, m, n, k):
     """The plain torch collective over peer views (and its buffers): returns fn() -> output."""
     import torch
@@ -108,18 +124,10 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
     for op, m, n, k, label in case_list:
         if m % world:
             continue
-        if op == "ag_gemm":
-            a = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-            a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b_gemm = b
-            fn = tp.ag_gemm
-        else:
-            kl = k // world
-            a = torch.randn(m, kl, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(kl, n, device="cuda", dtype=torch.bfloat16)
-            a_gemm, b_gemm = a, b
-            fn = tp.gemm_rs if op == "gemm_rs" else tp.gemm_ar
+        fn, a, b = rank_problem(op, m, n, k, world)
+        # the rank's GEMM for cuBLAS alone: AG multiplies the gathered M x K
+        a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
+        b_gemm = b
         coll_torch, keep = _torch_collective(comm, op, m, n, k)
         gemm_out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
         r = dict(op=op, m=m, n=n, k=k, world=world, label=label, sm_count=comm.sm_count)
@@ -193,8 +201,6 @@ def main(argv=None) -> int:
     rc = common.relaunch("tp", a.nprocs, argv)
     if rc is not None:
         return rc
-    import torch.distributed  # noqa: F401
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep)
