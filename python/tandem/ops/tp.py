@@ -341,6 +341,24 @@ def _check_nodes(comm, op):
                           9, op, comm.rank)
 
 
+def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
+    """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
+    after the ranks agree on `agree`), cached per communicator, shape and dtype."""
+    K = native().kernels
+    ws = _workspace(comm, ("ag_gemm", _token(comm), m_local, k, dtype),
+                    K.ag_gemm_workspace_size(comm.native, m_local, k), agree=agree)
+    off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
+    rows = comm.world_size * m_local
+    esize = torch.empty((), dtype=dtype).element_size()
+    return ws, ws[off:off + rows * k * esize].view(dtype).view(rows, k)
+
+
+def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
+    """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
+    return _workspace(comm, (op, _token(comm), m, n, dtype),
+                      native().kernels.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
+
+
 def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     op = "ag_gemm"
     _check_nodes(comm, op)
@@ -353,13 +371,10 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     m_local, k = a_local.shape
     n = b.shape[1]
     K = native().kernels
-    key = ("ag_gemm", _token(comm), m_local, k, a_local.dtype)
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
-    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k), agree=agree)
-    off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
-    gathered = ws[off:off + world * m_local * k * a_local.element_size()].view(a_local.dtype).view(world * m_local, k)
+    ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
     dt = _DTYPES[a_local.dtype]
     if plan is not None:
@@ -407,11 +422,10 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
         raise invalid("the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)",
                       op, comm.rank)
     K = native().kernels
-    key = (op, _token(comm), m, n, a.dtype)
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
     agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}))
-    ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
+    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
     out_rows = m if op == "gemm_ar" else m // world
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
     if op == "gemm_ar":  # algo was checked by the op
@@ -513,13 +527,8 @@ def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: i
 def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
     """This rank's slice of the AG workspace's gathered A (rows [rank m_local, ...)): write A_local there and pass
     it as a_local to run the all-gather in place (no local copy)."""
-    K = native().kernels
-    key = ("ag_gemm", _token(comm), m_local, k, dtype)
-    ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k),
-                    agree=op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype))
-    off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
-    esize = torch.empty((), dtype=dtype).element_size()
-    g = ws[off:off + comm.world_size * m_local * k * esize].view(dtype).view(comm.world_size * m_local, k)
+    _, g = _ag_workspace(comm, m_local, k, dtype,
+                         op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype))
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
 
 
@@ -544,9 +553,8 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
     if op == "ag_gemm":
         m_local, k = a.shape
         n = b.shape[1]
-        key = ("ag_gemm", _token(comm), m_local, k, a.dtype)
-        ws = _workspace(comm, key, K.ag_gemm_workspace_size(comm.native, m_local, k),
-                        agree=op_key(op, collective_alone=True, m_local=m_local, k=k, dtype=a.dtype))
+        ws, _ = _ag_workspace(comm, m_local, k, a.dtype, op_key(op, collective_alone=True, m_local=m_local, k=k,
+                                                                 dtype=a.dtype))
         c = torch.empty((1, n), dtype=a.dtype, device=a.device)  # not written by the gather
         err = K.ag_gemm(comm.native, "gather", _DTYPES[a.dtype], m_local, n, k, a.data_ptr(), b.data_ptr(),
                         b.stride(0), c.data_ptr(), c.stride(0), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
@@ -555,9 +563,7 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
         n = b.shape[1]
         if m % world:
             raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
-        key = (op, _token(comm), m, n, a.dtype)
-        ws = _workspace(comm, key, K.gemm_rs_workspace_size(comm.native, m, n),
-                        agree=op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
+        ws = _rs_workspace(comm, op, m, n, a.dtype, op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
         out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
         args = (comm.native, "reduce", _DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(),
                 b.stride(0), out.data_ptr(), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
