@@ -25,6 +25,11 @@ def main():
     flags = 4096  # flag area at the start of the heap (offsets 0..4095)
     out = dict(rank=rank, mode=mode)
     t0 = time.monotonic()
+    if mode in ("close_race", "close_early"):
+        close_modes(mode, d, rank, host, args, heap, flags, out)
+        out["elapsed_s"] = time.monotonic() - t0
+        print(json.dumps(out), flush=True)
+        return
     ep = native().ProxyEndpoint(d, rank, world, host, heap, args.get("capacity", 1024), args.get("timeout_s", 10.0))
     peer = 1 - rank if world == 2 else -1
     try:
@@ -121,6 +126,46 @@ def main():
         import os
 
         os._exit(0)  # the link is gone: no orderly goodbye is possible
+
+
+def close_modes(mode, d, rank, host, args, heap, flags, out):
+    """Rank 1 closes its endpoint the moment it has what it waited for, while rank 0 may still sit in quiet().
+
+    close_race: rank 1 waits for all `count` entries, then closes at once; rank 0's quiet() must still return
+    (every frame rank 1 applied is acknowledged before its bye). Repeated `rounds` times on fresh endpoints.
+    close_early: rank 1 closes after half the entries while rank 0 goes on sending; rank 0 must get an error
+    naming rank 1 well before its timeout, not hang in quiet()."""
+    import os
+
+    n, timeout = args["count"], args.get("timeout_s", 10.0)
+    rounds = args.get("rounds", 1)
+    quiet_s = []
+    for k in range(rounds):
+        sub = os.path.join(d, str(k))
+        os.makedirs(sub, exist_ok=True)
+        heap[:] = 0
+        ep = native().ProxyEndpoint(sub, rank, 2, host, heap, args.get("capacity", 64), timeout)
+        t_round = time.monotonic()
+        try:
+            if rank == 0:
+                t = None
+                try:
+                    ep.stream_log(1, flags, 0, n)
+                    t = time.monotonic()
+                    ep.quiet()
+                    quiet_s.append(time.monotonic() - t)
+                    ep.check()
+                except TandemError as e:
+                    out.update(raised=True, status=e.status, peer=e.peer, msg=str(e), round=k,
+                               in_quiet=t is not None,
+                               after_s=time.monotonic() - (t if t is not None else t_round))
+                    break
+            else:
+                violations, _ = ep.verify_log(flags, 0, n if mode == "close_race" else n // 2)
+                out["violations"] = out.get("violations", 0) + violations
+        finally:
+            ep.close()
+    out.update(rounds=len(quiet_s), max_quiet_s=max(quiet_s, default=None))
 
 
 if __name__ == "__main__":

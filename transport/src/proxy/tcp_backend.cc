@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -110,13 +111,14 @@ void writev_all(int fd, iovec* iov, int cnt, int rank, int peer) {
 
 // Read exactly n bytes; between bytes, give up after `timeout` without progress. Returns false on orderly EOF
 // before the first byte.
-bool read_all(int fd, void* p, size_t n, std::chrono::milliseconds timeout, int rank, int peer,
+// `wake_fd` becomes readable when the backend shuts down: a blocked read then ends at once.
+bool read_all(int fd, int wake_fd, void* p, size_t n, std::chrono::milliseconds timeout, int rank, int peer,
               const std::atomic<bool>& stopping) {
   char* c = static_cast<char*>(p);
   size_t got = 0;
   while (got < n) {
-    pollfd pf{fd, POLLIN, 0};
-    const int r = ::poll(&pf, 1, static_cast<int>(timeout.count()));
+    pollfd pf[2] = {{fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    const int r = ::poll(pf, 2, static_cast<int>(timeout.count()));
     if (stopping.load()) throw Error(Status::kAborted, "proxy.tcp", rank, peer, "shutting down");
     if (r == 0) throw Error(Status::kTimeout, "proxy.tcp", rank, peer,
                             "no traffic from peer for " + std::to_string(timeout.count()) + " ms (link lost?)");
@@ -141,8 +143,9 @@ bool read_all(int fd, void* p, size_t n, std::chrono::milliseconds timeout, int 
 // Buffered frame reader: one recv() brings in many small frames; large payloads bypass the buffer.
 class FrameReader {
  public:
-  FrameReader(int fd, std::chrono::milliseconds timeout, int rank, int peer, const std::atomic<bool>& stopping)
-      : fd_(fd), timeout_(timeout), rank_(rank), peer_(peer), stopping_(stopping), buf_(1 << 20) {}
+  FrameReader(int fd, int wake_fd, std::chrono::milliseconds timeout, int rank, int peer,
+              const std::atomic<bool>& stopping)
+      : fd_(fd), wake_fd_(wake_fd), timeout_(timeout), rank_(rank), peer_(peer), stopping_(stopping), buf_(1 << 20) {}
   bool buffered() const { return end_ > begin_; }
   // Exactly n bytes into dst. Returns false only on an orderly EOF before the first byte of a frame.
   bool read(void* dst, size_t n, bool frame_start) {
@@ -150,7 +153,7 @@ class FrameReader {
     while (n > 0) {
       if (begin_ == end_) {
         if (n >= buf_.size() / 2) {  // large payload: straight into place
-          if (read_all(fd_, d, n, timeout_, rank_, peer_, stopping_)) return true;
+          if (read_all(fd_, wake_fd_, d, n, timeout_, rank_, peer_, stopping_)) return true;
           if (frame_start) return false;
           throw Error(Status::kSystemError, "proxy.tcp", rank_, peer_, "connection closed mid-frame");
         }
@@ -172,9 +175,9 @@ class FrameReader {
  private:
   bool fill() {
     begin_ = end_ = 0;
-    pollfd pf{fd_, POLLIN, 0};
+    pollfd pf[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     for (;;) {
-      const int r = ::poll(&pf, 1, static_cast<int>(timeout_.count()));
+      const int r = ::poll(pf, 2, static_cast<int>(timeout_.count()));
       if (stopping_.load()) throw Error(Status::kAborted, "proxy.tcp", rank_, peer_, "shutting down");
       if (r == 0)
         throw Error(Status::kTimeout, "proxy.tcp", rank_, peer_,
@@ -193,7 +196,7 @@ class FrameReader {
       return true;
     }
   }
-  int fd_;
+  int fd_, wake_fd_;
   std::chrono::milliseconds timeout_;
   int rank_, peer_;
   const std::atomic<bool>& stopping_;
@@ -218,12 +221,17 @@ struct TcpBackend::Link {
   std::deque<uint64_t> awaiting_ack;  // tickets of frames sent with kFlagAck, in send order
   std::atomic<int64_t> last_send_ns{0};
   std::atomic<bool> closed{false};
-  std::atomic<uint64_t> acks_owed{0};  // frames received and applied, not yet acknowledged (ack_loop sends)
+  // Frames received and applied, not yet acknowledged. Counted as each frame is applied (not batched), so
+  // that shutdown() can send every ack owed once the receive thread has stopped: a peer's quiet() may be
+  // waiting for it (ack_loop sends them during the run).
+  std::atomic<uint64_t> acks_owed{0};
 };
 
 TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
                        MemoryDomain& local, const TcpOptions& options, Ack on_ack)
     : rank_(rank), local_(local), options_(options), on_ack_(std::move(on_ack)) {
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_fd_ < 0) sys_fail("eventfd", rank, -1);
   const int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (lfd < 0) sys_fail("socket", rank, -1);
   int one = 1;
@@ -317,6 +325,8 @@ TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, c
     ::close(lfd);
     for (auto& l : links_)
       if (l->fd >= 0) ::close(l->fd);
+    ::close(wake_fd_);
+    wake_fd_ = -1;
     throw;
   }
   ::close(lfd);
@@ -425,15 +435,14 @@ void TcpBackend::send(const Command& cmd, uint64_t ticket, const void* data) {
 
 void TcpBackend::receive_loop(Link* link) {
   std::vector<char> buf;
-  FrameReader reader(link->fd, options_.timeout, rank_, link->peer, stopping_);
-  uint64_t pending_acks = 0;
+  FrameReader reader(link->fd, wake_fd_, options_.timeout, rank_, link->peer, stopping_);
+  uint64_t unannounced = 0;  // acks owed that ack_loop has not been woken for
   try {
     for (;;) {
       // One cumulative ack once the input is drained (or enough frames wait), not one per frame.
       // (Sent by ack_loop: this thread never writes to the socket, so it never stops reading.)
-      if (pending_acks > 0 && (!reader.buffered() || pending_acks >= kMaxPendingAcks)) {
-        link->acks_owed.fetch_add(pending_acks);
-        pending_acks = 0;
+      if (unannounced > 0 && (!reader.buffered() || unannounced >= kMaxPendingAcks)) {
+        unannounced = 0;
         {
           std::lock_guard<std::mutex> g(acks_mu_);
           acks_due_ = true;
@@ -459,7 +468,10 @@ void TcpBackend::receive_loop(Link* link) {
           }
           if (op == CommandOp::kPutSignal || op == CommandOp::kSignal)
             local_.signal(c.sig_offset, c.sig_value, c.signal_op);  // ... then the flag (release)
-          if (c.flags & kFlagAck) ++pending_acks;
+          if (c.flags & kFlagAck) {
+            link->acks_owed.fetch_add(1);
+            ++unannounced;
+          }
           break;
         }
         case kAck: {
@@ -479,9 +491,21 @@ void TcpBackend::receive_loop(Link* link) {
         }
         case kHeartbeat:
           break;
-        case kBye:
+        case kBye: {
+          // The peer sends every ack it owes before its bye (shutdown()), so frames still unacknowledged here
+          // were never applied there: whoever waits for them must fail now, not at its timeout.
           link->closed.store(true);
+          size_t lost = 0;
+          {
+            std::lock_guard<std::mutex> a(link->ack_mu);
+            lost = link->awaiting_ack.size();
+          }
+          if (lost > 0 && !stopping_.load())
+            fail(Error(Status::kUnreachablePeer, "proxy.tcp", rank_, link->peer,
+                       "peer closed the connection with " + std::to_string(lost) +
+                           " frame(s) of ours unacknowledged (it shut down before they arrived)"));
           return;
+        }
         default:
           throw Error(Status::kSystemError, "proxy.tcp", rank_, link->peer, "unknown frame kind");
       }
@@ -494,11 +518,14 @@ void TcpBackend::receive_loop(Link* link) {
 }
 
 void TcpBackend::ack_loop() {
+  // Test hook: an ack thread that runs late, as on a machine with more busy threads than cores.
+  const bool late = fault_injected("TANDEM_TEST_LATE_ACKS", rank_);
   std::unique_lock<std::mutex> lk(acks_mu_);
   while (!stopping_.load()) {
     acks_cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return acks_due_ || stopping_.load(); });
     acks_due_ = false;
     lk.unlock();
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     for (auto& l : links_) {
       const uint64_t n = l->acks_owed.exchange(0);
       if (n == 0 || l->closed.load()) continue;
@@ -535,6 +562,10 @@ void TcpBackend::heartbeat_loop() {
   }
 }
 
+// Orderly close: stop every thread first (the eventfd wakes the receive threads out of poll), then send each
+// peer the acks still owed and a bye, in that order on the same stream. A peer still inside quiet() thus gets
+// the acks for every frame this rank applied, even when this rank closes the moment its own work is done
+// (CI caught the old order, bye first and acks lost with the ack thread, as a peer's quiet() timeout).
 void TcpBackend::shutdown() {
   if (stopping_.exchange(true)) return;
   {
@@ -542,21 +573,35 @@ void TcpBackend::shutdown() {
     acks_due_ = true;
   }
   acks_cv_.notify_all();
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
   for (auto& l : links_) {
     if (l->fd < 0) continue;
     std::lock_guard<std::mutex> g(l->send_mu);
-    const FrameHeader bye = make_header(kBye, 0);
     try {
+      if (!l->closed.load()) {  // a peer that said bye reads no more
+        const uint64_t owed = l->acks_owed.exchange(0);
+        if (owed > 0) {
+          const FrameHeader ack = make_header(kAck, owed);
+          write_all(l->fd, &ack, sizeof(ack), rank_, l->peer);
+        }
+      }
+      const FrameHeader bye = make_header(kBye, 0);
       write_all(l->fd, &bye, sizeof(bye), rank_, l->peer);
-    } catch (...) {
+    } catch (...) {  // the peer is gone already: nothing left to tell it
     }
   }
   for (auto& l : links_)
-    if (l->fd >= 0) ::shutdown(l->fd, SHUT_RDWR);
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
-  for (auto& l : links_)
-    if (l->fd >= 0) ::close(l->fd);
+    if (l->fd >= 0) {
+      ::shutdown(l->fd, SHUT_RDWR);
+      ::close(l->fd);
+    }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  wake_fd_ = -1;
 }
 
 }  // namespace tandem::proxy

@@ -172,6 +172,7 @@ class TcpBackend final : public Backend {
   std::vector<std::unique_ptr<Link>> links_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stopping_{false};
+  int wake_fd_ = -1;  // eventfd, written once by shutdown(): ends every receive thread's poll at once
   // Acks leave from their own thread: a receive thread that wrote them itself could block on a full socket
   // while the peer's receive thread blocks the same way (both sides sending large frames): a deadlock, seen on
   // the H200 with 2 emulated nodes x 2 ranks. Receive threads only read and apply, so every write completes.
@@ -239,7 +240,8 @@ class ProxyService {
 };
 
 // Test-only fault injection: true if environment variable `name` is "all", or a comma-separated list of ranks
-// that holds `rank`. Used by TANDEM_TEST_FAIL_AFTER_PROXY (fail a constructor once the proxy runs).
+// that holds `rank`. Used by TANDEM_TEST_FAIL_AFTER_PROXY (fail a constructor once the proxy runs) and
+// TANDEM_TEST_LATE_ACKS (the TCP ack thread sleeps 200 ms before each round of acks).
 bool fault_injected(const char* name, int rank);
 
 }  // namespace tandem::proxy
