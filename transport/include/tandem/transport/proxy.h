@@ -72,7 +72,9 @@ class CudaMemoryDomain final : public MemoryDomain {
   char* base_;
   uint64_t bytes_;
   int device_;
-  std::mutex mu_;             // the proxy thread and the receive threads share the stream
+  std::mutex mu_;             // the proxy thread and the receive threads share the stream (and bounce_)
+  static constexpr uint64_t kBounceBytes = 4ull << 20;  // one frame (kMaxFramePayload)
+  char* bounce_ = nullptr;    // pinned staging of read/write (cuda_domain.cc says why)
   void* stream_ = nullptr;    // cudaStream_t
   uint64_t* pinned_ = nullptr;  // staging word for set signals
 };
