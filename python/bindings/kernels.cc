@@ -171,11 +171,16 @@ void bind_kernels(py::module_& m) {
                 uintptr_t stream) {
         auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          if (mode == "wait") return tp::run_wait_partial(y, st, why);
           return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },
       "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'reduce' (the reduction kernel "
-      "alone, over the workspace's partial buffer: the collective's own time), 'check'; returns '' or the reason.");
+      "alone, over the workspace's partial buffer: the collective's own time), 'wait' (until the partial buffer "
+      "is free: the caller's GEMM may write it next), 'check'; returns '' or the reason.");
+  k.def("gemm_rs_partial_offset", [rs_args](const tandem::Communicator& c, int m_, int n) {
+    return tp::partial_offset(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
+  }, "Byte offset of the M x N partial buffer in the GEMM+RS/AR workspace (the unfused path's GEMM output).");
   k.def(
       "gemm_ar",
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
@@ -185,6 +190,7 @@ void bind_kernels(py::module_& m) {
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         x.algo = static_cast<tp::ArAlgo>(algo);
         return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          if (mode == "wait") return tp::run_wait_partial(y, st, why);
           return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },

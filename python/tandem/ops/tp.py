@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import weakref
 
 import torch
@@ -398,6 +399,11 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     err = K.ag_gemm(comm.native, "gather", *args, _stream(a_local.device))
     if err:
         raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
+    if _UNFUSED_GEMM == "cublas" and not int(sm_count):
+        # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
+        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel
+        torch.matmul(gathered, b, out=c)
+        return c, gathered
     err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
                  int(sm_count) or comm.sm_count, gws.data_ptr(), _stream(a_local.device))
     if err:
@@ -406,6 +412,10 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
 
 
 _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
+
+# The GEMM of the unfused path: "cublas" (torch.matmul, the default) or "tandem" (the CUTLASS core; also used
+# whenever the caller restricts sm_count, which cuBLAS cannot honour). TANDEM_UNFUSED_GEMM overrides.
+_UNFUSED_GEMM = os.environ.get("TANDEM_UNFUSED_GEMM", "cublas")
 
 
 def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
@@ -445,7 +455,18 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "unfused" if why else "fused"
-    err = run(comm.native, chosen, *args, _stream(a.device))
+    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
+        # The unfused path with cuBLAS for the GEMM (see _ag): wait until every rank read this rank's partial of
+        # the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
+        stream = _stream(a.device)
+        err = run(comm.native, "wait", *args, stream)
+        if not err:
+            off = K.gemm_rs_partial_offset(comm.native, m, n)
+            partial = ws[off:off + m * n * a.element_size()].view(a.dtype).view(m, n)
+            torch.matmul(a, b, out=partial)
+            err = run(comm.native, "reduce", *args, stream)
+    else:
+        err = run(comm.native, chosen, *args, _stream(a.device))
     if err:
         raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return out
