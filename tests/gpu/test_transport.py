@@ -175,3 +175,27 @@ def test_emulated_nodes_full_device_queue_applies_back_pressure(run_ranks):
         assert r["errors"] == 0 and r["status"] == 0, r
     for r in res[2:]:
         assert r["final_flag"] == 5_000
+
+
+@pytest.mark.parametrize("proxy_copies", ["pinned", "pageable"])
+def test_emulated_nodes_survive_a_pageable_host_copy_behind_the_waiting_kernel(run_ranks, proxy_copies):
+    # Each rank's streaming kernel waits for proxy traffic while its host thread sits in a pageable .cpu() copy
+    # queued behind that kernel. The proxy copies through a pinned bounce buffer, so it keeps moving and the
+    # kernels finish in well under the timeout. "pageable" turns the bounce buffer off (test hook) to show what
+    # it is for: if the stall it prevents is real, that case times out (xfail), which documents the cause of the
+    # MoE emulated-node stall (docs/reliability.md).
+    hook = {"TANDEM_TEST_PROXY_PAGEABLE_COPIES": "all"}
+    rank_env = {0: hook, 1: hook} if proxy_copies == "pageable" else None
+    res = run_ranks(f"{W}:put_signal_ordering", 2, ranks_per_node=1, iters=200, nbytes=1 << 20, cross=True,
+                    pageable_copy=True, comm_timeout_s=10.0, rank_env=rank_env, timeout_s=90,
+                    allow_failures=proxy_copies == "pageable")
+    if proxy_copies == "pageable":
+        stalled = [r for r in res if not isinstance(r, dict) or "error" in r or r.get("status") != 0]
+        if stalled:
+            pytest.xfail(f"pageable proxy copies stalled behind the application's pageable copy: {stalled[0]}")
+        return  # no stall without the bounce buffer either: the test above still guards the pinned path
+    assert [r["role"] for r in res] == ["sender", "receiver"]
+    for r in res:
+        assert r["errors"] == 0 and r["status"] == 0 and r["has_proxy"], r
+        assert r["elapsed_s"] < 5.0, r
+    assert res[1]["final_flag"] == 200

@@ -93,10 +93,15 @@ def comm_kind(comm):
         return "destroyed"
 
 
-def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capacity: int = 4096):
+def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capacity: int = 4096,
+                        pageable_copy: bool = False, comm_timeout_s: float = 30.0):
     """Even ranks stream put_signals to rank+1 (cross: ranks of the first half to rank + world/2, i.e. to the
-    other emulated node), which checks every word of every round (data before flag)."""
-    comm = Communicator(heap_bytes=32 << 20, timeout_s=30, proxy_capacity=proxy_capacity)
+    other emulated node), which checks every word of every round (data before flag).
+
+    pageable_copy: right after the launch, every rank copies a device tensor to pageable host memory on the same
+    stream (what .cpu(), .tolist() and print(t) do): that copy waits for the streaming kernel, which waits for
+    proxy traffic. The proxy's own copies must not wait for it."""
+    comm = Communicator(heap_bytes=32 << 20, timeout_s=comm_timeout_s, proxy_capacity=proxy_capacity)
     rank, world = comm.rank, comm.world_size
     kind = comm.heap_kind
     buf = comm.zeros(nbytes, torch.uint8)
@@ -115,6 +120,8 @@ def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capa
     else:
         send_to = rank + 1 if rank % 2 == 0 and rank + 1 < world else None
         recv_from = rank - 1 if rank % 2 == 1 else None
+    behind = torch.randn(1 << 20, device="cuda") if pageable_copy else None
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     if send_to is not None:
         role = "sender"
@@ -124,6 +131,8 @@ def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capa
         role = "receiver"
         probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=recv_from, iters=iters, base=0,
                                 sender=False, errors=errors, status=status)
+    if behind is not None:
+        behind.cpu()  # pageable, on the current stream: returns once the streaming kernel has finished
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     comm.check()

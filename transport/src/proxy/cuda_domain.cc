@@ -22,6 +22,9 @@ CudaMemoryDomain::CudaMemoryDomain(void* base, uint64_t bytes, int device)
   stream_ = s;
   TANDEM_DOMAIN_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_), sizeof(uint64_t), cudaHostAllocDefault));
   TANDEM_DOMAIN_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&bounce_), kBounceBytes, cudaHostAllocDefault));
+  // Test hook: copy straight from/to the caller's pageable buffers, as before the bounce buffer, so a GPU test
+  // can show the stall that the bounce buffer removes (tests/gpu/test_transport.py, pageable host copy).
+  pageable_ = fault_injected("TANDEM_TEST_PROXY_PAGEABLE_COPIES", -1);  // "all"
 }
 
 CudaMemoryDomain::~CudaMemoryDomain() {
@@ -43,6 +46,11 @@ void CudaMemoryDomain::read(uint64_t offset, void* dst, uint64_t n) {
   check_range(offset, n, "proxy.cuda_memory");
   std::lock_guard<std::mutex> g(mu_);
   auto s = static_cast<cudaStream_t>(stream());
+  if (pageable_) {
+    TANDEM_DOMAIN_CHECK(cudaMemcpyAsync(dst, base_ + offset, n, cudaMemcpyDeviceToHost, s));
+    TANDEM_DOMAIN_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
   for (uint64_t done = 0; done < n; done += kBounceBytes) {
     const uint64_t len = n - done < kBounceBytes ? n - done : kBounceBytes;
     TANDEM_DOMAIN_CHECK(cudaMemcpyAsync(bounce_, base_ + offset + done, len, cudaMemcpyDeviceToHost, s));
@@ -55,6 +63,11 @@ void CudaMemoryDomain::write(uint64_t offset, const void* src, uint64_t n) {
   check_range(offset, n, "proxy.cuda_memory");
   std::lock_guard<std::mutex> g(mu_);
   auto s = static_cast<cudaStream_t>(stream());
+  if (pageable_) {
+    TANDEM_DOMAIN_CHECK(cudaMemcpyAsync(base_ + offset, src, n, cudaMemcpyHostToDevice, s));
+    TANDEM_DOMAIN_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
   for (uint64_t done = 0; done < n; done += kBounceBytes) {
     const uint64_t len = n - done < kBounceBytes ? n - done : kBounceBytes;
     std::memcpy(bounce_, static_cast<const char*>(src) + done, len);
