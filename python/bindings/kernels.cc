@@ -8,6 +8,7 @@
 #include "tandem/kernels/attention/ring_schedule.h"
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/gemm/gemm_variants.h"
 #include "tandem/kernels/moe/moe.h"
 #include "tandem/transport/comm.h"
 
@@ -60,6 +61,47 @@ void bind_kernels(py::module_& m) {
       py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
       py::arg("stream"), py::arg("swizzle") = 1,
       "Launch; returns '' or the reason it did not run. swizzle: the persistent scheduler's (1, 2, 4, 8).");
+  // Measurement only (tools/diag/gemm_mps.py): other configurations of the GEMM core, their occupancy, and a
+  // residency probe (gemm_variants.h).
+  k.def("gemm_variant_names", [] { return g::variants::names(); });
+  k.def(
+      "gemm_variant",
+      [args](const std::string& name, int m_, int n, int k_, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb,
+             uintptr_t d, int64_t ldd, int sm_count, uintptr_t stream) {
+        std::string why;
+        const auto s = g::variants::run(name, args(m_, n, k_, 0, a, lda, b, ldb, d, ldd, 1.0f, sm_count),
+                                        reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "bf16 D = A @ B with the named configuration; returns '' or the reason it did not run.");
+  k.def(
+      "gemm_variant_occupancy",
+      [args](const std::string& name, int m_, int n, int k_, int sm_count) {
+        g::variants::Occupancy o;
+        std::string why;
+        const auto s = g::variants::occupancy(name, args(m_, n, k_, 0, 16, k_, 16, n, 16, n, 1.0f, sm_count), &o, &why);
+        py::dict r;
+        if (s != tandem::Status::kOk) {
+          r["error"] = why;
+          return r;
+        }
+        r["grid_ctas"] = o.grid_ctas;
+        r["cluster_size"] = o.cluster_size;
+        r["max_active_clusters"] = o.max_active_clusters;
+        r["smem_bytes"] = o.smem_bytes;
+        return r;
+      },
+      "The persistent grid of a configuration at sm_count and what cudaOccupancyMaxActiveClusters says fits.");
+  k.def(
+      "residency_probe",
+      [](int blocks, int cluster_x, int smem_bytes, int spin_us, uintptr_t timeline, uintptr_t stream) {
+        std::string why;
+        const auto s = g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us,
+                                                    reinterpret_cast<int64_t*>(timeline),
+                                                    reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : why;
+      },
+      "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; '' or the reason.");
   k.def(
       "gemm_with_arrivals",
       [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,
