@@ -10,6 +10,7 @@
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/kernels/gemm/gemm_variants.h"
 #include "tandem/kernels/moe/moe.h"
+#include "tandem/kernels/stream_sync.h"
 #include "tandem/transport/comm.h"
 
 namespace tandem_py {
@@ -61,6 +62,38 @@ void bind_kernels(py::module_& m) {
       py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
       py::arg("stream"), py::arg("swizzle") = 1,
       "Launch; returns '' or the reason it did not run. swizzle: the persistent scheduler's (1, 2, 4, 8).");
+  // Stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode. Each returns '' or the reason.
+  namespace ss = tandem::kernels::stream_sync;
+  auto result = [](tandem::Status s, const std::string& why) {
+    return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+  };
+  k.def("stream_advance", [result](uintptr_t counter, uintptr_t stream) {
+    std::string why;
+    return result(ss::advance(reinterpret_cast<uint64_t*>(counter), reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "*counter += 1 on the stream.");
+  k.def(
+      "stream_signal",
+      [result](const tandem::Communicator& c, uintptr_t flag, const std::vector<int>& peers, uintptr_t counter,
+               int64_t offset, uintptr_t stream) {
+        std::string why;
+        return result(ss::signal(c.device_comm(), reinterpret_cast<uint64_t*>(flag), peers.data(),
+                                 static_cast<int>(peers.size()), reinterpret_cast<const uint64_t*>(counter), offset,
+                                 reinterpret_cast<cudaStream_t>(stream), &why), why);
+      },
+      "Each peer's copy of symmetric flag `flag` := *counter + offset, after the stream's earlier work.");
+  k.def(
+      "stream_wait",
+      [result](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,
+               uintptr_t counter, int64_t offset, uintptr_t stream) {
+        std::string why;
+        if (flags.size() != writers.size()) return std::string("flags and writers differ in length");
+        std::vector<uint64_t*> f(flags.size());
+        for (size_t i = 0; i < flags.size(); ++i) f[i] = reinterpret_cast<uint64_t*>(flags[i]);
+        return result(ss::wait(c.device_comm(), f.data(), writers.data(), static_cast<int>(f.size()),
+                               reinterpret_cast<const uint64_t*>(counter), offset,
+                               reinterpret_cast<cudaStream_t>(stream), &why), why);
+      },
+      "Wait (bounded) until every flag >= *counter + offset; a timeout is recorded for comm.check().");
   // Measurement only (tools/diag/gemm_mps.py): other configurations of the GEMM core, their occupancy, and a
   // residency probe (gemm_variants.h).
   k.def("gemm_variant_names", [] { return g::variants::names(); });

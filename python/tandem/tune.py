@@ -1,6 +1,7 @@
 """`python -m tandem tune -n N`: measure the TP ops' modes and SM splits on this machine and write the table that
 mode="auto" reads (tandem.ops.tp_plan). Every rank runs every candidate at once, as the ops run in a job: the
-unfused path and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a quarter of the rank's SMs.
+unfused path, the pipelined mode (one node) and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a
+quarter of the rank's SMs.
 
     python -m tandem tune -n 4 [--shapes MxNxK,...] [--out FILE] [--reps 5]
 
@@ -38,7 +39,8 @@ def run(case_list, reps, path):
         fn, a, b = rank_problem(op, m, n, k, world)
         kk = a.shape[1]  # the rank's K: the table is keyed by the problem the op sees
         results = {}
-        for mode, c in [("unfused", 0)] + [("fused", c) for c in candidates(sms)]:
+        pipelined = [("pipelined", 0)] if comm.native.num_nodes == 1 else []
+        for mode, c in [("unfused", 0)] + pipelined + [("fused", c) for c in candidates(sms)]:
             comm.barrier()
             try:
                 results[(mode, c)] = common.time_launches(lambda: fn(comm, a, b, mode=mode, comm_blocks=c),

@@ -42,6 +42,8 @@ def test_model_follows_its_rates(monkeypatch):
     monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
     shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    # (across nodes: the pipelined mode is not a candidate there; test_pipelined_is_a_one_node_candidate)
+    monkeypatch.setattr(tp_plan, "model", __import__("functools").partial(tp_plan.model, nodes=2))
     # a nearly free collective: fusing only costs the GEMM SMs, so unfused
     monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 1000.0)
     monkeypatch.setattr(tp_plan, "MEMORY_GBS", 1e6)
@@ -56,6 +58,30 @@ def test_model_follows_its_rates(monkeypatch):
     monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 0.1)
     assert tp_plan.model(*shape)[0] == "unfused"
     assert tp_plan.choose("gemm_rs", 1, 132, 16384, 8192, 1024) == ("unfused", 0)  # world 1: the plain GEMM
+
+
+def test_pipelined_is_a_one_node_candidate(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    # cheap sync steps: the GEMM alone plus a piece per ring step beats every SM split on one node ...
+    monkeypatch.setattr(tp_plan, "SYNC_STEP_US", 1.0)
+    assert tp_plan.model(*shape, nodes=1)[0] == "pipelined"
+    assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
+    # ... is never chosen across nodes ...
+    assert tp_plan.model(*shape, nodes=2)[0] != "pipelined"
+    assert tp_plan.choose(*shape, nodes=2)[0] != "pipelined"
+    # ... and loses when each step costs more than the whole collective
+    monkeypatch.setattr(tp_plan, "SYNC_STEP_US", 1e5)
+    assert tp_plan.model(*shape, nodes=1)[0] != "pipelined"
+    # a tuned entry naming it is used on one node and skipped across nodes
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    tp_plan.write_table([dict(op="gemm_rs", world=4, sms=33, m=16384, n=8192, k=1024, mode="pipelined",
+                              comm_blocks=0, ms=1.0)])
+    assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
+    assert tp_plan.choose(*shape, nodes=2) == tp_plan.model(*shape, nodes=2)[:2]
+
 
 
 def test_collective_bytes():

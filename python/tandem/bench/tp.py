@@ -3,6 +3,7 @@
 Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random bf16 data):
   fused         tandem's one persistent kernel (mode="fused"; the SM split of the plan or --comm-blocks)
   unfused       tandem's collective kernel and the GEMM one after the other (mode="unfused")
+  pipelined     cuBLAS per chunk, the copy engines moving the chunks (mode="pipelined"; one node)
   auto          mode="auto": what the op picks by itself
   gemm_alone    cuBLAS (torch.matmul) on the rank's GEMM: the compute floor
   collective    the collective alone at its best: the faster of tandem's collective kernel alone and the plain
@@ -134,6 +135,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
+        r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
         r["gemm_alone_ms"] = timed(lambda: torch.matmul(a_gemm, b_gemm, out=gemm_out))
         r["torch_collective_ms"] = timed(coll_torch)
         r["tandem_collective_ms"] = timed(lambda: tp.collective_alone(comm, op, a, b)) \
@@ -156,7 +158,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
         data.append(r)
         f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
         g = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-        rows.append([label, op, f(r["fused_ms"]), f(r["unfused_ms"]), f(r["auto_ms"]), f(r["gemm_alone_ms"]),
+        rows.append([label, op, f(r["fused_ms"]), f(r["unfused_ms"]), f(r["pipelined_ms"]), f(r["auto_ms"]),
+                     f(r["gemm_alone_ms"]),
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
                      f(r["naive_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]), g(r["auto_over_naive"])])
         if rank == 0:
@@ -164,7 +167,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
-            ["shape (M x N x K)", "op", "fused ms", "unfused ms", "auto ms", "cuBLAS alone ms", "collective alone ms",
+            ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
+             "collective alone ms",
              "tandem collective ms", "torch collective ms", "naive ms", "fused/naive", "fused/max(GEMM, coll)",
              "auto/naive"], rows)
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "

@@ -10,8 +10,10 @@ call of a key (shapes, dtype, mode, ...) checks that the ranks agree and raises 
 they do not (_agree below).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
-reduction kernel next to the plain GEMM, one after the other), "auto" (mode and SM split per shape: the tuned
-table of `python -m tandem tune`, else the cost model of tandem.ops.tp_plan; world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
+reduction kernel next to the plain GEMM, one after the other), "pipelined" (cuBLAS GEMMs per chunk, the copy
+engines moving the chunks, stream-ordered flags between ranks: tandem.ops.tp_pipelined; one node), "auto" (mode
+and SM split per shape: the tuned table of `python -m tandem tune`, else the cost model of tandem.ops.tp_plan;
+world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
 a shape and reused: make that first call before capturing a CUDA graph (allocation is collective and not
 capturable); replays are safe (epochs live on the device).
 """
@@ -27,14 +29,15 @@ import torch
 
 from .._native import native
 from ..errors import INVALID_ARGUMENT, TandemError, invalid
-from . import tp_plan
+from . import tp_pipelined, tp_plan
 from .gemm import _DTYPES, gemm as _plain_gemm
 
 def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple:
     """(mode, comm_blocks) that mode="auto" runs for the rank's problem M x N x K (AG: M the gathered rows; RS/AR:
     K the rank's): the tuned table of `python -m tandem tune`, else the cost model (tandem.ops.tp_plan). The same
     on every rank that reads the same table; the choice is part of what the ranks agree on."""
-    return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
+    return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k,
+                          nodes=getattr(getattr(comm, "native", None), "num_nodes", 1))
 
 # Handle -> communicator, weakly: the registry must not keep a communicator (and its heap) alive. The workspaces
 # (keys: (op, token, ...)) hold the heap mapping, not the communicator (transport._Lifetime); they are dropped when
@@ -323,8 +326,8 @@ def _stream(dev):
 
 
 def _check_mode(mode, op, rank):
-    if mode not in ("auto", "fused", "unfused"):
-        raise invalid(f"mode must be 'auto', 'fused' or 'unfused', got {mode!r}", op, rank)
+    if mode not in ("auto", "fused", "unfused", "pipelined"):
+        raise invalid(f"mode must be 'auto', 'fused', 'unfused' or 'pipelined', got {mode!r}", op, rank)
 
 
 def _check_blocks(comm_blocks, op, rank):
@@ -375,6 +378,12 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
+    if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
+        tp_pipelined.check(comm, op)
+        esize = a_local.element_size()
+        pws = _workspace(comm, ("ag_gemm_pipelined", _token(comm), m_local, k, a_local.dtype),
+                         tp_pipelined.ag_workspace_bytes(world, m_local, k, esize), agree=agree)
+        return tp_pipelined.ag_gemm(comm, pws, a_local, b)
     ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
     dt = _DTYPES[a_local.dtype]
@@ -433,10 +442,18 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
                       op, comm.rank)
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
+    pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
-                   **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}))
-    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
+                   **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
+                   **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
     out_rows = m if op == "gemm_ar" else m // world
+    if pipelined:
+        tp_pipelined.check(comm, op, tp_pipelined.SPLITS)
+        pws = _workspace(comm, (op + "_pipelined", _token(comm), m, n, a.dtype),
+                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"), agree=agree)
+        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+        return tp_pipelined.gemm_rs(comm, pws, a, b, out, op == "gemm_ar", tp_pipelined.SPLITS)
+    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
     if op == "gemm_ar":  # algo was checked by the op
 

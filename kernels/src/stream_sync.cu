@@ -1,0 +1,107 @@
+// Stream-ordered flags between ranks (stream_sync.h): three one-block kernels on the device API.
+#include "tandem/device.cuh"
+#include "tandem/kernels/stream_sync.h"
+
+namespace tandem::kernels::stream_sync {
+
+namespace {
+
+struct SignalArgs {
+  DeviceComm comm;
+  uint64_t* flag;
+  const uint64_t* counter;
+  int64_t offset;
+  int count;
+  int peers[kMaxFlags];
+};
+
+struct WaitArgs {
+  DeviceComm comm;
+  const uint64_t* counter;
+  int64_t offset;
+  int count;
+  uint64_t* flags[kMaxFlags];
+  int writers[kMaxFlags];
+};
+
+__global__ void advance_kernel(uint64_t* counter) {
+  if (threadIdx.x == 0) *counter += 1;  // read by later kernels on this stream (and streams joined after it)
+}
+
+// One thread per peer: the signals leave in parallel.
+__global__ void signal_kernel(SignalArgs a) {
+  const int i = threadIdx.x;
+  if (i >= a.count) return;
+  const uint64_t value = *a.counter + static_cast<uint64_t>(a.offset);
+  device::signal(a.comm, a.flag, value, device::SignalOp::kSet, a.peers[i]);
+}
+
+// One thread per flag; each wait is bounded (device::wait_until records a timeout and raises the abort flag).
+__global__ void wait_kernel(WaitArgs a) {
+  const int i = threadIdx.x;
+  if (i < a.count) {
+    const uint64_t value = *a.counter + static_cast<uint64_t>(a.offset);
+    device::wait_until(a.comm, a.flags[i], device::Cmp::kGe, value, a.writers[i]);
+  }
+  // The acquire above is per thread; the kernel's end orders it before every later kernel of the stream.
+}
+
+Status launched(std::string* why) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::kOk;
+  if (why) *why = std::string("launch failed: ") + cudaGetErrorString(e);
+  return Status::kCudaError;
+}
+
+Status bad(std::string* why, const char* w) {
+  if (why) *why = w;
+  return Status::kInvalidArgument;
+}
+
+}  // namespace
+
+Status advance(uint64_t* counter, cudaStream_t stream, std::string* why) {
+  if (counter == nullptr) return bad(why, "counter is null");
+  advance_kernel<<<1, 32, 0, stream>>>(counter);
+  return launched(why);
+}
+
+Status signal(const DeviceComm& comm, uint64_t* flag, const int* peers, int count, const uint64_t* counter,
+              int64_t offset, cudaStream_t stream, std::string* why) {
+  if (flag == nullptr || counter == nullptr) return bad(why, "flag and counter must be set");
+  if (count < 0 || count > kMaxFlags) return bad(why, "at most kMaxFlags peers");
+  if (count == 0) return Status::kOk;
+  SignalArgs a{};
+  a.comm = comm;
+  a.flag = flag;
+  a.counter = counter;
+  a.offset = offset;
+  a.count = count;
+  for (int i = 0; i < count; ++i) {
+    if (peers[i] < 0 || peers[i] >= comm.world) return bad(why, "peer out of range");
+    a.peers[i] = peers[i];
+  }
+  signal_kernel<<<1, 64, 0, stream>>>(a);
+  return launched(why);
+}
+
+Status wait(const DeviceComm& comm, uint64_t* const* flags, const int* writers, int count, const uint64_t* counter,
+            int64_t offset, cudaStream_t stream, std::string* why) {
+  if (counter == nullptr) return bad(why, "counter is null");
+  if (count < 0 || count > kMaxFlags) return bad(why, "at most kMaxFlags flags");
+  if (count == 0) return Status::kOk;
+  WaitArgs a{};
+  a.comm = comm;
+  a.counter = counter;
+  a.offset = offset;
+  a.count = count;
+  for (int i = 0; i < count; ++i) {
+    if (flags[i] == nullptr) return bad(why, "null flag");
+    a.flags[i] = flags[i];
+    a.writers[i] = writers[i];
+  }
+  wait_kernel<<<1, 64, 0, stream>>>(a);
+  return launched(why);
+}
+
+}  // namespace tandem::kernels::stream_sync
