@@ -27,8 +27,14 @@ def main():
     mode, d, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     args = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
     if mode == "fdx":
-        got, refused = native()._fd_exchange_for_test(d, rank, world, args.get("timeout_s", 20.0),
-                                                      f"payload of rank {rank}")
+        try:
+            got, refused = native()._fd_exchange_for_test(d, rank, world, args.get("timeout_s", 20.0),
+                                                          f"payload of rank {rank}")
+        except TandemError as e:
+            if not args.get("report_error"):
+                raise
+            say(rank=rank, error=str(e), status=e.status, op=e.op, peer=e.peer)
+            return
         say(rank=rank, got={str(k): v for k, v in got.items()}, refused=refused)
     elif mode == "monitor":
         m = native()._PeerMonitorForTest(d, rank, world, args.get("timeout_s", 20.0))

@@ -207,6 +207,26 @@ def test_fd_exchange_refuses_strays_and_serves_every_peer():
         assert "uid 65534 is not ours" in err0, err0
 
 
+def test_fd_exchange_peer_that_never_connects_is_a_timeout_naming_it():
+    # Rank 1 publishes its listening key (so rank 0 gets past the bootstrap) but never listens or connects.
+    # Rank 0 must raise once, within its timeout: status timeout (1), naming peer 1, one "tandem: rank 0:" prefix
+    # (the fd exchange used to wrap its inner error in a second "system error" message).
+    timeout_s = 1.5
+    with tempfile.TemporaryDirectory() as d:
+        r0 = _spawn("fdx", d, 0, 2, dict(timeout_s=timeout_s, report_error=True))
+        _wait_key(d, "fdx/listening/0")
+        with open(_key_path(d, "fdx/listening/1"), "w") as f:
+            f.write("never-connects")
+        t0 = time.monotonic()
+        out0, _ = _finish(r0)
+        took = time.monotonic() - t0
+    assert "error" in out0, out0
+    assert out0["status"] == 1 and out0["op"] == "heap.fd_exchange" and out0["peer"] == 1, out0
+    assert out0["error"].count("tandem: rank 0:") == 1, out0
+    assert "cannot connect to peer" in out0["error"], out0
+    assert took < timeout_s + 10, took
+
+
 def test_peer_monitor_serves_only_authenticated_peers():
     with tempfile.TemporaryDirectory() as d:
         r0 = _spawn("monitor", d, 0, 2, stdin=True)

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "tandem/transport/status.h"
@@ -123,8 +124,9 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
                                    const std::map<int, std::string>& identities) {
   const int peers = static_cast<int>(local_ranks.size()) - 1;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  // Serve our descriptor to every peer from a helper thread while this thread collects theirs.
-  std::string serve_error;
+  // Serve our descriptor to every peer from a helper thread while this thread collects theirs. A failure on
+  // either side is kept as it was thrown (status, peer, text) and rethrown once both are done.
+  std::exception_ptr serve_error;
   std::thread server([&] {
     try {
       std::vector<int> served;
@@ -157,12 +159,12 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
         ::close(s);
         if (!why.empty()) log_refused("heap.fd_exchange", rank_, why, refused_++);
       }
-    } catch (const std::exception& e) {
-      serve_error = e.what();
+    } catch (...) {
+      serve_error = std::current_exception();
     }
   });
   std::map<int, int> out;
-  std::string fetch_error;
+  std::exception_ptr fetch_error;
   try {
     const LocalHello hello = make_local_hello(rank_, secret);
     for (int peer : local_ranks) {
@@ -187,14 +189,20 @@ std::map<int, int> FdExchange::run(const std::vector<int>& local_ranks, int my_f
       }
       ::close(s);
     }
-  } catch (const std::exception& e) {
-    fetch_error = e.what();
+  } catch (...) {
+    fetch_error = std::current_exception();
   }
   server.join();
-  if (!fetch_error.empty() || !serve_error.empty()) {
+  if (fetch_error || serve_error) {
     for (auto& [peer, fd] : out) ::close(fd);
-    throw Error(Status::kSystemError, "heap.fd_exchange", rank_, -1,
-                fetch_error.empty() ? serve_error : fetch_error);
+    // Our own fetch failure names the peer we waited for; else the server's (which names none).
+    try {
+      std::rethrow_exception(fetch_error ? fetch_error : serve_error);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(Status::kSystemError, "heap.fd_exchange", rank_, -1, e.what());
+    }
   }
   return out;
 }
