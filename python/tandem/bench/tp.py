@@ -101,7 +101,43 @@ def _torch_collective(comm, op, m, n, k):
     return run, (partial, reduced)
 
 
-def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
+def _nccl_group(comm):
+    """torch.distributed with the NCCL backend over the communicator's store (--naive nccl): the baseline of a
+    multi-GPU machine. NCCL refuses two ranks on one GPU (MPS), hence the check. Not run yet: no multi-GPU machine
+    was lent to this project so far."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.device_count() < comm.world_size and comm.native.num_nodes == 1:
+        raise SystemExit(f"tandem bench tp --naive nccl: {comm.world_size} ranks but {torch.cuda.device_count()} "
+                         "GPU(s) here: NCCL needs one GPU per rank (it refuses two ranks on one GPU); use --naive "
+                         "peer-view on one GPU")
+    if not dist.is_initialized():
+        store = dist.PrefixStore("tandem/bench-nccl", comm._op_store)
+        dist.init_process_group("nccl", store=store, rank=comm.rank, world_size=comm.world_size,
+                                device_id=torch.device("cuda", torch.cuda.current_device()))
+    return dist
+
+
+def _nccl_collective(comm, op, m, n, k):
+    """The NCCL collective a user pairs with cuBLAS: all_gather_into_tensor (AG), reduce_scatter_tensor (RS),
+    all_reduce (AR), bf16 sums inside NCCL. Returns (fn() -> output, buffers to keep)."""
+    import torch
+
+    dist = _nccl_group(comm)
+    world = comm.world_size
+    if op == "ag_gemm":
+        a_local = torch.randn(m // world, k, device="cuda", dtype=torch.bfloat16)
+        gathered = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        return (lambda: dist.all_gather_into_tensor(gathered, a_local)), (a_local, gathered)
+    partial = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    if op == "gemm_rs":
+        out = torch.empty(m // world, n, device="cuda", dtype=torch.bfloat16)
+        return (lambda: dist.reduce_scatter_tensor(out, partial)), (partial, out)
+    return (lambda: dist.all_reduce(partial)), partial
+
+
+def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view"):
     import torch
 
     from .. import ops  # noqa: F401
@@ -129,9 +165,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False):
         # the rank's GEMM for cuBLAS alone: AG multiplies the gathered M x K
         a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
         b_gemm = b
-        coll_torch, keep = _torch_collective(comm, op, m, n, k)
+        coll_torch, keep = (_nccl_collective if naive == "nccl" else _torch_collective)(comm, op, m, n, k)
         gemm_out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
-        r = dict(op=op, m=m, n=n, k=k, world=world, label=label, sm_count=comm.sm_count)
+        r = dict(op=op, m=m, n=n, k=k, world=world, label=label, sm_count=comm.sm_count, naive_collective=naive)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
@@ -201,11 +237,14 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="MxNxK,... (every op at each; default: the issue's set)")
     ap.add_argument("--comm-blocks", type=int, default=0, help="fused SM split (0: the op's plan)")
     ap.add_argument("--sweep", action="store_true", help="also time fused at comm_blocks 2 .. SMs/4")
+    ap.add_argument("--naive", choices=("peer-view", "nccl"), default="peer-view",
+                    help="the naive baseline's collective: torch over peer views (one GPU, MPS) or NCCL (one GPU a "
+                         "rank)")
     a = ap.parse_args(argv)
     rc = common.relaunch("tp", a.nprocs, argv)
     if rc is not None:
         return rc
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
-    run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep)
+    run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive)
     return 0
