@@ -47,6 +47,8 @@ __global__ void wait_kernel(WaitArgs a) {
 }
 
 Status launched(std::string* why) {
+  // cudaPeekAtLastError would also report an earlier, unrelated launch's error; the launch's own error is what
+  // cudaGetLastError returns right after it, and launches report configuration errors synchronously.
   const cudaError_t e = cudaGetLastError();
   if (e == cudaSuccess) return Status::kOk;
   if (why) *why = std::string("launch failed: ") + cudaGetErrorString(e);
@@ -102,6 +104,24 @@ Status wait(const DeviceComm& comm, uint64_t* const* flags, const int* writers, 
   }
   wait_kernel<<<1, 64, 0, stream>>>(a);
   return launched(why);
+}
+
+Status copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, std::string* why) {
+  if (bytes == 0) return Status::kOk;
+  if (dst == nullptr || src == nullptr) return bad(why, "null address");
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+  if (e == cudaSuccess) return Status::kOk;
+  if (why) *why = std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e);
+  return Status::kCudaError;
+}
+
+cudaError_t preload_kernels() {
+  cudaFuncAttributes attr{};
+  const cudaError_t e[] = {cudaFuncGetAttributes(&attr, advance_kernel), cudaFuncGetAttributes(&attr, signal_kernel),
+                           cudaFuncGetAttributes(&attr, wait_kernel)};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
 }
 
 }  // namespace tandem::kernels::stream_sync

@@ -81,6 +81,15 @@ void bind_kernels(py::module_& m) {
                                  reinterpret_cast<cudaStream_t>(stream), &why), why);
       },
       "Each peer's copy of symmetric flag `flag` := *counter + offset, after the stream's earlier work.");
+  k.def("stream_copy", [result](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+    std::string why;
+    return result(ss::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                           reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "cudaMemcpyAsync(cudaMemcpyDefault) on raw addresses (peer mappings included).");
+  k.def("stream_sync_preload_kernels", [] {
+    const cudaError_t e = ss::preload_kernels();
+    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+  }, "Load the stream-sync kernels now; '' or the CUDA error.");
   k.def(
       "stream_wait",
       [result](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,

@@ -64,8 +64,11 @@ def test_pipelined_is_a_one_node_candidate(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
     shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
-    # cheap sync steps: the GEMM alone plus a piece per ring step beats every SM split on one node ...
+    # off in the model until measured: a table entry is the way in
     monkeypatch.setattr(tp_plan, "SYNC_STEP_US", 1.0)
+    assert tp_plan.model(*shape, nodes=1)[0] != "pipelined"
+    monkeypatch.setattr(tp_plan, "PIPELINED_IN_MODEL", True)
+    # cheap sync steps: the GEMM alone plus a piece per ring step beats every SM split on one node ...
     assert tp_plan.model(*shape, nodes=1)[0] == "pipelined"
     assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
     # ... is never chosen across nodes ...
@@ -81,6 +84,9 @@ def test_pipelined_is_a_one_node_candidate(tmp_path, monkeypatch):
                               comm_blocks=0, ms=1.0)])
     assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
     assert tp_plan.choose(*shape, nodes=2) == tp_plan.model(*shape, nodes=2)[:2]
+    # ... and when the caller restricted the SMs (sm_count): pipelined would use them all
+    assert tp_plan.choose(*shape, nodes=1, pipelined=False) == tp_plan.model(*shape, pipelined=False)[:2]
+    assert tp_plan.choose(*shape, nodes=1, pipelined=False)[0] != "pipelined"
 
 
 

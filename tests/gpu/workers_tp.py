@@ -35,7 +35,7 @@ def _ag_case(comm, m_local, n, k, dtype, mode, in_place):
     b = _b(k, n, 1, dtype)
     ref = (a_full.float() @ b.float()).to(dtype)
     if in_place:
-        a_local = tp.gathered_buffer(comm, m_local, k, dtype)
+        a_local = tp.gathered_buffer(comm, m_local, k, dtype, mode="pipelined" if mode == "pipelined" else "fused")
         a_local.copy_(a_full[rank * m_local:(rank + 1) * m_local])
     else:
         a_local = a_full[rank * m_local:(rank + 1) * m_local].clone()
@@ -386,6 +386,9 @@ def _ring_reference(owner, world, parts, mr, dtype):
 def pipelined(ag_shapes, rs_shapes, dtypes, launches):
     """mode="pipelined" (tandem.ops.tp_pipelined): structured data bit-exact against its summation order, random
     data against fp32, repeated launches identical, CUDA graph replays with new inputs."""
+    # bit-exact references need cuBLAS to reduce in fp32 (its reduced-precision split-K would round partial sums)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
     out = dict(ag=[], rs=[], ar=[])
@@ -442,6 +445,31 @@ def pipelined(ag_shapes, rs_shapes, dtypes, launches):
         for i in range(3):
             same[i] += int(torch.equal(now[i], first[i]))
     out["same"] = same
+    # back to back with two input sets and no synchronization: a rank that overwrote a peer's buffer before the
+    # peer was done with it (this call's or the previous one's) shows as a wrong output or gathered copy
+    sets = [(a_local, pa), (a_local * 3, pa * 3)]
+    refs = []
+    for x, y in sets:
+        scale = 1.0 if x is a_local else 3.0
+        scaled = [(p * scale, q) for p, q in parts]
+        refs.append(((a_full * scale).float() @ b.float()).to(torch.bfloat16))
+        refs.append(a_full * scale)
+        refs.append(_ring_reference(rank, world, scaled, m_local, torch.bfloat16))
+        refs.append(torch.cat([_ring_reference(c, world, scaled, m_local, torch.bfloat16) for c in range(world)]))
+    results = []
+    for i in range(2 * launches // 5):
+        x, y = sets[i % 2]
+        c, g = tp.ag_gemm(comm, x, b, mode="pipelined", return_gathered=True)
+        results.append((i % 2, c, g.clone(), tp.gemm_rs(comm, y, pb, mode="pipelined"),
+                        tp.gemm_ar(comm, y, pb, mode="pipelined")))
+    torch.cuda.synchronize()
+    comm.check()
+    wrong = 0
+    for which, c, g, rs, ar in results:
+        r = refs[4 * which:4 * which + 4]
+        wrong += int(not torch.equal(c, r[0])) + int(not torch.equal(g, r[1])) + int(not torch.equal(rs, r[2])) + \
+            int(not torch.equal(ar, r[3]))
+    out["alternating"] = dict(calls=len(results), wrong=wrong)
     # CUDA graph: capture the three ops (workspaces exist), replay with new inputs
     sa, spa = a_local.clone(), pa.clone()
     s = torch.cuda.Stream()

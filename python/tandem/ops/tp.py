@@ -36,8 +36,9 @@ def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple
     """(mode, comm_blocks) that mode="auto" runs for the rank's problem M x N x K (AG: M the gathered rows; RS/AR:
     K the rank's): the tuned table of `python -m tandem tune`, else the cost model (tandem.ops.tp_plan). The same
     on every rank that reads the same table; the choice is part of what the ranks agree on."""
+    # pipelined runs cuBLAS on all of the rank's SMs: not a candidate when the caller restricts them
     return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k,
-                          nodes=getattr(getattr(comm, "native", None), "num_nodes", 1))
+                          nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
 
 # Handle -> communicator, weakly: the registry must not keep a communicator (and its heap) alive. The workspaces
 # (keys: (op, token, ...)) hold the heap mapping, not the communicator (transport._Lifetime); they are dropped when
@@ -357,6 +358,17 @@ def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
     return ws, ws[off:off + rows * k * esize].view(dtype).view(rows, k)
 
 
+_PIPELINED_LOADERS = ("preload_kernels", "stream_sync_preload_kernels")
+
+
+def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> torch.Tensor:
+    """The pipelined AG workspace (tandem.ops.tp_pipelined: flags, then the gathered A) for this shape."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    return _workspace(comm, ("ag_gemm_pipelined", _token(comm), m_local, k, dtype),
+                      tp_pipelined.ag_workspace_bytes(comm.world_size, m_local, k, esize),
+                      loaders=_PIPELINED_LOADERS, agree=agree)
+
+
 def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
     """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
     return _workspace(comm, (op, _token(comm), m, n, dtype),
@@ -379,11 +391,8 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
-        tp_pipelined.check(comm, op)
-        esize = a_local.element_size()
-        pws = _workspace(comm, ("ag_gemm_pipelined", _token(comm), m_local, k, a_local.dtype),
-                         tp_pipelined.ag_workspace_bytes(world, m_local, k, esize), agree=agree)
-        return tp_pipelined.ag_gemm(comm, pws, a_local, b)
+        tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
+        return tp_pipelined.ag_gemm(comm, _ag_pipelined_workspace(comm, m_local, k, a_local.dtype, agree), a_local, b)
     ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
     dt = _DTYPES[a_local.dtype]
@@ -448,9 +457,11 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
                    **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
     out_rows = m if op == "gemm_ar" else m // world
     if pipelined:
-        tp_pipelined.check(comm, op, tp_pipelined.SPLITS)
+        tp_pipelined.check(comm, op, tp_pipelined.SPLITS, sm_count=sm_count,
+                           comm_blocks=comm_blocks if mode == "pipelined" else 0)
         pws = _workspace(comm, (op + "_pipelined", _token(comm), m, n, a.dtype),
-                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"), agree=agree)
+                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"),
+                         loaders=_PIPELINED_LOADERS, agree=agree)
         out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
         return tp_pipelined.gemm_rs(comm, pws, a, b, out, op == "gemm_ar", tp_pipelined.SPLITS)
     ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
@@ -562,11 +573,17 @@ def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: i
     return torch.ops.tandem.gemm_rs(a, b, register(comm), mode, comm_blocks, sm_count)
 
 
-def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
+def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16, mode: str = "fused"):
     """This rank's slice of the AG workspace's gathered A (rows [rank m_local, ...)): write A_local there and pass
-    it as a_local to run the all-gather in place (no local copy)."""
-    _, g = _ag_workspace(comm, m_local, k, dtype,
-                         op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype))
+    it as a_local to run the all-gather in place (no local copy). The fused, unfused and auto modes share one
+    workspace; mode="pipelined" has its own (pass the mode the op will run)."""
+    key = op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype,
+                 **({"mode": "pipelined"} if mode == "pipelined" else {}))
+    if mode == "pipelined":
+        ws = _ag_pipelined_workspace(comm, m_local, k, dtype, key)
+        g = tp_pipelined.gathered_view(ws, comm.world_size, m_local, k, dtype)
+    else:
+        _, g = _ag_workspace(comm, m_local, k, dtype, key)
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
 
 

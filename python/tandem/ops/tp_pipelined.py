@@ -8,13 +8,18 @@ TransformerEngine's ring-exchange overlap and torch's micro-pipelined async TP a
 tandem's contracts (bounded waits that name the peer, ranks that agree, epochs on the device, so CUDA graphs
 replay it).
 
-One node only (every peer reachable through load/store mappings: the copy engines write into them).
+One node only (every peer reachable through load/store mappings: the copy engines write into them, by raw
+address: cudaMemcpyAsync with cudaMemcpyDefault, not through torch tensors, which would place a mapping of
+another GPU's memory on that GPU). The GEMMs run on all of the rank's SMs (cuBLAS): sm_count and comm_blocks do
+not apply. Every rank must call the op on one stream per shape (the epoch counter is per workspace).
 
 AG+GEMM (a_local M/W x K per rank):
-    side stream   wait free[q] >= e-1 for every q (q's GEMMs of the previous call no longer read our rows),
-                  then for q = r-1, r-2, ...: copy a_local into q's gathered rows of r, signal arrived[r] on q
+    main stream   signal free[r] = e-1 on every peer: this rank's call e-1 (its GEMMs, and whatever its caller
+                  read from the returned gathered view before this call) is done with `gathered`
+    side stream   wait free[q] >= e-1 for every q, then for q = r-1, r-2, ...: copy a_local into q's gathered
+                  rows of r, signal arrived[r] on q
     main stream   C[r] = a_local @ B (no wait), then for src = r+1, r+2, ...: wait arrived[src] >= e, C[src] =
-                  gathered[src] @ B; finally signal free[r] on every peer
+                  gathered[src] @ B
 GEMM+RS (a M x K/W per rank), a ring to the left (r sends to r-1), step s = 0 .. W-1 on chunk c = r+s+1:
     s = 0         acc = A[c] @ B;                       push acc -> left's recv[0], signal recvd[0] there
     0 < s < W-1   wait recvd[s-1]; recv[s-1] += A[c] @ B (cuBLAS beta = 1, in place); push it -> left's recv[s]
@@ -60,8 +65,11 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return s
 
 
-def check(comm, op: str, splits: int = 1):
+def check(comm, op: str, splits: int = 1, sm_count: int = 0, comm_blocks: int = 0):
     """Errors before anything is allocated or launched: the mode's limits."""
+    if int(sm_count) or int(comm_blocks):
+        raise invalid("mode 'pipelined' runs cuBLAS on all of the rank's SMs and moves data with the copy engines: "
+                      "sm_count and comm_blocks do not apply (leave them 0)", op, comm.rank)
     n = comm.native
     if n.num_nodes > 1:
         raise invalid("mode 'pipelined' moves data with the copy engines through peer mappings: one node only "
@@ -72,16 +80,25 @@ def check(comm, op: str, splits: int = 1):
         raise invalid(f"mode 'pipelined': (world - 1) x splits must be at most {_MAX_FLAGS}", op, comm.rank)
 
 
-def _peer(comm, ws, t, q):
-    """Peer q's copy of workspace view `t`, cached on the workspace (creating one per call costs host time)."""
-    cache = getattr(ws, "_tandem_peer_views", None)
-    if cache is None:
-        cache = ws._tandem_peer_views = {}
-    key = (t.data_ptr(), tuple(t.shape), t.dtype, q)
-    v = cache.get(key)
-    if v is None:
-        v = cache[key] = comm.peer_view(t, q)
-    return v
+def _peer_bases(comm, ws) -> list:
+    """Each rank's address of workspace `ws` as mapped here (this rank's: its own), resolved once per workspace
+    and before any call advances the epoch: a failure here leaves the ranks in step."""
+    bases = getattr(ws, "_tandem_peer_bases", None)
+    if bases is None:
+        local = ws.data_ptr()
+        bases = []
+        for q in range(comm.world_size):
+            p = local if q == comm.rank else comm.native.peer_ptr(local, q)
+            if not p:
+                raise TandemError(f"tandem: rank {comm.rank}: pipelined: peer {q} has no load/store path", 4,
+                                  "pipelined", comm.rank, q)
+            bases.append(p)
+        ws._tandem_peer_bases = bases
+    return bases
+
+
+def _copy(K, dst: int, src: int, nbytes: int, stream, op, rank):
+    _ok(K.stream_copy(dst, src, nbytes, stream.cuda_stream), "copy", op, rank)
 
 
 def _ok(err, what, op, rank):
@@ -93,6 +110,12 @@ def ag_workspace_bytes(world: int, m_local: int, k: int, esize: int) -> int:
     return CTL_BYTES + world * m_local * k * esize
 
 
+def gathered_view(ws, world: int, m_local: int, k: int, dtype) -> torch.Tensor:
+    """The gathered A (world m_local x k) inside an AG workspace."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    return ws[CTL_BYTES:CTL_BYTES + world * m_local * k * esize].view(dtype).view(world * m_local, k)
+
+
 def ag_gemm(comm, ws, a_local, b):
     """(C, gathered) of all_gather(a_local) @ b; `ws` is this shape's workspace (ag_workspace_bytes, zeroed)."""
     op = "ag_gemm"
@@ -101,36 +124,39 @@ def ag_gemm(comm, ws, a_local, b):
     m_local, k = a_local.shape
     n = b.shape[1]
     dev = a_local.device
-    base = ws.data_ptr()
+    esize = a_local.element_size()
+    bases = _peer_bases(comm, ws)
+    base = bases[rank]
     counter = base
-    gathered = ws[CTL_BYTES:CTL_BYTES + world * m_local * k * a_local.element_size()].view(a_local.dtype)
-    gathered = gathered.view(world * m_local, k)
+    gathered = gathered_view(ws, world, m_local, k, a_local.dtype)
+    slice_bytes = m_local * k * esize
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=dev)
     s = torch.cuda.current_stream(dev)
     side = _side_stream(dev)
     rows = lambda q: slice(q * m_local, (q + 1) * m_local)  # noqa: E731
     to = [(rank - i) % world for i in range(1, world)]  # r-1 first: its GEMM takes our rows second
     _ok(K.stream_advance(counter, s.cuda_stream), "advance", op, rank)
+    # Call e-1 of this rank, and its caller's reads of the gathered view it returned, are behind us on this stream:
+    # the sources may write their rows of call e into our `gathered` now.
+    _ok(K.stream_signal(comm.native, base + _flag(_FREE, rank), to, counter, -1, s.cuda_stream), "signal free",
+        op, rank)
     side.wait_stream(s)
     with torch.cuda.stream(side):
         _ok(K.stream_wait(comm.native, [base + _flag(_FREE, q) for q in to], to, counter, -1, side.cuda_stream),
             "wait free", op, rank)
+        src = a_local.data_ptr()
         for q in to:
-            _peer(comm, ws, gathered, q)[rows(rank)].copy_(a_local)
+            _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
             _ok(K.stream_signal(comm.native, base + _flag(_ARRIVED, rank), [q], counter, 0, side.cuda_stream),
                 "signal arrived", op, rank)
-        mine = gathered[rows(rank)]
-        if mine.data_ptr() != a_local.data_ptr():
-            mine.copy_(a_local)
+        if base + CTL_BYTES + rank * slice_bytes != src:  # not already in place (gathered_buffer)
+            _copy(K, base + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
     torch.matmul(a_local, b, out=c[rows(rank)])
     for i in range(1, world):
-        src = (rank + i) % world
-        _ok(K.stream_wait(comm.native, [base + _flag(_ARRIVED, src)], [src], counter, 0, s.cuda_stream),
+        src_rank = (rank + i) % world
+        _ok(K.stream_wait(comm.native, [base + _flag(_ARRIVED, src_rank)], [src_rank], counter, 0, s.cuda_stream),
             "wait arrived", op, rank)
-        torch.matmul(gathered[rows(src)], b, out=c[rows(src)])
-    # this call's GEMMs no longer read `gathered`: every source may write its rows here again
-    _ok(K.stream_signal(comm.native, base + _flag(_FREE, rank), to, counter, 0, s.cuda_stream), "signal free",
-        op, rank)
+        torch.matmul(gathered[rows(src_rank)], b, out=c[rows(src_rank)])
     s.wait_stream(side)  # the op ends when its copies have: a_local may be reused after it
     return c, gathered
 
@@ -166,6 +192,11 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
 
     acc, own = buf(0), (buf(world) if all_reduce else None)
     recv = [buf(1 + i) for i in range(world - 1)]
+    bases = _peer_bases(comm, ws)
+    row_bytes = n * esize
+
+    def at(q, t, r0=0):  # address of row r0 of workspace view `t` in rank q's workspace, as mapped here
+        return bases[q] + (t.data_ptr() - base) + r0 * row_bytes
     left, right = (rank - 1) % world, (rank + 1) % world
     others = [q for q in range(world) if q != rank]
     pieces = _pieces(mr, splits)
@@ -199,7 +230,7 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
                 dst = src
             side.wait_stream(s)
             with torch.cuda.stream(side):
-                _peer(comm, ws, recv[step], left)[r0:r1].copy_(dst)
+                _copy(K, at(left, recv[step], r0), dst.data_ptr(), (r1 - r0) * row_bytes, side, op, rank)
                 _ok(K.stream_signal(comm.native, base + _flag(_RECVD, step * len(pieces) + j), [left], counter, 0,
                                     side.cuda_stream), "signal received", op, rank)
     s.wait_stream(side)
@@ -213,7 +244,7 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
         for q in others:
             _ok(K.stream_wait(comm.native, [base + _flag(_READY, q)], [q], counter, 0, s.cuda_stream), "wait ready",
                 op, rank)
-            out[q * mr:(q + 1) * mr].copy_(_peer(comm, ws, own, q))
+            _copy(K, out[q * mr:(q + 1) * mr].data_ptr(), at(q, own), mr * row_bytes, s, op, rank)
         _ok(K.stream_signal(comm.native, base + _flag(_PULLED, rank), others, counter, 0, s.cuda_stream),
             "signal pulled", op, rank)
     return out

@@ -29,7 +29,10 @@ MEMORY_GBS = 4300.0               # device-to-device copy, bytes read + written
 FILL_FRACTION = 0.5               # of one chunk's collective time that fused cannot hide (first/last chunk)
 SYNC_STEP_US = 15.0               # a stream-ordered flag wait/signal pair between two GEMM pieces (pipelined)
 PIECE_EFFICIENCY = 0.97           # a GEMM cut into W row pieces runs at this fraction of the whole one's rate
-PIPELINE_SPLITS = 2               # row pieces per ring chunk (tandem.ops.tp_pipelined.SPLITS)
+PIPELINE_SPLITS = int(os.environ.get("TANDEM_PIPELINE_SPLITS", "2"))  # as tandem.ops.tp_pipelined.SPLITS
+# The model's pipelined term is a guess until the mode is measured (`tandem tune` then puts it in the table, which
+# auto follows); TANDEM_TP_MODEL_PIPELINED=1 lets the model pick it without a table entry.
+PIPELINED_IN_MODEL = os.environ.get("TANDEM_TP_MODEL_PIPELINED", "0") == "1"
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_tune_h200.json")
 
@@ -97,7 +100,8 @@ def gemm_flops(op: str, world: int, m: int, n: int, k: int) -> float:
     return 2.0 * m * n * k
 
 
-def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None, nodes: int = 1):
+def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None, nodes: int = 1,
+          pipelined: bool = True):
     """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused and pipelined (which is a
     candidate on one node only)."""
     ranks_on_gpu = ranks_on_gpu or world
@@ -110,10 +114,10 @@ def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: i
         return flops / (s * GEMM_TFLOPS_PER_SM * 1e12)
 
     best = ("unfused", 0, t_gemm(sms) + nbytes / min(sms * role, mem))
-    if world > 1 and nodes == 1:
+    if world > 1 and nodes == 1 and pipelined and PIPELINED_IN_MODEL:
         piece = m // world * n * 2 / PIPELINE_SPLITS  # bytes of one ring piece (RS/AR)
-        if op == "ag_gemm":
-            t = t_gemm(sms) / PIECE_EFFICIENCY + (world - 1) * SYNC_STEP_US * 1e-6
+        if op == "ag_gemm":  # the pushes share the memory with the GEMMs: their bytes count at the memory rate
+            t = t_gemm(sms) / PIECE_EFFICIENCY + (world - 1) * SYNC_STEP_US * 1e-6 + nbytes / mem / world
         else:
             steps = (world - 1) * PIPELINE_SPLITS
             t = t_gemm(sms) / PIECE_EFFICIENCY + steps * SYNC_STEP_US * 1e-6 + (world - 1) * 2 * piece / mem
@@ -132,15 +136,17 @@ def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: i
     return best[0], best[1], best[2] * 1e3
 
 
-def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1):
-    """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice. Across nodes
-    (nodes > 1) "pipelined" is never chosen: a table entry naming it is skipped for the model."""
+def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1, pipelined: bool = True):
+    """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice. "pipelined" is
+    never chosen across nodes (nodes > 1) or when the caller rules it out (pipelined=False: it restricted the
+    SMs): a table entry naming it is then skipped for the model."""
     if world == 1:
         return "unfused", 0
+    ok = pipelined and nodes == 1
     hit = lookup(op, world, sms, m, n, k)
-    if hit is not None and not (hit[0] == "pipelined" and nodes > 1):
+    if hit is not None and (ok or hit[0] != "pipelined"):
         return hit
-    mode, c, _ = model(op, world, sms, m, n, k, nodes=nodes)
+    mode, c, _ = model(op, world, sms, m, n, k, nodes=nodes, pipelined=ok)
     return mode, c
 
 

@@ -39,6 +39,14 @@ Status signal(const DeviceComm& comm, uint64_t* flag, const int* peers, int coun
 Status wait(const DeviceComm& comm, uint64_t* const* flags, const int* writers, int count, const uint64_t* counter,
             int64_t offset, cudaStream_t stream, std::string* why = nullptr);
 
+// cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream) on raw addresses: a peer's heap mapped here is
+// written through the mapping (the copy engines), with no framework deciding where the bytes "belong".
+Status copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, std::string* why = nullptr);
+
+// Load this file's kernels now (lazy module loading would load them at their first launch, possibly while a
+// wait of the same pipeline spins).
+cudaError_t preload_kernels();
+
 constexpr int kMaxFlags = 64;  // peers a signal() or flags a wait() takes at once (the world size bound)
 
 }  // namespace tandem::kernels::stream_sync
