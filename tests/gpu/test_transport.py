@@ -123,6 +123,7 @@ def test_symmetric_tensors(run_ranks, world):
     assert len({r["off_a"] for r in res}) == 1
     for r in res:
         assert r["wrong"] == 0
+        assert r["aliased"] == r["local_ranks"] and r["writes_landed"], r  # views alias, writes reach the peer
         if world > 1:
             assert r["mismatch"] is not None and r["mismatch"]["op"] == "heap.alloc", r
 

@@ -286,6 +286,20 @@ def symmetric_tensors():
         wrong += int((va != p * 100000 + rows * 37 + cols).sum())
         wrong += int((vb != (torch.arange(4097, device="cuda") % 251 + p).to(torch.bfloat16)).sum())
     comm.barrier()
+    # A view aliases the mapping (no copy) on this rank's device, and a write through it lands at the peer.
+    aliased = 0
+    w = comm.zeros(64, torch.int64)
+    torch.cuda.synchronize()
+    comm.barrier()
+    for p in comm.local_ranks:
+        v = comm.peer_view(w, p)
+        aliased += int(v.data_ptr() == comm.native.peer_ptr(w.data_ptr(), p) and v.device.index == comm.device)
+        v[rank].fill_(1000 + rank)
+    torch.cuda.synchronize()
+    comm.barrier()
+    seen = sorted(int(x) for x in w[w != 0].tolist())
+    writes_landed = seen == [1000 + p for p in comm.local_ranks]
+    comm.barrier()
     off_a = comm.offset_of(a)
     del b
     c = comm.empty(4097, torch.bfloat16)  # reuses b's range
@@ -300,7 +314,8 @@ def symmetric_tensors():
             mismatch = dict(status=e.status, op=e.op, msg=str(e))
     comm.barrier()
     comm.destroy()
-    return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch)
+    return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch, aliased=aliased,
+                local_ranks=len(comm.local_ranks), writes_landed=writes_landed)
 
 
 def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):
