@@ -185,6 +185,11 @@ void bind_transport(py::module_& m) {
       .def_property_readonly("refused", [](const MonitorForTest& t) { return t.mon->refused(); })
       .def("close", [](MonitorForTest& t) { t.mon.reset(); });
 
+  m.def("_routable_ipv4", [] {
+    std::string why;
+    std::string addr = tandem::proxy::routable_ipv4(&why);
+    return std::make_pair(addr, why);
+  }, "(address, why): what the proxy listens on when the job spans hosts and no address was given.");
   // The heap's fd exchange on its own, over a FileBootstrap (key prefix "fdx"), with a memfd holding `payload`
   // in place of the cuMem fd: returns ({peer: payload read through the fd received from peer}, refused).
   m.def(

@@ -138,3 +138,27 @@ def test_link_cut_mid_transfer_fails_both_sides_within_timeout(netns_pair):
         assert r["raised"], r
         assert r["status"] in (1, 2, 6), r  # timeout, aborted (proxy stopped), or a socket error
         assert r["at"] - cut["at"] <= 2 * timeout_s + 2.0, (r["at"] - cut["at"], r)
+
+
+def _routable_in(ns):
+    code = "from tandem._native import native; import json; print(json.dumps(native()._routable_ipv4()))"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_proxy_address_for_a_job_across_hosts(netns_pair):
+    # A namespace with loopback and one veth: the veth's address (what other hosts reach), never 127.0.0.1
+    addr, why = _routable_in(netns_pair["ns"][0])
+    assert addr == netns_pair["addr"][0], (addr, why)
+    # Loopback only: nothing routable, and the reason names what was seen (the communicator raises with it)
+    lonely = f"tdm-l{os.getpid() % 100000}"
+    _ip("netns", "add", lonely)
+    try:
+        _ip("-n", lonely, "link", "set", "lo", "up")
+        addr, why = _routable_in(lonely)
+        assert addr == "" and "lo 127.0.0.1" in why, (addr, why)
+    finally:
+        _ip("netns", "del", lonely, check=False)

@@ -189,6 +189,8 @@ void Communicator::detect_topology() {
   const auto gpus = bootstrap_->all_gather(next_tag("gpu"), uuid);
   same_device_.assign(world_, false);
   for (int r = 0; r < world_; ++r) same_device_[r] = hosts[r] == me && gpus[r] == uuid;
+  spans_hosts_ = false;
+  for (int r = 0; r < world_; ++r) spans_hosts_ = spans_hosts_ || hosts[r] != me;
   std::map<std::string, int> node_of_host;
   std::vector<int> node(world_);
   for (int r = 0; r < world_; ++r) {
@@ -355,7 +357,21 @@ void Communicator::setup_proxy(std::chrono::milliseconds timeout, const std::str
   o.listen_host = options_.proxy_host;
   if (o.listen_host.empty()) {
     const char* env = std::getenv("TANDEM_PROXY_HOST");
-    o.listen_host = env != nullptr ? env : "127.0.0.1";
+    if (env != nullptr && *env != 0) {
+      o.listen_host = env;
+    } else if (!spans_hosts_) {
+      o.listen_host = "127.0.0.1";  // emulated nodes: every peer is on this host
+    } else {
+      // Peers on other hosts cannot reach loopback: take this host's routable address, or say so now rather
+      // than after the connect timeout.
+      std::string why;
+      o.listen_host = routable_ipv4(&why);
+      if (o.listen_host.empty())
+        throw Error(Status::kInvalidArgument, "communicator.proxy", rank_, -1,
+                    "ranks of this job run on other hosts, and no address for this rank's proxy was given or found: " +
+                        why + "; set TANDEM_PROXY_HOST (or proxy_host=) to an IPv4 address of this host that the "
+                        "other hosts reach");
+    }
   }
   o.timeout = timeout;
   o.secret = secret;

@@ -44,6 +44,25 @@ def _torch():
     return torch
 
 
+# The launchers' names for a process's rank on its host: torchrun, Open MPI, MPICH/Intel MPI (Hydra), Slurm.
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def default_device(device_count: int, current: int, environ=None) -> int:
+    """The CUDA device of a Communicator made without `device`: TANDEM_DEVICE, else the host-local rank that the
+    launcher exported (LOCAL_RANK_VARIABLES, in that order) modulo the visible devices, else the current device.
+    Without any of them every rank of a host would take the same GPU, so under mpirun or srun the local rank
+    must come from the launcher's own variable."""
+    env = os.environ if environ is None else environ
+    if env.get("TANDEM_DEVICE") not in (None, ""):
+        return int(env["TANDEM_DEVICE"])
+    for name in LOCAL_RANK_VARIABLES:
+        v = env.get(name)
+        if v not in (None, ""):
+            return int(v) % max(1, device_count)
+    return current
+
+
 def _cuda_array_interface(ptr: int, shape, typestr: str) -> dict:
     return {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "strides": None, "version": 3}
 
@@ -191,13 +210,7 @@ class Communicator:
             raise TandemError("tandem: no CUDA device is visible to this process", 9, "communicator.init")
         store, rank, world_size = resolve(store, rank, world_size)
         if device is None:
-            env = os.environ.get("TANDEM_DEVICE")
-            if env is not None:
-                device = int(env)
-            elif os.environ.get("LOCAL_RANK") is not None:
-                device = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()
-            else:
-                device = torch.cuda.current_device()
+            device = default_device(torch.cuda.device_count(), torch.cuda.current_device())
         if not 0 <= device < torch.cuda.device_count():
             raise invalid(f"device {device} not in [0, {torch.cuda.device_count()})", "communicator.init", rank)
         if ranks_per_node is None:

@@ -1,5 +1,7 @@
 // TCP backend of the proxy path.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -226,6 +228,31 @@ struct TcpBackend::Link {
   // waiting for it (ack_loop sends them during the run).
   std::atomic<uint64_t> acks_owed{0};
 };
+
+std::string routable_ipv4(std::string* why) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) {
+    if (why) *why = std::string("getifaddrs: ") + std::strerror(errno);
+    return "";
+  }
+  static const char* const kSkipped[] = {"docker", "br-", "virbr", "veth", "cni", "flannel"};
+  std::string found, seen;
+  for (ifaddrs* a = all; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    const std::string name = a->ifa_name != nullptr ? a->ifa_name : "";
+    char host[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, host, sizeof(host));
+    seen += (seen.empty() ? "" : ", ") + name + " " + host;
+    if ((a->ifa_flags & IFF_UP) == 0 || (a->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    bool skip = false;
+    for (const char* prefix : kSkipped) skip = skip || name.rfind(prefix, 0) == 0;
+    if (!skip) found = host;
+  }
+  ::freeifaddrs(all);
+  if (found.empty() && why) *why = "no IPv4 interface that is up and not loopback or a bridge (seen: " +
+                                   (seen.empty() ? std::string("none") : seen) + ")";
+  return found;
+}
 
 TcpBackend::TcpBackend(Bootstrap& bootstrap, const std::string& tag, int rank, const std::vector<int>& peers,
                        MemoryDomain& local, const TcpOptions& options, Ack on_ack)

@@ -150,6 +150,7 @@ class Communicator {
   uint64_t* peer_heap_dev_ = nullptr;
   std::vector<uint64_t> peer_heap_host_;
   std::vector<bool> same_device_;  // peer r runs on this process's GPU (MPS)
+  bool spans_hosts_ = false;       // some rank runs on another host (not only emulated nodes)
   std::vector<int> node_of_rank_;
   // Proxy path (other nodes).
   proxy::Command* ring_host_ = nullptr;

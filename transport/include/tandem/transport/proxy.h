@@ -129,6 +129,11 @@ class Backend {
 // (fails the link on) any frame that announces more, before it allocates or reads anything.
 constexpr uint64_t kMaxFramePayload = 4ull << 20;
 
+// The address the proxy listens on when none is given and the job spans hosts: the IPv4 address of this host's
+// first interface that is up and is not loopback or a container/VM bridge (docker*, br-*, virbr*, veth*, cni*,
+// flannel*), in the kernel's interface order. Empty if there is none; `why` then says what was seen.
+std::string routable_ipv4(std::string* why = nullptr);
+
 struct TcpOptions {
   std::string listen_host = "127.0.0.1";  // this rank's address (an interface the peers can reach)
   uint16_t listen_port = 0;               // 0 = any
