@@ -75,6 +75,7 @@ void bind_kernels(py::module_& m) {
       "stream_signal",
       [result](const tandem::Communicator& c, uintptr_t flag, const std::vector<int>& peers, uintptr_t counter,
                int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         std::string why;
         return result(ss::signal(c.device_comm(), reinterpret_cast<uint64_t*>(flag), peers.data(),
                                  static_cast<int>(peers.size()), reinterpret_cast<const uint64_t*>(counter), offset,
@@ -94,6 +95,7 @@ void bind_kernels(py::module_& m) {
       "stream_wait",
       [result](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,
                uintptr_t counter, int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         std::string why;
         if (flags.size() != writers.size()) return std::string("flags and writers differ in length");
         std::vector<uint64_t*> f(flags.size());
@@ -149,6 +151,7 @@ void bind_kernels(py::module_& m) {
       [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,
              int64_t ldb, uintptr_t d, int64_t ldd, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
              int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         g::ArrivalSchedule s;
         s.comm = c.device_comm();
         s.flags = reinterpret_cast<const uint64_t*>(flags);
@@ -183,6 +186,7 @@ void bind_kernels(py::module_& m) {
   };
   auto ag_args = [](const tandem::Communicator& c, int dtype, int m_local, int n, int k_, uintptr_t a, uintptr_t b,
                     int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     tp::AgGemmArgs x;
     x.dtype = static_cast<g::DType>(dtype);
     x.m_local = m_local;
@@ -201,9 +205,11 @@ void bind_kernels(py::module_& m) {
     return x;
   };
   k.def("ag_gemm_workspace_size", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::workspace_size(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
   });
   k.def("ag_gemm_gathered_offset", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::gathered_offset(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
   });
   k.def("preload_kernels", [] {
@@ -218,6 +224,7 @@ void bind_kernels(py::module_& m) {
       [ag_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
                 uintptr_t a, uintptr_t b, int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count,
                 int comm_blocks, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         auto x = ag_args(c, dtype, m_local, n, k_, a, b, ldb, cc, ldc, ws, sm_count, comm_blocks);
         // any other mode ("gather"): the copy blocks alone (the caller runs the GEMM on the gathered A)
         return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
@@ -228,6 +235,7 @@ void bind_kernels(py::module_& m) {
       "or the reason.");
   auto rs_args = [](const tandem::Communicator& c, int dtype, int m_, int n, int k_, uintptr_t a, int64_t lda,
                     uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     tp::GemmRsArgs x;
     x.dtype = static_cast<g::DType>(dtype);
     x.m = m_;
@@ -246,6 +254,7 @@ void bind_kernels(py::module_& m) {
     return x;
   };
   k.def("gemm_rs_workspace_size", [rs_args](const tandem::Communicator& c, int m_, int n) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::workspace_size(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
   });
   k.def(
@@ -253,6 +262,7 @@ void bind_kernels(py::module_& m) {
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
           if (mode == "wait") return tp::run_wait_partial(y, st, why);
@@ -263,6 +273,7 @@ void bind_kernels(py::module_& m) {
       "alone, over the workspace's partial buffer: the collective's own time), 'wait' (until the partial buffer "
       "is free: the caller's GEMM may write it next), 'check'; returns '' or the reason.");
   k.def("gemm_rs_partial_offset", [rs_args](const tandem::Communicator& c, int m_, int n) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::partial_offset(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
   }, "Byte offset of the M x N partial buffer in the GEMM+RS/AR workspace (the unfused path's GEMM output).");
   k.def(
@@ -270,6 +281,7 @@ void bind_kernels(py::module_& m) {
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream, int algo) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         tp::GemmArArgs x;
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         x.algo = static_cast<tp::ArAlgo>(algo);
@@ -306,6 +318,7 @@ void bind_kernels(py::module_& m) {
   auto dispatch_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int hidden,
                                    int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
                                    uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     moe::DispatchArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape = moe_shape(tokens, max_tokens, hidden, inter, topk, epr);
@@ -322,6 +335,7 @@ void bind_kernels(py::module_& m) {
   };
   k.def("moe_dispatch_workspace_size",
         [dispatch_args](const tandem::Communicator& c, int max_tokens, int hidden, int inter, int topk, int epr) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
           return moe::workspace_size(dispatch_args(c, 0, 0, max_tokens, hidden, inter, topk, epr, 0, 0, 0, 0, 0, 0, 0, 0));
         });
   k.def(
@@ -329,6 +343,7 @@ void bind_kernels(py::module_& m) {
       [dispatch_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
                       int hidden, int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
                       uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = dispatch_args(c, dtype, tokens, max_tokens, hidden, inter, topk, epr, x, ids, w, y, layout, ws,
                                      sm_count, comm_blocks);
         std::string why;
@@ -343,6 +358,7 @@ void bind_kernels(py::module_& m) {
   auto combine_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int topk,
                                   int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
                                   uintptr_t out, uintptr_t ws, int sm_count) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     moe::CombineArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape = moe_shape(tokens, max_tokens, 8, 8, topk, epr);
@@ -359,6 +375,7 @@ void bind_kernels(py::module_& m) {
   };
   k.def("moe_combine_workspace_size",
         [combine_args](const tandem::Communicator& c, int max_tokens, int topk, int epr, int dim) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
           return moe::workspace_size(combine_args(c, 0, 0, max_tokens, topk, epr, dim, 0, 0, 0, 0, 0, 0, 0));
         });
   k.def(
@@ -366,6 +383,7 @@ void bind_kernels(py::module_& m) {
       [combine_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
                      int topk, int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
                      uintptr_t out, uintptr_t ws, int sm_count, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = combine_args(c, dtype, tokens, max_tokens, topk, epr, dim, z, weights, ids, layout, out, ws,
                                     sm_count);
         std::string why;
@@ -390,6 +408,7 @@ void bind_kernels(py::module_& m) {
   auto ring_args = [](const tandem::Communicator& c, int dtype, int batch, int seq_local, int heads_q, int heads_kv,
                       int head_dim, bool causal, float softmax_scale, uintptr_t q, uintptr_t k_, uintptr_t v,
                       uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks, int kv_slots) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     attn::RingArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape.batch = batch;
@@ -415,6 +434,7 @@ void bind_kernels(py::module_& m) {
       "ring_attention_workspace_size",
       [ring_args](const tandem::Communicator& c, int batch, int seq_local, int heads_q, int heads_kv, int head_dim,
                   bool causal, int kv_slots) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         return attn::workspace_size(ring_args(c, 0, batch, seq_local, heads_q, heads_kv, head_dim, causal, 0.f, 0, 0,
                                               0, 0, 0, 0, 0, 0, kv_slots));
       },
@@ -425,6 +445,7 @@ void bind_kernels(py::module_& m) {
                   int heads_q, int heads_kv, int head_dim, bool causal, float softmax_scale, uintptr_t q,
                   uintptr_t k_, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks,
                   int kv_slots, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = ring_args(c, dtype, batch, seq_local, heads_q, heads_kv, head_dim, causal, softmax_scale, q,
                                  k_, v, o, lse, ws, sm_count, comm_blocks, kv_slots);
         std::string why;

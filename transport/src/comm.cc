@@ -169,6 +169,16 @@ void Communicator::setup() {
   host_barrier();
 }
 
+ScopedDevice::ScopedDevice(int device) {
+  int current = -1;
+  if (device < 0 || cudaGetDevice(&current) != cudaSuccess || current == device) return;
+  if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
 Communicator::~Communicator() {
   try {
     destroy();
@@ -215,6 +225,34 @@ void Communicator::detect_topology() {
   local_ranks_.clear();
   for (int r = 0; r < world_; ++r)
     if (node[r] == node_) local_ranks_.push_back(r);
+  // This node's peers on other GPUs get their heaps mapped here (load/store over NVLink or PCIe): their GPU must
+  // be visible to this process and reachable peer to peer, or the import fails later with a bare CUDA error.
+  int count = 0;
+  TANDEM_CUDA_CHECK(cudaGetDeviceCount(&count), "communicator.topology", rank_);
+  std::vector<std::string> visible(count);
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp p{};
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&p, d), "communicator.topology", rank_);
+    visible[d] = std::string(reinterpret_cast<const char*>(p.uuid.bytes), sizeof(p.uuid.bytes));
+  }
+  for (int r : local_ranks_) {
+    if (gpus[r] == uuid) continue;
+    const auto it = std::find(visible.begin(), visible.end(), gpus[r]);
+    if (it == visible.end())
+      throw Error(Status::kUnreachablePeer, "communicator.topology", rank_, r,
+                  "rank " + std::to_string(r) + "'s GPU on this host is not visible to this process "
+                  "(CUDA_VISIBLE_DEVICES?): tandem maps the memory of a node's ranks directly, so every rank must "
+                  "see every GPU of its node (or set TANDEM_RANKS_PER_NODE so that such ranks are separate nodes)");
+    int can = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, static_cast<int>(it - visible.begin())),
+                      "communicator.topology", rank_);
+    if (!can)
+      throw Error(Status::kUnreachablePeer, "communicator.topology", rank_, r,
+                  "no peer-to-peer path from this GPU (device " + std::to_string(device_) + ") to rank " +
+                      std::to_string(r) + "'s (device " + std::to_string(it - visible.begin()) +
+                      "): the ranks of a node must reach each other's memory (NVLink or PCIe P2P); set "
+                      "TANDEM_RANKS_PER_NODE to make them separate nodes (proxy path)");
+  }
 }
 
 int Communicator::uniform_ranks_per_node() const {
@@ -451,6 +489,7 @@ void Communicator::host_barrier() {
 void Communicator::destroy() {
   if (destroyed_) return;
   destroyed_ = true;
+  ScopedDevice on_our_device(device_);  // destroy() may run on any thread (finalizers)
   cudaDeviceSynchronize();  // every wait is bounded, so this returns
   // Teardown is collective only where it must be, and never after a failure (a peer may be gone):
   //  * VMM heap: every importer holds its own reference to our physical memory, so releasing ours can neither
@@ -479,6 +518,7 @@ void Communicator::destroy() {
 // In dependency order: the proxy (its thread calls abort(), so before abort_host_) and the monitor (its
 // callback too), then the heap the proxy's domain points into, then the rest.
 void Communicator::release_local() noexcept {
+  ScopedDevice on_our_device(device_);
   teardown_proxy();
   monitor_.reset();  // says goodbye: peers do not mistake this for a crash
   heap_.reset();
