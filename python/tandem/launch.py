@@ -169,8 +169,8 @@ def launch(cmd: list, nprocs: int, *, mps: str = "auto", timeout_s: float | None
             plans, use_mps = plan(nprocs, gpus, mps, require_gpu)
             t0 = time.monotonic()
             boot_dir = tempfile.mkdtemp(prefix="tandem-boot-")
-            if use_mps:
-                daemon = MpsDaemon()
+            if use_mps:  # a daemon named in `env` (a test session's) is reused, as one named in os.environ is
+                daemon = MpsDaemon((env or {}).get("CUDA_MPS_PIPE_DIRECTORY"), (env or {}).get("CUDA_MPS_LOG_DIRECTORY"))
                 daemon.start()  # interruptible: a signal here stops it (start and stop clean up after themselves)
             port = _free_port()
             sig.armed = False  # spawning: a signal now is acted on once every started rank is in `procs`
