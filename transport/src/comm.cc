@@ -235,6 +235,17 @@ void Communicator::detect_topology() {
     TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&p, d), "communicator.topology", rank_);
     visible[d] = std::string(reinterpret_cast<const char*>(p.uuid.bytes), sizeof(p.uuid.bytes));
   }
+  // Ranks sharing a GPU while others sit idle is a placement mistake (every rank took the current device: no
+  // LOCAL_RANK or TANDEM_DEVICE), not MPS by design: say so once, from the lowest such rank.
+  int sharing = 0;
+  for (int r : local_ranks_) sharing += gpus[r] == uuid ? 1 : 0;
+  if (sharing > 1 && count >= static_cast<int>(local_ranks_.size()) && rank_ == *std::find_if(
+          local_ranks_.begin(), local_ranks_.end(), [&](int r) { return gpus[r] == uuid; }))
+    std::fprintf(stderr,
+                 "tandem: rank %d: warning: %d ranks of this host share one GPU (device %d) while %d GPUs are "
+                 "visible; if that is not meant (MPS), give each rank its GPU: LOCAL_RANK or TANDEM_DEVICE, or "
+                 "Communicator(device=...)\n",
+                 rank_, sharing, device_, count);
   for (int r : local_ranks_) {
     if (gpus[r] == uuid) continue;
     const auto it = std::find(visible.begin(), visible.end(), gpus[r]);
