@@ -33,6 +33,12 @@ LLAMA_M = (256, 2048, 8192, 16384)
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 
+# The table's columns, in the order of each row (plot() finds its series by name).
+COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
+           "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "fused/naive",
+           "fused/max(GEMM, coll)", "auto/naive"]
+
+
 def cases(world: int, shapes=None) -> list:
     """[(op, m, n, k, label)]: every op at every shape, then the Llama-3-70B layers."""
     out = []
@@ -203,10 +209,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
-            ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
-             "collective alone ms",
-             "tandem collective ms", "torch collective ms", "naive ms", "fused/naive", "fused/max(GEMM, coll)",
-             "auto/naive"], rows)
+            COLUMNS, rows)
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
               f"{meta['commit']}, {meta['date']}")
         print(table)
@@ -225,8 +228,8 @@ def plot(rows, world, path):
 
     common.grouped_bars(path, [f"{r[1]}\n{r[0]}" for r in rows],
                         [(name, [num(r[col]) for r in rows])
-                         for name, col in (("fused", 2), ("unfused", 3), ("auto", 4), ("naive", 9),
-                                           ("cuBLAS alone", 5))],
+                         for name, col in ((n, COLUMNS.index(f"{n} ms")) for n in
+                                           ("fused", "unfused", "pipelined", "auto", "naive", "cuBLAS alone"))],
                         "ms per rank", f"tandem TP ops vs cuBLAS + torch peer-view collective, world {world}")
 
 
