@@ -313,9 +313,10 @@ def symmetric_tensors():
         except TandemError as e:
             mismatch = dict(status=e.status, op=e.op, msg=str(e))
     comm.barrier()
+    nlocal = len(comm.local_ranks)  # (every property raises after destroy)
     comm.destroy()
     return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch, aliased=aliased,
-                local_ranks=len(comm.local_ranks), writes_landed=writes_landed)
+                local_ranks=nlocal, writes_landed=writes_landed)
 
 
 def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):
