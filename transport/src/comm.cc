@@ -170,13 +170,27 @@ void Communicator::setup() {
 }
 
 ScopedDevice::ScopedDevice(int device) {
+  if (device < 0) return;
+  const auto& api = detail::driver_api();
+  CUcontext ctx = nullptr;
+  if (api.cuCtxGetCurrent != nullptr && api.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == nullptr) {
+    // A thread without a context (a finalizer's, say): take ours, and leave none behind. "Restoring" its default
+    // device 0 would create a context on GPU 0 (cudaSetDevice does since CUDA 12) in a rank that runs elsewhere.
+    if (cudaSetDevice(device) == cudaSuccess) clear_after_ = true;
+    return;
+  }
   int current = -1;
-  if (device < 0 || cudaGetDevice(&current) != cudaSuccess || current == device) return;
+  if (cudaGetDevice(&current) != cudaSuccess || current == device) return;
   if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
 }
 
 ScopedDevice::~ScopedDevice() {
-  if (previous_ >= 0) cudaSetDevice(previous_);
+  if (previous_ >= 0) {
+    cudaSetDevice(previous_);
+  } else if (clear_after_) {
+    const auto& api = detail::driver_api();
+    if (api.cuCtxSetCurrent != nullptr) api.cuCtxSetCurrent(nullptr);
+  }
 }
 
 Communicator::~Communicator() {

@@ -73,7 +73,8 @@ class ScopedDevice {
   ScopedDevice& operator=(const ScopedDevice&) = delete;
 
  private:
-  int previous_ = -1;  // -1: nothing to restore
+  int previous_ = -1;         // -1: nothing to restore
+  bool clear_after_ = false;  // the thread had no current context: leave it without one
 };
 
 class Communicator {
