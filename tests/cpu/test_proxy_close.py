@@ -14,6 +14,7 @@ import tempfile
 
 import pytest
 
+from tests.cpu.rank_procs import finish
 from tandem._native import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,17 +27,7 @@ def _run(mode, args, timeout=240, env=None):
         ps = [subprocess.Popen([sys.executable, "-m", "tests.cpu.proxy_worker", mode, d, str(r), "127.0.0.1",
                                 json.dumps(args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, cwd=ROOT) for r in range(2)]
-        outs = []
-        for p in ps:
-            try:
-                o, e = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in ps:
-                    q.kill()
-                raise AssertionError(f"{mode}: a rank hung\n{p.communicate()[1][-3000:]}")
-            assert p.returncode == 0, f"{mode}: rank exited {p.returncode}\n{e[-3000:]}"
-            outs.append(json.loads(o.strip().splitlines()[-1]))
-        return outs
+        return [finish(p, timeout, f"{mode}: ", kill_on_hang=ps)[0] for p in ps]
 
 
 @pytest.mark.parametrize("late_acks", [False, True], ids=["acks_on_time", "acks_late"])

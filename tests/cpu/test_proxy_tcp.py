@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.cpu.rank_procs import finish
 from tandem._native import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,17 +70,7 @@ def _run_pair(pair, mode, args, timeout=300, during=None, world=2):
               for r in range(world)]
         if during is not None:
             during()
-        outs = []
-        for p in ps:
-            try:
-                o, e = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                o, e = p.communicate()
-                raise AssertionError(f"{mode}: a rank hung\n{e[-3000:]}")
-            assert p.returncode == 0, f"{mode}: rank exited {p.returncode}\n{e[-3000:]}"
-            outs.append(json.loads(o.strip().splitlines()[-1]))
-        return outs
+        return [finish(p, timeout, f"{mode}: ")[0] for p in ps]
 
 
 def test_100k_small_put_signals_arrive_in_order(netns_pair):

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.cpu.rank_procs import finish
 from tandem._native import available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,14 +56,7 @@ def _spawn(mode, d, rank, world, args=None, env=None, stdin=False, module="tests
 
 
 def _finish(p, timeout=60):
-    try:
-        o, e = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        o, e = p.communicate()
-        raise AssertionError(f"a rank hung\n{e[-3000:]}")
-    assert p.returncode == 0, f"rank exited {p.returncode}\n{e[-3000:]}"
-    return json.loads(o.strip().splitlines()[-1]), e
+    return finish(p, timeout)
 
 
 def _local_hello(rank, secret):

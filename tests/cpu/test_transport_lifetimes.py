@@ -3,7 +3,6 @@ once the proxy runs, and the same paths under AddressSanitizer (a standalone C++
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ import tempfile
 
 import pytest
 
+from tests.cpu.rank_procs import finish
 from tandem._native import available, native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,17 +45,7 @@ def _fault_pair(env_value):
         ps = [subprocess.Popen([sys.executable, "-m", "tests.cpu.security_worker", "fault", d, str(r), "2", "{}"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
               for r in range(2)]
-        outs = []
-        for p in ps:
-            try:
-                o, e = p.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                o, e = p.communicate()
-                raise AssertionError(f"a rank hung\n{e[-3000:]}")
-            assert p.returncode == 0, f"rank exited {p.returncode}\n{e[-3000:]}"
-            outs.append(json.loads(o.strip().splitlines()[-1]))
-        return outs
+        return [finish(p, 60)[0] for p in ps]
 
 
 @needs_native
