@@ -46,6 +46,21 @@ __global__ void wait_kernel(WaitArgs a) {
   // The acquire above is per thread; the kernel's end orders it before every later kernel of the stream.
 }
 
+// Grid-stride copy on SMs: 16-byte words when both ends allow, then the tail bytes. The diagnostic alternative
+// to the copy engines (TANDEM_PIPELINE_COPY=sm): same stream order, no copy engine in the path.
+__global__ void copy_kernel(unsigned char* dst, const unsigned char* src, size_t bytes) {
+  const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  const size_t nthreads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t words = 0;
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 == 0) {
+    words = bytes / 16;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (size_t i = tid; i < words; i += nthreads) d[i] = s[i];
+  }
+  for (size_t i = words * 16 + tid; i < bytes; i += nthreads) dst[i] = src[i];
+}
+
 Status launched(std::string* why) {
   // cudaPeekAtLastError would also report an earlier, unrelated launch's error; the launch's own error is what
   // cudaGetLastError returns right after it, and launches report configuration errors synchronously.
@@ -115,10 +130,20 @@ Status copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, std::
   return Status::kCudaError;
 }
 
+Status copy_on_sms(void* dst, const void* src, size_t bytes, int blocks, cudaStream_t stream, std::string* why) {
+  if (bytes == 0) return Status::kOk;
+  if (dst == nullptr || src == nullptr) return bad(why, "null address");
+  if (blocks < 1 || blocks > 1024) return bad(why, "blocks must be in [1, 1024]");
+  copy_kernel<<<blocks, 512, 0, stream>>>(static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src),
+                                          bytes);
+  return launched(why);
+}
+
 cudaError_t preload_kernels() {
   cudaFuncAttributes attr{};
   const cudaError_t e[] = {cudaFuncGetAttributes(&attr, advance_kernel), cudaFuncGetAttributes(&attr, signal_kernel),
-                           cudaFuncGetAttributes(&attr, wait_kernel)};
+                           cudaFuncGetAttributes(&attr, wait_kernel),
+                           cudaFuncGetAttributes(&attr, copy_kernel)};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;

@@ -87,6 +87,11 @@ void bind_kernels(py::module_& m) {
     return result(ss::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
                            reinterpret_cast<cudaStream_t>(stream), &why), why);
   }, "cudaMemcpyAsync(cudaMemcpyDefault) on raw addresses (peer mappings included).");
+  k.def("stream_copy_sm", [result](uintptr_t dst, uintptr_t src, size_t bytes, int blocks, uintptr_t stream) {
+    std::string why;
+    return result(ss::copy_on_sms(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, blocks,
+                                  reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "The same copy by a grid-stride kernel of `blocks` blocks (SMs, not the copy engines).");
   k.def("stream_sync_preload_kernels", [] {
     const cudaError_t e = ss::preload_kernels();
     return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));

@@ -42,8 +42,12 @@ def _ag_case(comm, m_local, n, k, dtype, mode, in_place):
     c, gathered = tp.ag_gemm(comm, a_local, b, mode=mode, return_gathered=True)
     torch.cuda.synchronize()
     comm.check()
+    rows = lambda t, q: t[q * m_local:(q + 1) * m_local]  # noqa: E731
     return dict(shape=[m_local, n, k], dtype=str(dtype), mode=mode, in_place=in_place,
-                wrong=int((c != ref).sum()), gathered_wrong=int((gathered != a_full).sum()))
+                wrong=int((c != ref).sum()), gathered_wrong=int((gathered != a_full).sum()),
+                # per source rank's rows: which slice went wrong (a late copy, a misplaced one, our own rows)
+                wrong_by_source=[int((rows(c, q) != rows(ref, q)).sum()) for q in range(world)],
+                gathered_wrong_by_source=[int((rows(gathered, q) != rows(a_full, q)).sum()) for q in range(world)])
 
 
 def _rs_partials(world, m, n, k, dtype):
@@ -468,12 +472,18 @@ def pipelined(ag_shapes, rs_shapes, dtypes, launches):
                         tp.gemm_ar(comm, y, pb, mode="pipelined")))
     torch.cuda.synchronize()
     comm.check()
-    wrong = 0
-    for which, c, g, rs, ar in results:
+    wrong, by_output, first_wrong = 0, dict(c=0, gathered=0, rs=0, ar=0), None
+    for i, (which, c, g, rs, ar) in enumerate(results):
         r = refs[4 * which:4 * which + 4]
-        wrong += int(not torch.equal(c, r[0])) + int(not torch.equal(g, r[1])) + int(not torch.equal(rs, r[2])) + \
-            int(not torch.equal(ar, r[3]))
+        for name, got, want in zip(by_output, (c, g, rs, ar), r):
+            bad = int((got != want).sum())
+            if bad:
+                wrong += 1
+                by_output[name] += 1
+                if first_wrong is None:
+                    first_wrong = dict(call=i, output=name, elements=bad, of=got.numel())
     out["alternating"] = dict(calls=len(results), wrong=wrong)
+    out["alternating_detail"] = dict(by_output=by_output, first_wrong=first_wrong)
     # CUDA graph: capture the three ops (workspaces exist), replay with new inputs
     sa, spa = a_local.clone(), pa.clone()
     s = torch.cuda.Stream()

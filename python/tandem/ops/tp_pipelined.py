@@ -48,6 +48,8 @@ _RECVD, _FREE, _READY, _PULLED, _ARRIVED = 0, 1, 2, 3, 4
 _MAX_FLAGS = 128
 # Row pieces per ring chunk (GEMM+RS/AR): each piece is pushed while the next one multiplies.
 SPLITS = int(os.environ.get("TANDEM_PIPELINE_SPLITS", "2"))
+# Diagnostic: "sm" moves the chunks with a copy kernel (16 blocks) instead of the copy engines.
+_COPY = os.environ.get("TANDEM_PIPELINE_COPY", "engine")
 
 _SIDE: dict = {}
 
@@ -98,7 +100,10 @@ def _peer_bases(comm, ws) -> list:
 
 
 def _copy(K, dst: int, src: int, nbytes: int, stream, op, rank):
-    _ok(K.stream_copy(dst, src, nbytes, stream.cuda_stream), "copy", op, rank)
+    if _COPY == "sm":
+        _ok(K.stream_copy_sm(dst, src, nbytes, 16, stream.cuda_stream), "copy", op, rank)
+    else:
+        _ok(K.stream_copy(dst, src, nbytes, stream.cuda_stream), "copy", op, rank)
 
 
 def _ok(err, what, op, rank):

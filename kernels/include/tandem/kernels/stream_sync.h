@@ -43,6 +43,11 @@ Status wait(const DeviceComm& comm, uint64_t* const* flags, const int* writers, 
 // written through the mapping (the copy engines), with no framework deciding where the bytes "belong".
 Status copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, std::string* why = nullptr);
 
+// The same copy by a grid-stride kernel of `blocks` blocks on the stream (SMs instead of copy engines): a
+// diagnostic alternative (TANDEM_PIPELINE_COPY=sm) that takes the copy engines out of the path.
+Status copy_on_sms(void* dst, const void* src, size_t bytes, int blocks, cudaStream_t stream,
+                   std::string* why = nullptr);
+
 // Load this file's kernels now (lazy module loading would load them at their first launch, possibly while a
 // wait of the same pipeline spins).
 cudaError_t preload_kernels();
