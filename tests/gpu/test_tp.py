@@ -141,6 +141,7 @@ def test_pipelined_mode_matches_torch_repeats_and_replays(run_ranks, world):
             assert c["rel"] < 1e-2, c
         assert r["random_rs_rel"] < 2e-2, r  # bf16 roundings at each of W ring steps
         assert r["same"] == [200, 200, 200], r
+        assert r["lone_ok"] == [True] * 4, r["lone_ok"]
         assert r["alternating"] == dict(calls=80, wrong=0), (r["alternating"], r["alternating_detail"])
         assert r["graph_ok"] == [True, True, True], r
     for i in range(len(res[0]["ar"])):  # every rank holds the same all-reduced bytes

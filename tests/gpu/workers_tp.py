@@ -455,15 +455,23 @@ def pipelined(ag_shapes, rs_shapes, dtypes, launches):
     out["same"] = same
     # back to back with two input sets and no synchronization: a rank that overwrote a peer's buffer before the
     # peer was done with it (this call's or the previous one's) shows as a wrong output or gathered copy
+    # The reference of each set is a lone call of the same op on the same inputs, synchronized on every rank
+    # before and after (the numerics are the ones under test above; here only the interleaving may differ).
     sets = [(a_local, pa), (a_local * 3, pa * 3)]
     refs = []
     for x, y in sets:
-        scale = 1.0 if x is a_local else 3.0
-        scaled = [(p * scale, q) for p, q in parts]
-        refs.append(((a_full * scale).float() @ b.float()).to(torch.bfloat16))
-        refs.append(a_full * scale)
-        refs.append(_ring_reference(rank, world, scaled, m_local, torch.bfloat16))
-        refs.append(torch.cat([_ring_reference(c, world, scaled, m_local, torch.bfloat16) for c in range(world)]))
+        for call in (lambda: tp.ag_gemm(comm, x, b, mode="pipelined", return_gathered=True),
+                     lambda: tp.gemm_rs(comm, y, pb, mode="pipelined"),
+                     lambda: tp.gemm_ar(comm, y, pb, mode="pipelined")):
+            torch.cuda.synchronize()
+            comm.barrier()
+            r = call()
+            refs.extend([r[0].clone(), r[1].clone()] if isinstance(r, tuple) else [r.clone()])
+            torch.cuda.synchronize()
+            comm.barrier()
+    # the lone calls of set 0 are right: the AG against torch, RS/AR equal to the repeats' first call
+    out["lone_ok"] = [torch.equal(refs[0], ((a_full.float() @ b.float()).to(torch.bfloat16))),
+                      torch.equal(refs[1], a_full), torch.equal(refs[2], first[1]), torch.equal(refs[3], first[2])]
     results = []
     for i in range(2 * launches // 5):
         x, y = sets[i % 2]
@@ -502,16 +510,19 @@ def pipelined(ag_shapes, rs_shapes, dtypes, launches):
     graph_ok = []
     for rep in range(3):
         scale = float(rep + 2)
+        # RS/AR references: lone eager calls on the same inputs (their numerics are tested above)
+        torch.cuda.synchronize()
+        comm.barrier()
+        lone_rs = tp.gemm_rs(comm, pa * scale, pb, mode="pipelined")
+        lone_ar = tp.gemm_ar(comm, pa * scale, pb, mode="pipelined")
+        torch.cuda.synchronize()
         sa.copy_(a_local * scale)
         spa.copy_(pa * scale)
         comm.barrier()
         g.replay()
         torch.cuda.synchronize()
-        scaled = [(x * scale, y) for x, y in parts]
         graph_ok.append(bool(torch.equal(gc, ((a_full * scale).float() @ b.float()).to(torch.bfloat16)))
-                        and bool(torch.equal(gr, _ring_reference(rank, world, scaled, m_local, torch.bfloat16)))
-                        and bool(torch.equal(ga, torch.cat([_ring_reference(c, world, scaled, m_local, torch.bfloat16)
-                                                            for c in range(world)]))))
+                        and bool(torch.equal(gr, lone_rs)) and bool(torch.equal(ga, lone_ar)))
     comm.check()
     out["graph_ok"] = graph_ok
     del g

@@ -417,9 +417,13 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     err = K.ag_gemm(comm.native, "gather", *args, _stream(a_local.device))
     if err:
         raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
-    if _UNFUSED_GEMM == "cublas" and not int(sm_count):
+    if _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
         # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
-        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel
+        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
+        # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's
+        # proxy traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while
+        # the proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out.
+        # tandem's GEMM kernels are loaded before the first launch (_preload).
         torch.matmul(gathered, b, out=c)
         return c, gathered
     err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
