@@ -50,8 +50,24 @@ class LaunchResult:
         return all(rc == 0 for rc in self.returncodes)
 
 
-def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True) -> tuple[list[RankPlan], bool]:
-    """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share."""
+def _sm_percent_override(sm_percent):
+    """The SM share asked for (argument, else TANDEM_SM_PERCENT), validated; None when neither is set."""
+    raw = sm_percent if sm_percent is not None else os.environ.get("TANDEM_SM_PERCENT") or None
+    if raw is None:
+        return None
+    try:
+        pct = int(raw)
+    except ValueError:
+        pct = 0
+    if not 1 <= pct <= 100:
+        raise TandemError(f"tandem.launch: the SM share must be a percentage in [1, 100], got {raw!r}", 3, "launch")
+    return pct
+
+
+def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True,
+         sm_percent: int | None = None) -> tuple[list[RankPlan], bool]:
+    """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share (100 / ranks per
+    GPU percent unless `sm_percent` or TANDEM_SM_PERCENT says otherwise)."""
     if nprocs < 1:
         raise TandemError(f"tandem.launch: need at least one rank, got {nprocs}", 3, "launch")
     if mps not in ("auto", "on", "off"):
@@ -64,7 +80,8 @@ def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True) ->
             "machine without one, run the CPU tests: python -m pytest tests", 9, "launch")
     per_gpu = -(-nprocs // gpus)
     use_mps = {"on": True, "off": False, "auto": per_gpu > 1}[mps]
-    pct = max(1, 100 // per_gpu) if use_mps and per_gpu > 1 else None
+    override = _sm_percent_override(sm_percent)
+    pct = (override or max(1, 100 // per_gpu)) if use_mps and per_gpu > 1 else None
     return [RankPlan(r, r % gpus, pct) for r in range(nprocs)], use_mps
 
 
@@ -302,8 +319,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks-per-node", type=int, default=None, help="emulate nodes of this many ranks")
     ap.add_argument("--term-grace", type=float, default=5.0,
                     help="on SIGTERM/SIGINT: seconds between SIGTERM and SIGKILL to the ranks (default 5)")
+    ap.add_argument("--sm-percent", type=int, default=None,
+                    help="each rank's MPS SM share in percent when ranks share a GPU (default 100 / ranks per GPU; "
+                         "TANDEM_SM_PERCENT likewise)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
     a = ap.parse_args(argv)
+    if a.sm_percent is not None:
+        _sm_percent_override(a.sm_percent)  # a bad value is an error before anything starts
+        os.environ["TANDEM_SM_PERCENT"] = str(a.sm_percent)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command given (use: -- python script.py ...)")

@@ -31,6 +31,19 @@ def test_plan_mps_shares():
         plan(0, 1)
 
 
+def test_plan_sm_percent_override(monkeypatch):
+    monkeypatch.delenv("TANDEM_SM_PERCENT", raising=False)
+    assert plan(3, 1, sm_percent=31)[0][0].sm_percent == 31
+    assert plan(3, 3, sm_percent=31)[0][0].sm_percent is None  # a GPU each: no MPS, no share
+    monkeypatch.setenv("TANDEM_SM_PERCENT", "40")
+    assert plan(3, 1)[0][2].sm_percent == 40
+    assert plan(3, 1, sm_percent=20)[0][0].sm_percent == 20  # the argument wins over the environment
+    for bad in ("0", "101", "x"):
+        monkeypatch.setenv("TANDEM_SM_PERCENT", bad)
+        with pytest.raises(TandemError, match="percentage in \\[1, 100\\]"):
+            plan(3, 1)
+
+
 def test_launch_sets_rank_env_and_reports_exit_codes(tmp_path):
     code = (
         "import os, sys; r = int(os.environ['RANK']);"
