@@ -50,6 +50,15 @@ class LaunchResult:
         return all(rc == 0 for rc in self.returncodes)
 
 
+# SM shares (percent) used instead of 100 / ranks-per-GPU. cuBLAS computed whole output tiles wrong on the H200
+# (2026-12-04, tools/diag/cublas_mps_check.py: plain torch.matmul against a CPU reference, bf16 and fp16) with
+# three ranks at 28, 30, 31 and 33 percent (36 to 42 SMs a rank); it was exact with four ranks at 25 percent
+# (32 SMs) and two at 50 (66 SMs). Three ranks therefore get 25 percent (32 SMs each; 36 SMs idle). Whether it
+# is the SM count or the number of clients that matters was not separated: three ranks at 25 percent have not
+# run yet (docs/reliability.md).
+_DEFAULT_PERCENT = {3: 25}
+
+
 def _sm_percent_override(sm_percent):
     """The SM share asked for (argument, else TANDEM_SM_PERCENT), validated; None when neither is set."""
     raw = sm_percent if sm_percent is not None else os.environ.get("TANDEM_SM_PERCENT") or None
@@ -81,7 +90,7 @@ def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True,
     per_gpu = -(-nprocs // gpus)
     use_mps = {"on": True, "off": False, "auto": per_gpu > 1}[mps]
     override = _sm_percent_override(sm_percent)
-    pct = (override or max(1, 100 // per_gpu)) if use_mps and per_gpu > 1 else None
+    pct = (override or _DEFAULT_PERCENT.get(per_gpu) or max(1, 100 // per_gpu)) if use_mps and per_gpu > 1 else None
     return [RankPlan(r, r % gpus, pct) for r in range(nprocs)], use_mps
 
 

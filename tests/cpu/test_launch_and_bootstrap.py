@@ -25,6 +25,8 @@ def test_plan_mps_shares():
     assert use_mps and plans[0].sm_percent == 50
     plans, use_mps = plan(4, 4)
     assert not use_mps and [p.device for p in plans] == [0, 1, 2, 3] and plans[0].sm_percent is None
+    plans, use_mps = plan(3, 1)
+    assert use_mps and plans[0].sm_percent == 25  # not 33: cuBLAS dropped tiles at 36-42 SMs (launch._DEFAULT_PERCENT)
     plans, use_mps = plan(8, 2)
     assert use_mps and [p.device for p in plans] == [0, 1] * 4 and plans[0].sm_percent == 25
     with pytest.raises(TandemError):
