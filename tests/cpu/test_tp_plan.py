@@ -4,6 +4,7 @@ two, a table from `tandem tune` round-trips, and the cost model's choices follow
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -96,3 +97,63 @@ def test_collective_bytes():
     assert tp_plan.collective_bytes("gemm_rs", 4, 16384, 8192, 1024) == 5 * chunk
     assert tp_plan.collective_bytes("gemm_ar", 4, 16384, 8192, 1024) == 5 * chunk + 6 * chunk
     assert tp_plan.collective_bytes("ag_gemm", 4, 16384, 8192, 4096) == 2 * 16384 * 4096 * 2
+
+
+def _bench_json(path, world, sms, rows):
+    data = {"meta": {"commit": "abc1234"}, "data": {"rows": [
+        dict(op=op, m=m, n=n, k=k, world=world, sm_count=sms, fused_ms=f, unfused_ms=u, pipelined_ms=p)
+        for op, m, n, k, f, u, p in rows]}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_tune_from_bench_takes_the_fastest_mode_and_the_ranks_k(tmp_path, monkeypatch):
+    from tandem import tune
+
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    src = _bench_json(tmp_path / "tp_w4.json", 4, 32, [
+        ("ag_gemm", 16384, 7168, 8192, 18.0, 13.4, 12.5),   # pipelined fastest
+        ("gemm_rs", 16384, 8192, 28672, 25.9, 12.8, 13.5),  # unfused fastest; the op sees K / 4 = 7168
+        ("gemm_ar", 256, 8192, 28672, 1.5, None, 1.4),      # a mode that did not run (None) is not a candidate
+    ])
+    rows = tune.rows_from_bench([src])
+    assert [(r["op"], r["k"], r["mode"]) for r in rows] == [("ag_gemm", 8192, "pipelined"), ("gemm_rs", 7168, "unfused"),
+                                                           ("gemm_ar", 7168, "pipelined")]
+    assert rows[0]["source"] == "bench tp_w4.json abc1234" and rows[1]["candidates"]["fused:0"] == 25.9
+    out = str(tmp_path / "table.json")
+    assert tune.main(["--from-bench", src, "--out", out]) == 0
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", out)
+    assert tp_plan.choose("ag_gemm", 4, 32, 16384, 7168, 8192) == ("pipelined", 0)
+    assert tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 7168) == ("unfused", 0)
+    # across nodes the pipelined entry is skipped for the model
+    assert tp_plan.choose("ag_gemm", 4, 32, 16384, 7168, 8192, nodes=2)[0] != "pipelined"
+
+
+def test_a_table_rewritten_by_another_process_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    row = dict(op="gemm_rs", world=2, sms=40, m=4096, n=4096, k=4096, mb=12, nb=12, kb=12, comm_blocks=0, ms=1.0)
+    path.write_text(json.dumps([dict(row, mode="unfused")]))
+    assert tp_plan.lookup("gemm_rs", 2, 40, 4096, 4096, 4096) == ("unfused", 0)
+    path.write_text(json.dumps([dict(row, mode="pipelined")]))
+    os.utime(path, (1, 1))  # a different mtime, as a rewrite a second later has
+    monkeypatch.setattr(tp_plan, "RECHECK_S", 0.0)
+    assert tp_plan.lookup("gemm_rs", 2, 40, 4096, 4096, 4096) == ("pipelined", 0)
+
+
+def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape():
+    # tp_tune_h200.json comes from docs/results/tp_w{2,4}.json (tandem tune --from-bench): at every bench row,
+    # auto's choice is the mode the benchmark measured fastest in that run
+    import pathlib
+
+    from tandem import tune
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sources = [str(root / "docs" / "results" / f"tp_w{w}.json") for w in (2, 4)]
+    shipped = json.loads(pathlib.Path(tp_plan.SHIPPED).read_text())
+    by_key = {(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"]): r["mode"] for r in shipped}
+    rows = tune.rows_from_bench(sources)
+    assert len(rows) >= 40
+    for r in rows:
+        assert by_key[tp_plan.key(r["op"], r["world"], r["sms"], r["m"], r["n"], r["k"])] == r["mode"], r

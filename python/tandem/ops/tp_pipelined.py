@@ -32,9 +32,10 @@ GEMM+AR: the RS above into this rank's `own` rows (workspace), then every rank c
 The partial sums are rounded to the op's dtype at every ring step (cuBLAS's beta = 1 epilogue), as a ring
 reduce-scatter in bf16 does; the fused and unfused modes keep an fp32 accumulator instead. cuBLAS's bf16 beta = 1
 epilogue is not always one fp32 add and one rounding: on the H200 it differed from (A @ B + C in fp32, rounded
-once) in 1.5 to 2.4 % of the elements (world 2, six shapes) once the sums needed more than bf16's bits beyond the 8 kept (fp16 matched
-exactly; tools/diag/cublas_mps_check.py, column "beta=1, 3a"). The tests hold the mode to fp32 accuracy and to
-identical bits between back-to-back and lone calls, not to a hand-written rounding order at every magnitude.
+once) in 1.5 to 2.4 % of the elements at world 2 (six shapes, data three times larger than the tests'; fp16
+matched exactly; tools/diag/cublas_mps_check.py, column "beta=1, 3a"). The tests hold the mode to fp32 accuracy
+and to identical bits between back-to-back and lone calls, not to a hand-written rounding order at every
+magnitude.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 # Rates of the cost model (per SM of a rank; the H200 under MPS, docs/results.md). Overridable for other parts.
 GEMM_TFLOPS_PER_SM = 5.9          # bf16 dense, CUTLASS core at ~780 TFLOP/s on 132 SMs
@@ -50,15 +51,23 @@ def table_path() -> str:
 
 
 _TABLES: dict = {}
+# A table file is stat'ed at most this often: mode="auto" runs the lookup on every call, and two stat() calls per
+# call showed in small problems' host time. A table that `tandem tune` rewrites is picked up within this time.
+RECHECK_S = 1.0
 
 
 def _load(path: str) -> dict:
+    now = time.monotonic()
+    cached = _TABLES.get(path)
+    if cached is not None and now - cached[2] < RECHECK_S:
+        return cached[1]
     try:
         mtime = os.path.getmtime(path)
     except OSError:
+        _TABLES[path] = (None, {}, now)
         return {}
-    cached = _TABLES.get(path)
     if cached is not None and cached[0] == mtime:
+        _TABLES[path] = (mtime, cached[1], now)
         return cached[1]
     try:
         with open(path) as f:
@@ -67,7 +76,7 @@ def _load(path: str) -> dict:
                  (str(r["mode"]), int(r["comm_blocks"])) for r in rows}
     except (OSError, ValueError, KeyError, TypeError):
         table = {}
-    _TABLES[path] = (mtime, table)
+    _TABLES[path] = (mtime, table, now)
     return table
 
 
