@@ -69,7 +69,7 @@ def mps_session():
     from tandem.mps import MpsDaemon
 
     daemon = MpsDaemon()
-    if GPUS < 4:
+    if GPUS == 1:  # every multi-rank test is MPS here: every process joins the session's daemon
         daemon.start()
         old = {k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")}
         os.environ.update(daemon.env())
@@ -79,6 +79,12 @@ def mps_session():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        daemon.stop()
+    elif GPUS < 4:
+        # Some worlds fit one rank per GPU here (world 2 on 2 GPUs): those must run as users run them, without MPS.
+        # The daemon's environment goes only to the runs whose placement needs MPS (run_ranks below).
+        daemon.start()
+        yield daemon
         daemon.stop()
     else:
         yield daemon
@@ -93,6 +99,11 @@ def run_ranks(mps_session):
             rank_env=None, ranks_per_node=None, **args):
         env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "TANDEM_RANK_DUMP_AFTER_S": str(timeout_s - 10)}
+        if 1 < GPUS < 4 and mps_session.running():
+            from tandem.launch import plan
+
+            if plan(world, GPUS)[1]:
+                env.update(mps_session.env())
         results, res = run_function(target, world, args, timeout_s=timeout_s, on_failure=on_failure, env=env,
                                     rank_env=rank_env, ranks_per_node=ranks_per_node)
         if not allow_failures:

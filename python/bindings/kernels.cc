@@ -8,7 +8,9 @@
 #include "tandem/kernels/attention/ring_schedule.h"
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/gemm/gemm_variants.h"
 #include "tandem/kernels/moe/moe.h"
+#include "tandem/kernels/stream_sync.h"
 #include "tandem/transport/comm.h"
 
 namespace tandem_py {
@@ -60,11 +62,101 @@ void bind_kernels(py::module_& m) {
       py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
       py::arg("stream"), py::arg("swizzle") = 1,
       "Launch; returns '' or the reason it did not run. swizzle: the persistent scheduler's (1, 2, 4, 8).");
+  // Stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode. Each returns '' or the reason.
+  namespace ss = tandem::kernels::stream_sync;
+  auto result = [](tandem::Status s, const std::string& why) {
+    return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+  };
+  k.def("stream_advance", [result](uintptr_t counter, uintptr_t stream) {
+    std::string why;
+    return result(ss::advance(reinterpret_cast<uint64_t*>(counter), reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "*counter += 1 on the stream.");
+  k.def(
+      "stream_signal",
+      [result](const tandem::Communicator& c, uintptr_t flag, const std::vector<int>& peers, uintptr_t counter,
+               int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
+        std::string why;
+        return result(ss::signal(c.device_comm(), reinterpret_cast<uint64_t*>(flag), peers.data(),
+                                 static_cast<int>(peers.size()), reinterpret_cast<const uint64_t*>(counter), offset,
+                                 reinterpret_cast<cudaStream_t>(stream), &why), why);
+      },
+      "Each peer's copy of symmetric flag `flag` := *counter + offset, after the stream's earlier work.");
+  k.def("stream_copy", [result](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+    std::string why;
+    return result(ss::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                           reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "cudaMemcpyAsync(cudaMemcpyDefault) on raw addresses (peer mappings included).");
+  k.def("stream_copy_sm", [result](uintptr_t dst, uintptr_t src, size_t bytes, int blocks, uintptr_t stream) {
+    std::string why;
+    return result(ss::copy_on_sms(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, blocks,
+                                  reinterpret_cast<cudaStream_t>(stream), &why), why);
+  }, "The same copy by a grid-stride kernel of `blocks` blocks (SMs, not the copy engines).");
+  k.def("stream_sync_preload_kernels", [] {
+    const cudaError_t e = ss::preload_kernels();
+    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+  }, "Load the stream-sync kernels now; '' or the CUDA error.");
+  k.def(
+      "stream_wait",
+      [result](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,
+               uintptr_t counter, int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
+        std::string why;
+        if (flags.size() != writers.size()) return std::string("flags and writers differ in length");
+        std::vector<uint64_t*> f(flags.size());
+        for (size_t i = 0; i < flags.size(); ++i) f[i] = reinterpret_cast<uint64_t*>(flags[i]);
+        return result(ss::wait(c.device_comm(), f.data(), writers.data(), static_cast<int>(f.size()),
+                               reinterpret_cast<const uint64_t*>(counter), offset,
+                               reinterpret_cast<cudaStream_t>(stream), &why), why);
+      },
+      "Wait (bounded) until every flag >= *counter + offset; a timeout is recorded for comm.check().");
+  // Measurement only (tools/diag/gemm_mps.py): other configurations of the GEMM core, their occupancy, and a
+  // residency probe (gemm_variants.h).
+  k.def("gemm_variant_names", [] { return g::variants::names(); });
+  k.def(
+      "gemm_variant",
+      [args](const std::string& name, int m_, int n, int k_, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb,
+             uintptr_t d, int64_t ldd, int sm_count, uintptr_t stream) {
+        std::string why;
+        const auto s = g::variants::run(name, args(m_, n, k_, 0, a, lda, b, ldb, d, ldd, 1.0f, sm_count),
+                                        reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+      },
+      "bf16 D = A @ B with the named configuration; returns '' or the reason it did not run.");
+  k.def(
+      "gemm_variant_occupancy",
+      [args](const std::string& name, int m_, int n, int k_, int sm_count) {
+        g::variants::Occupancy o;
+        std::string why;
+        const auto s = g::variants::occupancy(name, args(m_, n, k_, 0, 16, k_, 16, n, 16, n, 1.0f, sm_count), &o, &why);
+        py::dict r;
+        if (s != tandem::Status::kOk) {
+          r["error"] = why;
+          return r;
+        }
+        r["grid_ctas"] = o.grid_ctas;
+        r["cluster_size"] = o.cluster_size;
+        r["max_active_clusters"] = o.max_active_clusters;
+        r["smem_bytes"] = o.smem_bytes;
+        return r;
+      },
+      "The persistent grid of a configuration at sm_count and what cudaOccupancyMaxActiveClusters says fits.");
+  k.def(
+      "residency_probe",
+      [](int blocks, int cluster_x, int smem_bytes, int spin_us, uintptr_t timeline, uintptr_t stream) {
+        std::string why;
+        const auto s = g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us,
+                                                    reinterpret_cast<int64_t*>(timeline),
+                                                    reinterpret_cast<cudaStream_t>(stream), &why);
+        return s == tandem::Status::kOk ? std::string() : why;
+      },
+      "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; '' or the reason.");
   k.def(
       "gemm_with_arrivals",
       [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,
              int64_t ldb, uintptr_t d, int64_t ldd, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
              int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         g::ArrivalSchedule s;
         s.comm = c.device_comm();
         s.flags = reinterpret_cast<const uint64_t*>(flags);
@@ -99,6 +191,7 @@ void bind_kernels(py::module_& m) {
   };
   auto ag_args = [](const tandem::Communicator& c, int dtype, int m_local, int n, int k_, uintptr_t a, uintptr_t b,
                     int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     tp::AgGemmArgs x;
     x.dtype = static_cast<g::DType>(dtype);
     x.m_local = m_local;
@@ -117,9 +210,11 @@ void bind_kernels(py::module_& m) {
     return x;
   };
   k.def("ag_gemm_workspace_size", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::workspace_size(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
   });
   k.def("ag_gemm_gathered_offset", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::gathered_offset(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
   });
   k.def("preload_kernels", [] {
@@ -134,6 +229,7 @@ void bind_kernels(py::module_& m) {
       [ag_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
                 uintptr_t a, uintptr_t b, int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count,
                 int comm_blocks, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         auto x = ag_args(c, dtype, m_local, n, k_, a, b, ldb, cc, ldc, ws, sm_count, comm_blocks);
         // any other mode ("gather"): the copy blocks alone (the caller runs the GEMM on the gathered A)
         return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
@@ -144,6 +240,7 @@ void bind_kernels(py::module_& m) {
       "or the reason.");
   auto rs_args = [](const tandem::Communicator& c, int dtype, int m_, int n, int k_, uintptr_t a, int64_t lda,
                     uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     tp::GemmRsArgs x;
     x.dtype = static_cast<g::DType>(dtype);
     x.m = m_;
@@ -162,6 +259,7 @@ void bind_kernels(py::module_& m) {
     return x;
   };
   k.def("gemm_rs_workspace_size", [rs_args](const tandem::Communicator& c, int m_, int n) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     return tp::workspace_size(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
   });
   k.def(
@@ -169,22 +267,31 @@ void bind_kernels(py::module_& m) {
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          if (mode == "wait") return tp::run_wait_partial(y, st, why);
           return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },
       "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'reduce' (the reduction kernel "
-      "alone, over the workspace's partial buffer: the collective's own time), 'check'; returns '' or the reason.");
+      "alone, over the workspace's partial buffer: the collective's own time), 'wait' (until the partial buffer "
+      "is free: the caller's GEMM may write it next), 'check'; returns '' or the reason.");
+  k.def("gemm_rs_partial_offset", [rs_args](const tandem::Communicator& c, int m_, int n) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
+    return tp::partial_offset(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
+  }, "Byte offset of the M x N partial buffer in the GEMM+RS/AR workspace (the unfused path's GEMM output).");
   k.def(
       "gemm_ar",
       [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
                 int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
                 uintptr_t stream, int algo) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         tp::GemmArArgs x;
         static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
         x.algo = static_cast<tp::ArAlgo>(algo);
         return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
+          if (mode == "wait") return tp::run_wait_partial(y, st, why);
           return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
         });
       },
@@ -216,6 +323,7 @@ void bind_kernels(py::module_& m) {
   auto dispatch_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int hidden,
                                    int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
                                    uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     moe::DispatchArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape = moe_shape(tokens, max_tokens, hidden, inter, topk, epr);
@@ -232,6 +340,7 @@ void bind_kernels(py::module_& m) {
   };
   k.def("moe_dispatch_workspace_size",
         [dispatch_args](const tandem::Communicator& c, int max_tokens, int hidden, int inter, int topk, int epr) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
           return moe::workspace_size(dispatch_args(c, 0, 0, max_tokens, hidden, inter, topk, epr, 0, 0, 0, 0, 0, 0, 0, 0));
         });
   k.def(
@@ -239,6 +348,7 @@ void bind_kernels(py::module_& m) {
       [dispatch_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
                       int hidden, int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
                       uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = dispatch_args(c, dtype, tokens, max_tokens, hidden, inter, topk, epr, x, ids, w, y, layout, ws,
                                      sm_count, comm_blocks);
         std::string why;
@@ -253,6 +363,7 @@ void bind_kernels(py::module_& m) {
   auto combine_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int topk,
                                   int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
                                   uintptr_t out, uintptr_t ws, int sm_count) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     moe::CombineArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape = moe_shape(tokens, max_tokens, 8, 8, topk, epr);
@@ -269,6 +380,7 @@ void bind_kernels(py::module_& m) {
   };
   k.def("moe_combine_workspace_size",
         [combine_args](const tandem::Communicator& c, int max_tokens, int topk, int epr, int dim) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
           return moe::workspace_size(combine_args(c, 0, 0, max_tokens, topk, epr, dim, 0, 0, 0, 0, 0, 0, 0));
         });
   k.def(
@@ -276,6 +388,7 @@ void bind_kernels(py::module_& m) {
       [combine_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
                      int topk, int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
                      uintptr_t out, uintptr_t ws, int sm_count, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = combine_args(c, dtype, tokens, max_tokens, topk, epr, dim, z, weights, ids, layout, out, ws,
                                     sm_count);
         std::string why;
@@ -300,6 +413,7 @@ void bind_kernels(py::module_& m) {
   auto ring_args = [](const tandem::Communicator& c, int dtype, int batch, int seq_local, int heads_q, int heads_kv,
                       int head_dim, bool causal, float softmax_scale, uintptr_t q, uintptr_t k_, uintptr_t v,
                       uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks, int kv_slots) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
     attn::RingArgs a;
     a.dtype = static_cast<g::DType>(dtype);
     a.shape.batch = batch;
@@ -325,6 +439,7 @@ void bind_kernels(py::module_& m) {
       "ring_attention_workspace_size",
       [ring_args](const tandem::Communicator& c, int batch, int seq_local, int heads_q, int heads_kv, int head_dim,
                   bool causal, int kv_slots) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         return attn::workspace_size(ring_args(c, 0, batch, seq_local, heads_q, heads_kv, head_dim, causal, 0.f, 0, 0,
                                               0, 0, 0, 0, 0, 0, kv_slots));
       },
@@ -335,6 +450,7 @@ void bind_kernels(py::module_& m) {
                   int heads_q, int heads_kv, int head_dim, bool causal, float softmax_scale, uintptr_t q,
                   uintptr_t k_, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks,
                   int kv_slots, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
         const auto a = ring_args(c, dtype, batch, seq_local, heads_q, heads_kv, head_dim, causal, softmax_scale, q,
                                  k_, v, o, lse, ws, sm_count, comm_blocks, kv_slots);
         std::string why;

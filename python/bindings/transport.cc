@@ -2,6 +2,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <memory>
 
 #include "common.h"
@@ -59,7 +60,83 @@ class PyStoreBootstrap final : public tandem::Bootstrap {
 
 }  // namespace
 
+// DLPack (v0.8 ABI, the "dltensor" capsule torch.from_dlpack takes), written out here because the bindings do
+// not build against torch. Used for peer views: a __cuda_array_interface__ carries no device, so torch infers it
+// from the pointer -- for a mapping of another GPU's memory, that GPU -- and .to(this device) then *copies*; a
+// DLPack tensor names its device, and torch takes the pointer as is.
+namespace dlpack {
+struct Device {
+  int32_t device_type;  // kDLCUDA = 2
+  int32_t device_id;
+};
+struct DataType {
+  uint8_t code;  // kDLUInt = 1
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct Managed {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(Managed* self);
+};
+// What a capsule owns: the tensor, its shape, and a reference to the Python object that keeps the memory mapped.
+struct Context {
+  Managed managed{};
+  int64_t shape[1] = {0};
+  PyObject* owner = nullptr;
+};
+void delete_managed(Managed* m) {
+  auto* ctx = static_cast<Context*>(m->manager_ctx);
+  if (Py_IsInitialized()) {  // the last tensor may go on any thread, and without the GIL
+    py::gil_scoped_acquire gil;
+    Py_XDECREF(ctx->owner);
+  }
+  delete ctx;
+}
+// A capsule that no consumer took (the consumer renames it "used_dltensor") frees its tensor itself.
+void capsule_destructor(PyObject* cap) {
+  const char* name = PyCapsule_GetName(cap);
+  if (name == nullptr || std::strcmp(name, "dltensor") != 0) {
+    PyErr_Clear();
+    return;
+  }
+  auto* mt = static_cast<Managed*>(PyCapsule_GetPointer(cap, "dltensor"));
+  if (mt != nullptr) mt->deleter(mt);
+}
+}  // namespace dlpack
+
 void bind_transport(py::module_& m) {
+  m.def(
+      "_dlpack_bytes",
+      [](uintptr_t ptr, int64_t nbytes, int device, py::object owner) {
+        auto* ctx = new dlpack::Context();
+        ctx->shape[0] = nbytes;
+        ctx->owner = owner.inc_ref().ptr();
+        dlpack::Tensor& t = ctx->managed.dl_tensor;
+        t.data = reinterpret_cast<void*>(ptr);
+        t.device = {2, device};
+        t.ndim = 1;
+        t.dtype = {1, 8, 1};
+        t.shape = ctx->shape;
+        t.strides = nullptr;
+        t.byte_offset = 0;
+        ctx->managed.manager_ctx = ctx;
+        ctx->managed.deleter = dlpack::delete_managed;
+        // A capsule never consumed (renamed "used_dltensor" by the consumer) frees its tensor itself.
+        return py::capsule(&ctx->managed, "dltensor", &dlpack::capsule_destructor);
+      },
+      py::arg("ptr"), py::arg("nbytes"), py::arg("device"), py::arg("owner"),
+      "A DLPack capsule of `nbytes` uint8 at device address `ptr` on CUDA device `device`, holding `owner` alive "
+      "until the consumer's tensor is freed (tandem.transport peer views).");
   py::enum_<tandem::HeapKind>(m, "HeapKind")
       .value("AUTO", tandem::HeapKind::kAuto)
       .value("VMM", tandem::HeapKind::kVmm)

@@ -50,8 +50,33 @@ class LaunchResult:
         return all(rc == 0 for rc in self.returncodes)
 
 
-def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True) -> tuple[list[RankPlan], bool]:
-    """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share."""
+# SM shares (percent) used instead of 100 / ranks-per-GPU. cuBLAS computed whole output tiles wrong on the H200
+# (2026-12-04, tools/diag/cublas_mps_check.py: plain torch.matmul against a CPU reference, bf16 and fp16) with
+# three ranks at 28, 30, 31 and 33 percent (36 to 42 SMs a rank); it was exact with four ranks at 25 percent
+# (32 SMs) and two at 50 (66 SMs). Three ranks therefore get 25 percent (32 SMs each; 36 SMs idle). Whether it
+# is the SM count or the number of clients that matters was not separated: three ranks at 25 percent have not
+# run yet (docs/reliability.md).
+_DEFAULT_PERCENT = {3: 25}
+
+
+def _sm_percent_override(sm_percent):
+    """The SM share asked for (argument, else TANDEM_SM_PERCENT), validated; None when neither is set."""
+    raw = sm_percent if sm_percent is not None else os.environ.get("TANDEM_SM_PERCENT") or None
+    if raw is None:
+        return None
+    try:
+        pct = int(raw)
+    except ValueError:
+        pct = 0
+    if not 1 <= pct <= 100:
+        raise TandemError(f"tandem.launch: the SM share must be a percentage in [1, 100], got {raw!r}", 3, "launch")
+    return pct
+
+
+def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True,
+         sm_percent: int | None = None) -> tuple[list[RankPlan], bool]:
+    """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share (100 / ranks per
+    GPU percent unless `sm_percent` or TANDEM_SM_PERCENT says otherwise)."""
     if nprocs < 1:
         raise TandemError(f"tandem.launch: need at least one rank, got {nprocs}", 3, "launch")
     if mps not in ("auto", "on", "off"):
@@ -64,7 +89,8 @@ def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True) ->
             "machine without one, run the CPU tests: python -m pytest tests", 9, "launch")
     per_gpu = -(-nprocs // gpus)
     use_mps = {"on": True, "off": False, "auto": per_gpu > 1}[mps]
-    pct = max(1, 100 // per_gpu) if use_mps and per_gpu > 1 else None
+    override = _sm_percent_override(sm_percent)
+    pct = (override or _DEFAULT_PERCENT.get(per_gpu) or max(1, 100 // per_gpu)) if use_mps and per_gpu > 1 else None
     return [RankPlan(r, r % gpus, pct) for r in range(nprocs)], use_mps
 
 
@@ -169,8 +195,8 @@ def launch(cmd: list, nprocs: int, *, mps: str = "auto", timeout_s: float | None
             plans, use_mps = plan(nprocs, gpus, mps, require_gpu)
             t0 = time.monotonic()
             boot_dir = tempfile.mkdtemp(prefix="tandem-boot-")
-            if use_mps:
-                daemon = MpsDaemon()
+            if use_mps:  # a daemon named in `env` (a test session's) is reused, as one named in os.environ is
+                daemon = MpsDaemon((env or {}).get("CUDA_MPS_PIPE_DIRECTORY"), (env or {}).get("CUDA_MPS_LOG_DIRECTORY"))
                 daemon.start()  # interruptible: a signal here stops it (start and stop clean up after themselves)
             port = _free_port()
             sig.armed = False  # spawning: a signal now is acted on once every started rank is in `procs`
@@ -302,8 +328,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks-per-node", type=int, default=None, help="emulate nodes of this many ranks")
     ap.add_argument("--term-grace", type=float, default=5.0,
                     help="on SIGTERM/SIGINT: seconds between SIGTERM and SIGKILL to the ranks (default 5)")
+    ap.add_argument("--sm-percent", type=int, default=None,
+                    help="each rank's MPS SM share in percent when ranks share a GPU (default 100 / ranks per GPU; "
+                         "TANDEM_SM_PERCENT likewise)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
     a = ap.parse_args(argv)
+    if a.sm_percent is not None:
+        _sm_percent_override(a.sm_percent)  # a bad value is an error before anything starts
+        os.environ["TANDEM_SM_PERCENT"] = str(a.sm_percent)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command given (use: -- python script.py ...)")

@@ -1,8 +1,13 @@
 """`python -m tandem tune -n N`: measure the TP ops' modes and SM splits on this machine and write the table that
 mode="auto" reads (tandem.ops.tp_plan). Every rank runs every candidate at once, as the ops run in a job: the
-unfused path and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a quarter of the rank's SMs.
+unfused path, the pipelined mode (one node) and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a
+quarter of the rank's SMs.
 
     python -m tandem tune -n 4 [--shapes MxNxK,...] [--out FILE] [--reps 5]
+    python -m tandem tune --from-bench docs/results/tp_w2.json docs/results/tp_w4.json [--out FILE]
+
+--from-bench takes the modes' times from bench tp's JSON instead (the same run conditions: every rank at once,
+CUDA events, medians); it has no fused split sweep, so its fused entries are at the op's default split.
 
 Shapes are the rank's problems as tandem.bench.tp takes them (default: that benchmark's set).
 """
@@ -38,7 +43,8 @@ def run(case_list, reps, path):
         fn, a, b = rank_problem(op, m, n, k, world)
         kk = a.shape[1]  # the rank's K: the table is keyed by the problem the op sees
         results = {}
-        for mode, c in [("unfused", 0)] + [("fused", c) for c in candidates(sms)]:
+        pipelined = [("pipelined", 0)] if comm.native.num_nodes == 1 else []
+        for mode, c in [("unfused", 0)] + pipelined + [("fused", c) for c in candidates(sms)]:
             comm.barrier()
             try:
                 results[(mode, c)] = common.time_launches(lambda: fn(comm, a, b, mode=mode, comm_blocks=c),
@@ -60,6 +66,34 @@ def run(case_list, reps, path):
     comm.destroy()
 
 
+_BENCH_MODES = ("fused", "unfused", "pipelined")
+
+
+def rows_from_bench(paths) -> list:
+    """Table rows from `python -m tandem bench tp` outputs (tp_w*.json): per shape, the fastest of the modes the
+    benchmark timed in its run (fused at the op's default split, unfused, pipelined), every rank at once as here.
+    The rank's K is the table's (RS/AR: K / world). Rows whose modes all failed are skipped."""
+    import json
+
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for r in data["data"]["rows"] if isinstance(data, dict) else data:
+            times = {mode: r.get(f"{mode}_ms") for mode in _BENCH_MODES}
+            times = {mode: t for mode, t in times.items() if t}
+            if not times:
+                continue
+            mode = min(times, key=times.get)
+            world = int(r["world"])
+            k_rank = int(r["k"]) if r["op"] == "ag_gemm" else int(r["k"]) // world
+            rows.append(dict(op=r["op"], world=world, sms=int(r["sm_count"]), m=int(r["m"]), n=int(r["n"]), k=k_rank,
+                             mode=mode, comm_blocks=0, ms=times[mode],
+                             candidates={f"{mo}:0": t for mo, t in times.items()},
+                             source=f"bench {os.path.basename(path)} {(data.get('meta') or {}).get('commit', '?')}"))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tandem tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,8 +101,19 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: tandem bench tp's set)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=None, help="table file (default: tandem.ops.tp_plan.table_path())")
+    ap.add_argument("--from-bench", nargs="+", default=None, metavar="TP_JSON",
+                    help="build the table from `tandem bench tp` outputs (tp_w2.json ...) instead of measuring: the "
+                         "fastest mode the benchmark timed at each shape (no GPU needed)")
     argv = list(sys.argv[2:] if argv is None else argv)
     a = ap.parse_args(argv)
+    if a.from_bench:
+        from .ops import tp_plan
+
+        rows = rows_from_bench(a.from_bench)
+        for r in rows:
+            print(f"{r['op']:8} w{r['world']} {r['m']}x{r['n']}x{r['k']}: {r['mode']} {r['ms']:.3f} ms")
+        print("tuned table:", tp_plan.write_table(rows, a.out))
+        return 0
     if a.nprocs is not None and "RANK" not in os.environ:
         from .launch import launch
 

@@ -25,10 +25,25 @@ def test_plan_mps_shares():
     assert use_mps and plans[0].sm_percent == 50
     plans, use_mps = plan(4, 4)
     assert not use_mps and [p.device for p in plans] == [0, 1, 2, 3] and plans[0].sm_percent is None
+    plans, use_mps = plan(3, 1)
+    assert use_mps and plans[0].sm_percent == 25  # not 33: cuBLAS dropped tiles at 36-42 SMs (launch._DEFAULT_PERCENT)
     plans, use_mps = plan(8, 2)
     assert use_mps and [p.device for p in plans] == [0, 1] * 4 and plans[0].sm_percent == 25
     with pytest.raises(TandemError):
         plan(0, 1)
+
+
+def test_plan_sm_percent_override(monkeypatch):
+    monkeypatch.delenv("TANDEM_SM_PERCENT", raising=False)
+    assert plan(3, 1, sm_percent=31)[0][0].sm_percent == 31
+    assert plan(3, 3, sm_percent=31)[0][0].sm_percent is None  # a GPU each: no MPS, no share
+    monkeypatch.setenv("TANDEM_SM_PERCENT", "40")
+    assert plan(3, 1)[0][2].sm_percent == 40
+    assert plan(3, 1, sm_percent=20)[0][0].sm_percent == 20  # the argument wins over the environment
+    for bad in ("0", "101", "x"):
+        monkeypatch.setenv("TANDEM_SM_PERCENT", bad)
+        with pytest.raises(TandemError, match="percentage in \\[1, 100\\]"):
+            plan(3, 1)
 
 
 def test_launch_sets_rank_env_and_reports_exit_codes(tmp_path):

@@ -107,8 +107,26 @@ class FakeTensor:
     def element_size(self):
         return torch.empty((), dtype=self.dtype).element_size()
 
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
     def zero_(self):
         return self
+
+
+class FakeDLPackTensor:
+    """What torch.from_dlpack makes of a peer view's capsule, as far as lifetimes go: it holds the capsule (and so
+    the capsule's owner, the peer buffer) until it is freed; views share it."""
+
+    def __init__(self, capsule, dtype=torch.uint8):
+        self.capsule = capsule
+        self.dtype = dtype
+
+    def view(self, what):
+        return FakeDLPackTensor(self.capsule, what if isinstance(what, torch.dtype) else self.dtype)
 
 
 class FakeTorch:
@@ -118,6 +136,10 @@ class FakeTorch:
     @staticmethod
     def as_tensor(obj, device=None):
         return FakeTensor(obj)
+
+    @staticmethod
+    def from_dlpack(capsule):
+        return FakeDLPackTensor(capsule)
 
 
 @pytest.fixture

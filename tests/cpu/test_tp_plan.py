@@ -4,6 +4,7 @@ two, a table from `tandem tune` round-trips, and the cost model's choices follow
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -42,6 +43,8 @@ def test_model_follows_its_rates(monkeypatch):
     monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
     shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    # (across nodes: the pipelined mode is not a candidate there; test_pipelined_is_a_one_node_candidate)
+    monkeypatch.setattr(tp_plan, "model", __import__("functools").partial(tp_plan.model, nodes=2))
     # a nearly free collective: fusing only costs the GEMM SMs, so unfused
     monkeypatch.setitem(tp_plan.ROLE_GBS_PER_SM, "gemm_rs", 1000.0)
     monkeypatch.setattr(tp_plan, "MEMORY_GBS", 1e6)
@@ -58,9 +61,99 @@ def test_model_follows_its_rates(monkeypatch):
     assert tp_plan.choose("gemm_rs", 1, 132, 16384, 8192, 1024) == ("unfused", 0)  # world 1: the plain GEMM
 
 
+def test_pipelined_is_a_one_node_candidate(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", "/nonexistent/tune.json")
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    shape = ("gemm_rs", 4, 33, 16384, 8192, 1024)
+    # off in the model until measured: a table entry is the way in
+    monkeypatch.setattr(tp_plan, "SYNC_STEP_US", 1.0)
+    assert tp_plan.model(*shape, nodes=1)[0] != "pipelined"
+    monkeypatch.setattr(tp_plan, "PIPELINED_IN_MODEL", True)
+    # cheap sync steps: the GEMM alone plus a piece per ring step beats every SM split on one node ...
+    assert tp_plan.model(*shape, nodes=1)[0] == "pipelined"
+    assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
+    # ... is never chosen across nodes ...
+    assert tp_plan.model(*shape, nodes=2)[0] != "pipelined"
+    assert tp_plan.choose(*shape, nodes=2)[0] != "pipelined"
+    # ... and loses when each step costs more than the whole collective
+    monkeypatch.setattr(tp_plan, "SYNC_STEP_US", 1e5)
+    assert tp_plan.model(*shape, nodes=1)[0] != "pipelined"
+    # a tuned entry naming it is used on one node and skipped across nodes
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    tp_plan.write_table([dict(op="gemm_rs", world=4, sms=33, m=16384, n=8192, k=1024, mode="pipelined",
+                              comm_blocks=0, ms=1.0)])
+    assert tp_plan.choose(*shape, nodes=1) == ("pipelined", 0)
+    assert tp_plan.choose(*shape, nodes=2) == tp_plan.model(*shape, nodes=2)[:2]
+    # ... and when the caller restricted the SMs (sm_count): pipelined would use them all
+    assert tp_plan.choose(*shape, nodes=1, pipelined=False) == tp_plan.model(*shape, pipelined=False)[:2]
+    assert tp_plan.choose(*shape, nodes=1, pipelined=False)[0] != "pipelined"
+
+
+
 def test_collective_bytes():
     # RS at world 4: 4 partial chunks read + 1 written; AR adds 3 chunks copied (read + written)
     chunk = 4096 * 8192 * 2
     assert tp_plan.collective_bytes("gemm_rs", 4, 16384, 8192, 1024) == 5 * chunk
     assert tp_plan.collective_bytes("gemm_ar", 4, 16384, 8192, 1024) == 5 * chunk + 6 * chunk
     assert tp_plan.collective_bytes("ag_gemm", 4, 16384, 8192, 4096) == 2 * 16384 * 4096 * 2
+
+
+def _bench_json(path, world, sms, rows):
+    data = {"meta": {"commit": "abc1234"}, "data": {"rows": [
+        dict(op=op, m=m, n=n, k=k, world=world, sm_count=sms, fused_ms=f, unfused_ms=u, pipelined_ms=p)
+        for op, m, n, k, f, u, p in rows]}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_tune_from_bench_takes_the_fastest_mode_and_the_ranks_k(tmp_path, monkeypatch):
+    from tandem import tune
+
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    src = _bench_json(tmp_path / "tp_w4.json", 4, 32, [
+        ("ag_gemm", 16384, 7168, 8192, 18.0, 13.4, 12.5),   # pipelined fastest
+        ("gemm_rs", 16384, 8192, 28672, 25.9, 12.8, 13.5),  # unfused fastest; the op sees K / 4 = 7168
+        ("gemm_ar", 256, 8192, 28672, 1.5, None, 1.4),      # a mode that did not run (None) is not a candidate
+    ])
+    rows = tune.rows_from_bench([src])
+    assert [(r["op"], r["k"], r["mode"]) for r in rows] == [("ag_gemm", 8192, "pipelined"), ("gemm_rs", 7168, "unfused"),
+                                                           ("gemm_ar", 7168, "pipelined")]
+    assert rows[0]["source"] == "bench tp_w4.json abc1234" and rows[1]["candidates"]["fused:0"] == 25.9
+    out = str(tmp_path / "table.json")
+    assert tune.main(["--from-bench", src, "--out", out]) == 0
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", out)
+    assert tp_plan.choose("ag_gemm", 4, 32, 16384, 7168, 8192) == ("pipelined", 0)
+    assert tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 7168) == ("unfused", 0)
+    # across nodes the pipelined entry is skipped for the model
+    assert tp_plan.choose("ag_gemm", 4, 32, 16384, 7168, 8192, nodes=2)[0] != "pipelined"
+
+
+def test_a_table_rewritten_by_another_process_is_read_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    row = dict(op="gemm_rs", world=2, sms=40, m=4096, n=4096, k=4096, mb=12, nb=12, kb=12, comm_blocks=0, ms=1.0)
+    path.write_text(json.dumps([dict(row, mode="unfused")]))
+    assert tp_plan.lookup("gemm_rs", 2, 40, 4096, 4096, 4096) == ("unfused", 0)
+    path.write_text(json.dumps([dict(row, mode="pipelined")]))
+    os.utime(path, (1, 1))  # a different mtime, as a rewrite a second later has
+    monkeypatch.setattr(tp_plan, "RECHECK_S", 0.0)
+    assert tp_plan.lookup("gemm_rs", 2, 40, 4096, 4096, 4096) == ("pipelined", 0)
+
+
+def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape():
+    # tp_tune_h200.json comes from docs/results/tp_w{2,4}.json (tandem tune --from-bench): at every bench row,
+    # auto's choice is the mode the benchmark measured fastest in that run
+    import pathlib
+
+    from tandem import tune
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sources = [str(root / "docs" / "results" / f"tp_w{w}.json") for w in (2, 4)]
+    shipped = json.loads(pathlib.Path(tp_plan.SHIPPED).read_text())
+    by_key = {(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"]): r["mode"] for r in shipped}
+    rows = tune.rows_from_bench(sources)
+    assert len(rows) >= 40
+    for r in rows:
+        assert by_key[tp_plan.key(r["op"], r["world"], r["sms"], r["m"], r["n"], r["k"])] == r["mode"], r

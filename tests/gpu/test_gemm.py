@@ -34,3 +34,17 @@ def test_arrival_scheduler_waits_for_chunks_and_times_out_cleanly(run_ranks):
     assert r["wrong"] == 0, r
     assert r["err"] is not None and r["err"]["status_name"] == "timeout" and r["err"]["op"] == "wait_until", r
     assert r["timeout_elapsed"] < 2.0 + 3.0, r  # bounded by the communicator timeout, no hang
+
+
+def test_gemm_variants_match_torch(run_ranks):
+    # The measurement configurations (tools/diag/gemm_mps.py) must compute the same product as the core before
+    # their timings mean anything: structured data exactly, random data within bf16 rounding; ragged shapes and
+    # persistent grids of 2, 32 (a world-4 MPS share) and the whole GPU (0).
+    shapes = [(128, 256, 64), (1000, 1024, 1000), (257, 520, 1032), (4096, 2048, 1024)]
+    (r,) = run_ranks(f"{W}:variants", 1, shapes=shapes, sm_counts=[2, 32, 0])
+    assert len(r["rows"]) == 5 * len(shapes) * 3
+    for row in r["rows"]:
+        assert not row["err"], row
+        assert row["wrong"] == 0, row
+        assert row["rel"] < 1e-2, row
+    assert "unknown GEMM variant" in r["unknown"]

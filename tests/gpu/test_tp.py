@@ -21,7 +21,7 @@ def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
     for r in res:
         assert len(r["ag"]) == 2 * (2 * 3 * len(AG_SHAPES) - 2) and len(r["rs"]) == 2 * 3 * 3 and len(r["ar"]) == 2 * 3 * 3 * 2
         for c in r["ag"]:
-            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, repr(c)
         for c in r["rs"]:
             assert c["wrong"] == 0, c  # bit-exact against the kernel's own summation order
             assert c["rel"] < 1e-2, c  # and close to the exact fp32 sum
@@ -62,7 +62,7 @@ def test_tp_ops_across_emulated_nodes(run_ranks, ranks_per_node):
         assert r["ranks_per_node"] == ranks_per_node, r
         assert len(r["ag"]) == 4 and len(r["rs"]) == 4 and len(r["ar"]) == 4, r
         for c in r["ag"]:
-            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, repr(c)
         for c in r["rs"] + r["ar"]:
             assert c["wrong"] == 0 and c["rel"] < 1e-2, c
         assert r["repeat_same"] == dict(rs=20, ar=20, ag=20), r
@@ -123,3 +123,26 @@ def test_a_rank_out_of_step_is_an_error_within_the_timeout(run_ranks):
             assert c["status"] in (1, 2), c  # the device wait's timeout (or abort)
         else:
             assert c["status"] == 1 and "ranks out of step: rank 0 did not take agreement step" in c["message"], c
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_pipelined_mode_matches_torch_repeats_and_replays(run_ranks, world):
+    # mode="pipelined": cuBLAS per chunk, copy-engine pushes, stream-ordered flags (tandem.ops.tp_pipelined).
+    # Ragged shapes (M_local 100 and 1000, not multiples of 8 or of a tile; K, N not powers of two).
+    res = run_ranks(f"{W}:pipelined", world, ag_shapes=[(256, 1024, 1024), (100, 520, 1032), (1000, 1024, 512)],
+                    rs_shapes=[(256, 1024, 1024), (300, 520, 1032), (1001, 512, 256)],
+                    dtypes=["bfloat16", "float16"], launches=200, timeout_s=300)
+    for r in res:
+        assert len(r["ag"]) == 2 * 3 * 2 and len(r["rs"]) == 2 * 3 and len(r["ar"]) == 2 * 3, r
+        for c in r["ag"]:
+            assert c["wrong"] == 0 and c["gathered_wrong"] == 0, repr(c)
+        for c in r["rs"] + r["ar"]:
+            assert c["wrong"] == 0, c  # bit-exact against the ring's own order and roundings
+            assert c["rel"] < 1e-2, c
+        assert r["random_rs_rel"] < 2e-2, r  # bf16 roundings at each of W ring steps
+        assert r["same"] == [200, 200, 200], r
+        assert r["lone_ok"] == [True] * 4, r["lone_ok"]
+        assert r["alternating"] == dict(calls=80, wrong=0), (r["alternating"], r["alternating_detail"])
+        assert r["graph_ok"] == [True, True, True], r
+    for i in range(len(res[0]["ar"])):  # every rank holds the same all-reduced bytes
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i

@@ -141,3 +141,31 @@ def arrivals(chunk_rows: int, chunks: int, n: int, k: int, hold_s: float):
     comm.destroy()
     return dict(done_early=bool(done_early), waited_ms=waited_ms, wrong=wrong, timeout_elapsed=timeout_elapsed,
                 err=err)
+
+
+def variants(shapes, sm_counts):
+    """Every measurement configuration of the core (gemm_variants.h), bf16, structured and random data, at the
+    given persistent-grid sizes."""
+    from tandem._native import native
+
+    K = native().kernels
+    out = []
+    stream = torch.cuda.current_stream().cuda_stream
+    for name in K.gemm_variant_names():
+        for m, n, k in shapes:
+            for sms in sm_counts:
+                a, b = _structured(m, n, k, torch.bfloat16)
+                ref = (a.float() @ b.float()).to(torch.bfloat16)
+                d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+                err = K.gemm_variant(name, m, n, k, a.data_ptr(), k, b.data_ptr(), n, d.data_ptr(), n, sms, stream)
+                torch.cuda.synchronize()
+                wrong = int((d != ref).sum()) if not err else None
+                ra = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                rb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+                err2 = K.gemm_variant(name, m, n, k, ra.data_ptr(), k, rb.data_ptr(), n, d.data_ptr(), n, sms, stream)
+                torch.cuda.synchronize()
+                r64 = ra.double() @ rb.double()
+                rel = float((d.double() - r64).norm() / r64.norm()) if not err2 else None
+                out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2, wrong=wrong, rel=rel))
+    bad = K.gemm_variant("no_such_variant", 128, 128, 64, 16, 64, 16, 128, 16, 128, 0, stream)
+    return dict(rows=out, unknown=bad)

@@ -35,15 +35,19 @@ def _ag_case(comm, m_local, n, k, dtype, mode, in_place):
     b = _b(k, n, 1, dtype)
     ref = (a_full.float() @ b.float()).to(dtype)
     if in_place:
-        a_local = tp.gathered_buffer(comm, m_local, k, dtype)
+        a_local = tp.gathered_buffer(comm, m_local, k, dtype, mode="pipelined" if mode == "pipelined" else "fused")
         a_local.copy_(a_full[rank * m_local:(rank + 1) * m_local])
     else:
         a_local = a_full[rank * m_local:(rank + 1) * m_local].clone()
     c, gathered = tp.ag_gemm(comm, a_local, b, mode=mode, return_gathered=True)
     torch.cuda.synchronize()
     comm.check()
+    rows = lambda t, q: t[q * m_local:(q + 1) * m_local]  # noqa: E731
     return dict(shape=[m_local, n, k], dtype=str(dtype), mode=mode, in_place=in_place,
-                wrong=int((c != ref).sum()), gathered_wrong=int((gathered != a_full).sum()))
+                wrong=int((c != ref).sum()), gathered_wrong=int((gathered != a_full).sum()),
+                # per source rank's rows: which slice went wrong (a late copy, a misplaced one, our own rows)
+                wrong_by_source=[int((rows(c, q) != rows(ref, q)).sum()) for q in range(world)],
+                gathered_wrong_by_source=[int((rows(gathered, q) != rows(a_full, q)).sum()) for q in range(world)])
 
 
 def _rs_partials(world, m, n, k, dtype):
@@ -100,6 +104,10 @@ def _ar_case(comm, mr, n, k, dtype, mode, algo):
 
 
 def correctness(ag_shapes, rs_shapes, dtypes, modes):
+    # bit-exact references: the unfused path's GEMM is cuBLAS, whose reduced-precision split-K would round
+    # partial sums to the dtype
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     out = dict(ag=[], rs=[], ar=[], sm_count=comm.sm_count)
     for name in dtypes:
@@ -368,3 +376,156 @@ def out_of_step(comm_timeout_s):
     tp.release_workspaces(comm)
     comm.destroy()
     return dict(first=first, second=second)
+
+
+def _ring_reference(owner, world, parts, mr, dtype):
+    """The pipelined mode's order for chunk `owner`: rank owner-1 starts it (rounded to dtype), each rank to the
+    left adds its partial in fp32 and rounds again (cuBLAS beta = 1), and the owner adds its own last."""
+    rows = slice(owner * mr, (owner + 1) * mr)
+    acc = None
+    for s in range(world):
+        q = (owner - 1 - s) % world
+        a, b = parts[q]
+        p = a.float()[rows] @ b.float()
+        acc = p.to(dtype) if acc is None else (p + acc.float()).to(dtype)
+    return acc
+
+
+def pipelined(ag_shapes, rs_shapes, dtypes, launches):
+    """mode="pipelined" (tandem.ops.tp_pipelined): structured data bit-exact against its summation order, random
+    data against fp32, repeated launches identical, CUDA graph replays with new inputs."""
+    # bit-exact references need cuBLAS to reduce in fp32 (its reduced-precision split-K would round partial sums)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(ag=[], rs=[], ar=[])
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for (m_local, n, k) in ag_shapes:
+            for in_place in (False, True):
+                out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "pipelined", in_place))
+        for (mr, n, k) in rs_shapes:
+            m = mr * world
+            parts = _rs_partials(world, m, n, k, dtype)
+            a, b = parts[rank]
+            rs = tp.gemm_rs(comm, a, b, mode="pipelined")
+            ar = tp.gemm_ar(comm, a, b, mode="pipelined")
+            torch.cuda.synchronize()
+            comm.check()
+            exact = sum((pa.float() @ pb.float()) for pa, pb in parts)
+            ref_rs = _ring_reference(rank, world, parts, mr, dtype)
+            ref_ar = torch.cat([_ring_reference(c, world, parts, mr, dtype) for c in range(world)])
+            mine = exact[rank * mr:(rank + 1) * mr]
+            out["rs"].append(dict(shape=[m, n, k], dtype=name, wrong=int((rs != ref_rs).sum()),
+                                  rel=float((rs.float() - mine).norm() / mine.norm().clamp_min(1e-6))))
+            out["ar"].append(dict(shape=[m, n, k], dtype=name, wrong=int((ar != ref_ar).sum()),
+                                  rel=float((ar.float() - exact).norm() / exact.norm().clamp_min(1e-6)),
+                                  digest=_digest(ar)))
+    # random data against fp32, bf16, a shape with several pieces per chunk
+    mr, n, k = 1000, 1024, 768
+    g = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    ra = torch.randn(mr * world, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    rb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
+    rs = tp.gemm_rs(comm, ra, rb, mode="pipelined")
+    full = torch.empty(world, mr * world, n, device="cuda")
+    # every rank's partial, to build the exact sum here: each rank draws with its own seed, so recompute them
+    for q in range(world):
+        g = torch.Generator(device="cuda").manual_seed(1234 + q)
+        qa = torch.randn(mr * world, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        qb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=g) / k ** 0.5
+        full[q] = qa.float() @ qb.float()
+    exact = full.sum(0)[rank * mr:(rank + 1) * mr]
+    out["random_rs_rel"] = float((rs.float() - exact).norm() / exact.norm())
+    # repeats: identical bytes
+    m_local = 256
+    a_full = _ints(world * m_local, 512, 0, torch.bfloat16)
+    b = _b(512, 512, 1, torch.bfloat16)
+    a_local = a_full[rank * m_local:(rank + 1) * m_local].clone()
+    parts = _rs_partials(world, m_local * world, 512, 512, torch.bfloat16)
+    pa, pb = parts[rank]
+    first = (tp.ag_gemm(comm, a_local, b, mode="pipelined"), tp.gemm_rs(comm, pa, pb, mode="pipelined"),
+             tp.gemm_ar(comm, pa, pb, mode="pipelined"))
+    same = [0, 0, 0]
+    for _ in range(launches):
+        now = (tp.ag_gemm(comm, a_local, b, mode="pipelined"), tp.gemm_rs(comm, pa, pb, mode="pipelined"),
+               tp.gemm_ar(comm, pa, pb, mode="pipelined"))
+        for i in range(3):
+            same[i] += int(torch.equal(now[i], first[i]))
+    out["same"] = same
+    # back to back with two input sets and no synchronization: a rank that overwrote a peer's buffer before the
+    # peer was done with it (this call's or the previous one's) shows as a wrong output or gathered copy
+    # The reference of each set is a lone call of the same op on the same inputs, synchronized on every rank
+    # before and after (the numerics are the ones under test above; here only the interleaving may differ).
+    sets = [(a_local, pa), (a_local * 3, pa * 3)]
+    refs = []
+    for x, y in sets:
+        for call in (lambda: tp.ag_gemm(comm, x, b, mode="pipelined", return_gathered=True),
+                     lambda: tp.gemm_rs(comm, y, pb, mode="pipelined"),
+                     lambda: tp.gemm_ar(comm, y, pb, mode="pipelined")):
+            torch.cuda.synchronize()
+            comm.barrier()
+            r = call()
+            refs.extend([r[0].clone(), r[1].clone()] if isinstance(r, tuple) else [r.clone()])
+            torch.cuda.synchronize()
+            comm.barrier()
+    # the lone calls of set 0 are right: the AG against torch, RS/AR equal to the repeats' first call
+    out["lone_ok"] = [torch.equal(refs[0], ((a_full.float() @ b.float()).to(torch.bfloat16))),
+                      torch.equal(refs[1], a_full), torch.equal(refs[2], first[1]), torch.equal(refs[3], first[2])]
+    results = []
+    for i in range(2 * launches // 5):
+        x, y = sets[i % 2]
+        c, g = tp.ag_gemm(comm, x, b, mode="pipelined", return_gathered=True)
+        results.append((i % 2, c, g.clone(), tp.gemm_rs(comm, y, pb, mode="pipelined"),
+                        tp.gemm_ar(comm, y, pb, mode="pipelined")))
+    torch.cuda.synchronize()
+    comm.check()
+    wrong, by_output, first_wrong = 0, dict(c=0, gathered=0, rs=0, ar=0), None
+    for i, (which, c, g, rs, ar) in enumerate(results):
+        r = refs[4 * which:4 * which + 4]
+        for name, got, want in zip(by_output, (c, g, rs, ar), r):
+            bad = int((got != want).sum())
+            if bad:
+                wrong += 1
+                by_output[name] += 1
+                if first_wrong is None:
+                    first_wrong = dict(call=i, output=name, elements=bad, of=got.numel())
+    out["alternating"] = dict(calls=len(results), wrong=wrong)
+    out["alternating_detail"] = dict(by_output=by_output, first_wrong=first_wrong)
+    # CUDA graph: capture the three ops (workspaces exist), replay with new inputs
+    sa, spa = a_local.clone(), pa.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        tp.ag_gemm(comm, sa, b, mode="pipelined")
+        tp.gemm_rs(comm, spa, pb, mode="pipelined")
+        tp.gemm_ar(comm, spa, pb, mode="pipelined")
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gc = tp.ag_gemm(comm, sa, b, mode="pipelined")
+        gr = tp.gemm_rs(comm, spa, pb, mode="pipelined")
+        ga = tp.gemm_ar(comm, spa, pb, mode="pipelined")
+    graph_ok = []
+    for rep in range(3):
+        scale = float(rep + 2)
+        # RS/AR references: lone eager calls on the same inputs (their numerics are tested above)
+        torch.cuda.synchronize()
+        comm.barrier()
+        lone_rs = tp.gemm_rs(comm, pa * scale, pb, mode="pipelined")
+        lone_ar = tp.gemm_ar(comm, pa * scale, pb, mode="pipelined")
+        torch.cuda.synchronize()
+        sa.copy_(a_local * scale)
+        spa.copy_(pa * scale)
+        comm.barrier()
+        g.replay()
+        torch.cuda.synchronize()
+        graph_ok.append(bool(torch.equal(gc, ((a_full * scale).float() @ b.float()).to(torch.bfloat16)))
+                        and bool(torch.equal(gr, lone_rs)) and bool(torch.equal(ga, lone_ar)))
+    comm.check()
+    out["graph_ok"] = graph_ok
+    del g
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out

@@ -93,10 +93,15 @@ def comm_kind(comm):
         return "destroyed"
 
 
-def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capacity: int = 4096):
+def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capacity: int = 4096,
+                        pageable_copy: bool = False, comm_timeout_s: float = 30.0):
     """Even ranks stream put_signals to rank+1 (cross: ranks of the first half to rank + world/2, i.e. to the
-    other emulated node), which checks every word of every round (data before flag)."""
-    comm = Communicator(heap_bytes=32 << 20, timeout_s=30, proxy_capacity=proxy_capacity)
+    other emulated node), which checks every word of every round (data before flag).
+
+    pageable_copy: right after the launch, every rank copies a device tensor to pageable host memory on the same
+    stream (what .cpu(), .tolist() and print(t) do): that copy waits for the streaming kernel, which waits for
+    proxy traffic. The proxy's own copies must not wait for it."""
+    comm = Communicator(heap_bytes=32 << 20, timeout_s=comm_timeout_s, proxy_capacity=proxy_capacity)
     rank, world = comm.rank, comm.world_size
     kind = comm.heap_kind
     buf = comm.zeros(nbytes, torch.uint8)
@@ -115,6 +120,8 @@ def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capa
     else:
         send_to = rank + 1 if rank % 2 == 0 and rank + 1 < world else None
         recv_from = rank - 1 if rank % 2 == 1 else None
+    behind = torch.randn(1 << 20, device="cuda") if pageable_copy else None
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     if send_to is not None:
         role = "sender"
@@ -124,6 +131,8 @@ def put_signal_ordering(iters: int, nbytes: int, cross: bool = False, proxy_capa
         role = "receiver"
         probe.put_signal_stream(comm, buf, scratch, nbytes, flag, ack, peer=recv_from, iters=iters, base=0,
                                 sender=False, errors=errors, status=status)
+    if behind is not None:
+        behind.cpu()  # pageable, on the current stream: returns once the streaming kernel has finished
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     comm.check()
@@ -277,6 +286,20 @@ def symmetric_tensors():
         wrong += int((va != p * 100000 + rows * 37 + cols).sum())
         wrong += int((vb != (torch.arange(4097, device="cuda") % 251 + p).to(torch.bfloat16)).sum())
     comm.barrier()
+    # A view aliases the mapping (no copy) on this rank's device, and a write through it lands at the peer.
+    aliased = 0
+    w = comm.zeros(64, torch.int64)
+    torch.cuda.synchronize()
+    comm.barrier()
+    for p in comm.local_ranks:
+        v = comm.peer_view(w, p)
+        aliased += int(v.data_ptr() == comm.native.peer_ptr(w.data_ptr(), p) and v.device.index == comm.device)
+        v[rank].fill_(1000 + rank)
+    torch.cuda.synchronize()
+    comm.barrier()
+    seen = sorted(int(x) for x in w[w != 0].tolist())
+    writes_landed = seen == [1000 + p for p in comm.local_ranks]
+    comm.barrier()
     off_a = comm.offset_of(a)
     del b
     c = comm.empty(4097, torch.bfloat16)  # reuses b's range
@@ -290,8 +313,10 @@ def symmetric_tensors():
         except TandemError as e:
             mismatch = dict(status=e.status, op=e.op, msg=str(e))
     comm.barrier()
+    nlocal = len(comm.local_ranks)  # (every property raises after destroy)
     comm.destroy()
-    return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch)
+    return dict(wrong=wrong, off_a=off_a, reuse=reuse, mismatch=mismatch, aliased=aliased,
+                local_ranks=nlocal, writes_landed=writes_landed)
 
 
 def kill_peer_waiting(victim: int, comm_timeout_s: float, stamp_dir: str):

@@ -169,6 +169,30 @@ void Communicator::setup() {
   host_barrier();
 }
 
+ScopedDevice::ScopedDevice(int device) {
+  if (device < 0) return;
+  const auto& api = detail::driver_api();
+  CUcontext ctx = nullptr;
+  if (api.cuCtxGetCurrent != nullptr && api.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == nullptr) {
+    // A thread without a context (a finalizer's, say): take ours, and leave none behind. "Restoring" its default
+    // device 0 would create a context on GPU 0 (cudaSetDevice does since CUDA 12) in a rank that runs elsewhere.
+    if (cudaSetDevice(device) == cudaSuccess) clear_after_ = true;
+    return;
+  }
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current == device) return;
+  if (cudaSetDevice(device) == cudaSuccess) previous_ = current;
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (previous_ >= 0) {
+    cudaSetDevice(previous_);
+  } else if (clear_after_) {
+    const auto& api = detail::driver_api();
+    if (api.cuCtxSetCurrent != nullptr) api.cuCtxSetCurrent(nullptr);
+  }
+}
+
 Communicator::~Communicator() {
   try {
     destroy();
@@ -215,6 +239,45 @@ void Communicator::detect_topology() {
   local_ranks_.clear();
   for (int r = 0; r < world_; ++r)
     if (node[r] == node_) local_ranks_.push_back(r);
+  // This node's peers on other GPUs get their heaps mapped here (load/store over NVLink or PCIe): their GPU must
+  // be visible to this process and reachable peer to peer, or the import fails later with a bare CUDA error.
+  int count = 0;
+  TANDEM_CUDA_CHECK(cudaGetDeviceCount(&count), "communicator.topology", rank_);
+  std::vector<std::string> visible(count);
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp p{};
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&p, d), "communicator.topology", rank_);
+    visible[d] = std::string(reinterpret_cast<const char*>(p.uuid.bytes), sizeof(p.uuid.bytes));
+  }
+  // Ranks sharing a GPU while others sit idle is a placement mistake (every rank took the current device: no
+  // LOCAL_RANK or TANDEM_DEVICE), not MPS by design: say so once, from the lowest such rank.
+  int sharing = 0;
+  for (int r : local_ranks_) sharing += gpus[r] == uuid ? 1 : 0;
+  if (sharing > 1 && count >= static_cast<int>(local_ranks_.size()) && rank_ == *std::find_if(
+          local_ranks_.begin(), local_ranks_.end(), [&](int r) { return gpus[r] == uuid; }))
+    std::fprintf(stderr,
+                 "tandem: rank %d: warning: %d ranks of this host share one GPU (device %d) while %d GPUs are "
+                 "visible; if that is not meant (MPS), give each rank its GPU: LOCAL_RANK or TANDEM_DEVICE, or "
+                 "Communicator(device=...)\n",
+                 rank_, sharing, device_, count);
+  for (int r : local_ranks_) {
+    if (gpus[r] == uuid) continue;
+    const auto it = std::find(visible.begin(), visible.end(), gpus[r]);
+    if (it == visible.end())
+      throw Error(Status::kUnreachablePeer, "communicator.topology", rank_, r,
+                  "rank " + std::to_string(r) + "'s GPU on this host is not visible to this process "
+                  "(CUDA_VISIBLE_DEVICES?): tandem maps the memory of a node's ranks directly, so every rank must "
+                  "see every GPU of its node (or set TANDEM_RANKS_PER_NODE so that such ranks are separate nodes)");
+    int can = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, static_cast<int>(it - visible.begin())),
+                      "communicator.topology", rank_);
+    if (!can)
+      throw Error(Status::kUnreachablePeer, "communicator.topology", rank_, r,
+                  "no peer-to-peer path from this GPU (device " + std::to_string(device_) + ") to rank " +
+                      std::to_string(r) + "'s (device " + std::to_string(it - visible.begin()) +
+                      "): the ranks of a node must reach each other's memory (NVLink or PCIe P2P); set "
+                      "TANDEM_RANKS_PER_NODE to make them separate nodes (proxy path)");
+  }
 }
 
 int Communicator::uniform_ranks_per_node() const {
@@ -451,6 +514,7 @@ void Communicator::host_barrier() {
 void Communicator::destroy() {
   if (destroyed_) return;
   destroyed_ = true;
+  ScopedDevice on_our_device(device_);  // destroy() may run on any thread (finalizers)
   cudaDeviceSynchronize();  // every wait is bounded, so this returns
   // Teardown is collective only where it must be, and never after a failure (a peer may be gone):
   //  * VMM heap: every importer holds its own reference to our physical memory, so releasing ours can neither
@@ -479,6 +543,7 @@ void Communicator::destroy() {
 // In dependency order: the proxy (its thread calls abort(), so before abort_host_) and the monitor (its
 // callback too), then the heap the proxy's domain points into, then the rest.
 void Communicator::release_local() noexcept {
+  ScopedDevice on_our_device(device_);
   teardown_proxy();
   monitor_.reset();  // says goodbye: peers do not mistake this for a crash
   heap_.reset();

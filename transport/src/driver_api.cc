@@ -34,6 +34,8 @@ DriverApi load() {
   ok &= resolve("cuDeviceGetAttribute", api.cuDeviceGetAttribute);
   api.complete = ok;
   (void)resolve("cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange);
+  (void)resolve("cuCtxGetCurrent", api.cuCtxGetCurrent);
+  (void)resolve("cuCtxSetCurrent", api.cuCtxSetCurrent);
   return api;
 }
 

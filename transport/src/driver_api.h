@@ -20,6 +20,9 @@ struct DriverApi {
   decltype(&::cuDeviceGetAttribute) cuDeviceGetAttribute = nullptr;
   // Optional (not part of `complete`): a dmabuf fd of a device range, for RDMA registration.
   decltype(&::cuMemGetHandleForAddressRange) cuMemGetHandleForAddressRange = nullptr;
+  // Optional: whether a thread has a current context at all (ScopedDevice, comm.cc).
+  decltype(&::cuCtxGetCurrent) cuCtxGetCurrent = nullptr;
+  decltype(&::cuCtxSetCurrent) cuCtxSetCurrent = nullptr;
   bool complete = false;
 };
 

@@ -361,9 +361,13 @@ size_t acc_offset(const GemmRsArgs& a) {
   return recv_offset(a) + (t.N > 1 ? round256(t.N * chunk) : 0);
 }
 
+// Stages of the unfused path that run: all three, the reduction alone, or the wait alone (the caller's GEMM
+// goes between the wait and the reduction).
+enum class Stages { kAll, kReduceOnly, kWaitOnly };
+
 template <class Element>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
-                 std::string* why, bool reduce_only = false) {
+                 std::string* why, Stages stages = Stages::kAll) {
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
@@ -408,9 +412,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
                               : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
   };
   if (!fused) {
-    if (!reduce_only) {
+    if (stages != Stages::kReduceOnly) {
       p.mode = RsMode::kWaitReady;
       if (Status s = launch(dim3(2, 1, 1), 0); s != Status::kOk) return s;
+      if (stages == Stages::kWaitOnly) return Status::kOk;
       gemm::GemmArgs g = chunk_args(0, plan.sm_count);
       g.m = a.m;
       if (Status s = gemm::run(g, nullptr, stream, why); s != Status::kOk) return s;
@@ -491,14 +496,14 @@ Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a,
 
 template <bool kAllReduce>
 static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why,
-                       bool reduce_only = false) {
+                       Stages stages = Stages::kAll) {
   if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   if (a.dtype == DType::kFP16)
-    return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, reduce_only);
-  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, reduce_only);
+    return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
@@ -532,10 +537,14 @@ Status run_unfused(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
 }
 
 Status run_reduce_only(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
-  return dispatch<false>(a, false, false, stream, why, true);
+  return dispatch<false>(a, false, false, stream, why, Stages::kReduceOnly);
 }
 Status run_reduce_only(const GemmArArgs& a, cudaStream_t stream, std::string* why) {
-  return dispatch<true>(a, false, use_one_shot(a), stream, why, true);
+  return dispatch<true>(a, false, use_one_shot(a), stream, why, Stages::kReduceOnly);
+}
+size_t partial_offset(const GemmRsArgs&) { return kPartialOffset; }
+Status run_wait_partial(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  return dispatch<false>(a, false, false, stream, why, Stages::kWaitOnly);
 }
 
 }  // namespace tandem::kernels::tp

@@ -19,26 +19,38 @@ namespace tandem::kernels::gemm::detail {
 
 using namespace cute;
 
-template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler>
+// The tile, cluster and schedules of one GEMM configuration. CooperativeConfig is the core's (and the fused
+// kernels'); the others exist for measuring (kernels/src/gemm/gemm_variants_sm90.cu, tools/diag/gemm_mps.py).
+template <int kTileM, int kTileN, int kClusterM, class MainloopSchedule_, class EpilogueSchedule_>
+struct Sm90Config {
+  using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
+  using MainloopSchedule = MainloopSchedule_;
+  using EpilogueSchedule = EpilogueSchedule_;
+};
+using CooperativeConfig = Sm90Config<128, 256, 2, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                     cutlass::epilogue::TmaWarpSpecializedCooperative>;
+
+template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler, class Config = CooperativeConfig>
 struct Sm90Gemm {
   using LayoutA = cutlass::layout::RowMajor;
   using LayoutB = cutlass::layout::RowMajor;
   using LayoutC = cutlass::layout::RowMajor;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;  // 16-byte accesses
   using Accumulator = float;
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, Element, LayoutC, kAlign, Element,
-      LayoutC, kAlign, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+      LayoutC, kAlign, typename Config::EpilogueSchedule>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign,
       Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Config::MainloopSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, SchedulerTag>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

@@ -3,6 +3,7 @@
 Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random bf16 data):
   fused         tandem's one persistent kernel (mode="fused"; the SM split of the plan or --comm-blocks)
   unfused       tandem's collective kernel and the GEMM one after the other (mode="unfused")
+  pipelined     cuBLAS per chunk, the copy engines moving the chunks (mode="pipelined"; one node)
   auto          mode="auto": what the op picks by itself
   gemm_alone    cuBLAS (torch.matmul) on the rank's GEMM: the compute floor
   collective    the collective alone at its best: the faster of tandem's collective kernel alone and the plain
@@ -30,6 +31,12 @@ SHAPES = [(8192, 4096, 8192), (16384, 8192, 4096), (1024, 4096, 8192)]
 LLAMA_HIDDEN, LLAMA_FFN = 8192, 28672
 LLAMA_M = (256, 2048, 8192, 16384)
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+
+
+# The table's columns, in the order of each row (plot() finds its series by name).
+COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
+           "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "fused/naive",
+           "fused/max(GEMM, coll)", "auto/naive"]
 
 
 def cases(world: int, shapes=None) -> list:
@@ -170,6 +177,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
+        r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
         r["gemm_alone_ms"] = timed(lambda: torch.matmul(a_gemm, b_gemm, out=gemm_out))
         r["torch_collective_ms"] = timed(coll_torch)
         r["tandem_collective_ms"] = timed(lambda: tp.collective_alone(comm, op, a, b)) \
@@ -192,7 +200,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         data.append(r)
         f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
         g = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
-        rows.append([label, op, f(r["fused_ms"]), f(r["unfused_ms"]), f(r["auto_ms"]), f(r["gemm_alone_ms"]),
+        rows.append([label, op, f(r["fused_ms"]), f(r["unfused_ms"]), f(r["pipelined_ms"]), f(r["auto_ms"]),
+                     f(r["gemm_alone_ms"]),
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
                      f(r["naive_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]), g(r["auto_over_naive"])])
         if rank == 0:
@@ -200,9 +209,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
-            ["shape (M x N x K)", "op", "fused ms", "unfused ms", "auto ms", "cuBLAS alone ms", "collective alone ms",
-             "tandem collective ms", "torch collective ms", "naive ms", "fused/naive", "fused/max(GEMM, coll)",
-             "auto/naive"], rows)
+            COLUMNS, rows)
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
               f"{meta['commit']}, {meta['date']}")
         print(table)
@@ -221,8 +228,8 @@ def plot(rows, world, path):
 
     common.grouped_bars(path, [f"{r[1]}\n{r[0]}" for r in rows],
                         [(name, [num(r[col]) for r in rows])
-                         for name, col in (("fused", 2), ("unfused", 3), ("auto", 4), ("naive", 9),
-                                           ("cuBLAS alone", 5))],
+                         for name, col in ((n, COLUMNS.index(f"{n} ms")) for n in
+                                           ("fused", "unfused", "pipelined", "auto", "naive", "cuBLAS alone"))],
                         "ms per rank", f"tandem TP ops vs cuBLAS + torch peer-view collective, world {world}")
 
 

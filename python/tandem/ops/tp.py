@@ -10,8 +10,10 @@ call of a key (shapes, dtype, mode, ...) checks that the ranks agree and raises 
 they do not (_agree below).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
-reduction kernel next to the plain GEMM, one after the other), "auto" (mode and SM split per shape: the tuned
-table of `python -m tandem tune`, else the cost model of tandem.ops.tp_plan; world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
+reduction kernel next to the plain GEMM, one after the other), "pipelined" (cuBLAS GEMMs per chunk, the copy
+engines moving the chunks, stream-ordered flags between ranks: tandem.ops.tp_pipelined; one node), "auto" (mode
+and SM split per shape: the tuned table of `python -m tandem tune`, else the cost model of tandem.ops.tp_plan;
+world 1 is the plain GEMM). The workspace (symmetric heap) is made on the first call for
 a shape and reused: make that first call before capturing a CUDA graph (allocation is collective and not
 capturable); replays are safe (epochs live on the device).
 """
@@ -20,20 +22,23 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import weakref
 
 import torch
 
 from .._native import native
 from ..errors import INVALID_ARGUMENT, TandemError, invalid
-from . import tp_plan
+from . import tp_pipelined, tp_plan
 from .gemm import _DTYPES, gemm as _plain_gemm
 
 def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple:
     """(mode, comm_blocks) that mode="auto" runs for the rank's problem M x N x K (AG: M the gathered rows; RS/AR:
     K the rank's): the tuned table of `python -m tandem tune`, else the cost model (tandem.ops.tp_plan). The same
     on every rank that reads the same table; the choice is part of what the ranks agree on."""
-    return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
+    # pipelined runs cuBLAS on all of the rank's SMs: not a candidate when the caller restricts them
+    return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k,
+                          nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
 
 # Handle -> communicator, weakly: the registry must not keep a communicator (and its heap) alive. The workspaces
 # (keys: (op, token, ...)) hold the heap mapping, not the communicator (transport._Lifetime); they are dropped when
@@ -322,8 +327,8 @@ def _stream(dev):
 
 
 def _check_mode(mode, op, rank):
-    if mode not in ("auto", "fused", "unfused"):
-        raise invalid(f"mode must be 'auto', 'fused' or 'unfused', got {mode!r}", op, rank)
+    if mode not in ("auto", "fused", "unfused", "pipelined"):
+        raise invalid(f"mode must be 'auto', 'fused', 'unfused' or 'pipelined', got {mode!r}", op, rank)
 
 
 def _check_blocks(comm_blocks, op, rank):
@@ -353,6 +358,17 @@ def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
     return ws, ws[off:off + rows * k * esize].view(dtype).view(rows, k)
 
 
+_PIPELINED_LOADERS = ("preload_kernels", "stream_sync_preload_kernels")
+
+
+def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> torch.Tensor:
+    """The pipelined AG workspace (tandem.ops.tp_pipelined: flags, then the gathered A) for this shape."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    return _workspace(comm, ("ag_gemm_pipelined", _token(comm), m_local, k, dtype),
+                      tp_pipelined.ag_workspace_bytes(comm.world_size, m_local, k, esize),
+                      loaders=_PIPELINED_LOADERS, agree=agree)
+
+
 def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
     """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
     return _workspace(comm, (op, _token(comm), m, n, dtype),
@@ -374,6 +390,9 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
+    if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
+        tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
+        return tp_pipelined.ag_gemm(comm, _ag_pipelined_workspace(comm, m_local, k, a_local.dtype, agree), a_local, b)
     ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
     dt = _DTYPES[a_local.dtype]
@@ -398,6 +417,15 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     err = K.ag_gemm(comm.native, "gather", *args, _stream(a_local.device))
     if err:
         raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
+    if _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
+        # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
+        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
+        # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's
+        # proxy traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while
+        # the proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out.
+        # tandem's GEMM kernels are loaded before the first launch (_preload).
+        torch.matmul(gathered, b, out=c)
+        return c, gathered
     err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
                  int(sm_count) or comm.sm_count, gws.data_ptr(), _stream(a_local.device))
     if err:
@@ -406,6 +434,10 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
 
 
 _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
+
+# The GEMM of the unfused path: "cublas" (torch.matmul, the default) or "tandem" (the CUTLASS core; also used
+# whenever the caller restricts sm_count, which cuBLAS cannot honour). TANDEM_UNFUSED_GEMM overrides.
+_UNFUSED_GEMM = os.environ.get("TANDEM_UNFUSED_GEMM", "cublas")
 
 
 def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
@@ -423,10 +455,20 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
                       op, comm.rank)
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
+    pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
-                   **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}))
-    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
+                   **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
+                   **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
     out_rows = m if op == "gemm_ar" else m // world
+    if pipelined:
+        tp_pipelined.check(comm, op, tp_pipelined.SPLITS, sm_count=sm_count,
+                           comm_blocks=comm_blocks if mode == "pipelined" else 0)
+        pws = _workspace(comm, (op + "_pipelined", _token(comm), m, n, a.dtype),
+                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"),
+                         loaders=_PIPELINED_LOADERS, agree=agree)
+        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+        return tp_pipelined.gemm_rs(comm, pws, a, b, out, op == "gemm_ar", tp_pipelined.SPLITS)
+    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
     out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
     if op == "gemm_ar":  # algo was checked by the op
 
@@ -445,7 +487,18 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "unfused" if why else "fused"
-    err = run(comm.native, chosen, *args, _stream(a.device))
+    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
+        # The unfused path with cuBLAS for the GEMM (see _ag): wait until every rank read this rank's partial of
+        # the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
+        stream = _stream(a.device)
+        err = run(comm.native, "wait", *args, stream)
+        if not err:
+            off = K.gemm_rs_partial_offset(comm.native, m, n)
+            partial = ws[off:off + m * n * a.element_size()].view(a.dtype).view(m, n)
+            torch.matmul(a, b, out=partial)
+            err = run(comm.native, "reduce", *args, stream)
+    else:
+        err = run(comm.native, chosen, *args, _stream(a.device))
     if err:
         raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return out
@@ -524,11 +577,17 @@ def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: i
     return torch.ops.tandem.gemm_rs(a, b, register(comm), mode, comm_blocks, sm_count)
 
 
-def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16):
+def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16, mode: str = "fused"):
     """This rank's slice of the AG workspace's gathered A (rows [rank m_local, ...)): write A_local there and pass
-    it as a_local to run the all-gather in place (no local copy)."""
-    _, g = _ag_workspace(comm, m_local, k, dtype,
-                         op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype))
+    it as a_local to run the all-gather in place (no local copy). The fused, unfused and auto modes share one
+    workspace; mode="pipelined" has its own (pass the mode the op will run)."""
+    key = op_key("ag_gemm", gathered_buffer=True, m_local=m_local, k=k, dtype=dtype,
+                 **({"mode": "pipelined"} if mode == "pipelined" else {}))
+    if mode == "pipelined":
+        ws = _ag_pipelined_workspace(comm, m_local, k, dtype, key)
+        g = tp_pipelined.gathered_view(ws, comm.world_size, m_local, k, dtype)
+    else:
+        _, g = _ag_workspace(comm, m_local, k, dtype, key)
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
 
 

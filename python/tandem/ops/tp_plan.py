@@ -6,6 +6,8 @@ runs on and writes that table. Without an entry it falls back to a cost model of
 
     fused(c)  = max(GEMM on S - c SMs, collective bytes / (c x role rate a SM)) + one chunk's fill and drain
     unfused   = GEMM on S SMs + collective bytes / min(S x role rate a SM, memory rate / ranks on the GPU)
+    pipelined = GEMM on S SMs in W pieces + a sync step per piece + what the copy engines cannot hide (RS: one
+                piece's push per ring step; AR: that plus the owners' rows copied at the end); one node only
 
 with the GEMM at a measured rate per SM and the role rates of `python -m tandem bench roles` (defaults below,
 measured on the H200; a table entry always wins over the model).
@@ -19,12 +21,19 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 # Rates of the cost model (per SM of a rank; the H200 under MPS, docs/results.md). Overridable for other parts.
 GEMM_TFLOPS_PER_SM = 5.9          # bf16 dense, CUTLASS core at ~780 TFLOP/s on 132 SMs
 ROLE_GBS_PER_SM = {"ag_gemm": 40.0, "gemm_rs": 40.0, "gemm_ar": 40.0}
 MEMORY_GBS = 4300.0               # device-to-device copy, bytes read + written
 FILL_FRACTION = 0.5               # of one chunk's collective time that fused cannot hide (first/last chunk)
+SYNC_STEP_US = 15.0               # a stream-ordered flag wait/signal pair between two GEMM pieces (pipelined)
+PIECE_EFFICIENCY = 0.97           # a GEMM cut into W row pieces runs at this fraction of the whole one's rate
+PIPELINE_SPLITS = int(os.environ.get("TANDEM_PIPELINE_SPLITS", "2"))  # as tandem.ops.tp_pipelined.SPLITS
+# The model's pipelined term is a guess until the mode is measured (`tandem tune` then puts it in the table, which
+# auto follows); TANDEM_TP_MODEL_PIPELINED=1 lets the model pick it without a table entry.
+PIPELINED_IN_MODEL = os.environ.get("TANDEM_TP_MODEL_PIPELINED", "0") == "1"
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_tune_h200.json")
 
@@ -42,15 +51,23 @@ def table_path() -> str:
 
 
 _TABLES: dict = {}
+# A table file is stat'ed at most this often: mode="auto" runs the lookup on every call, and two stat() calls per
+# call showed in small problems' host time. A table that `tandem tune` rewrites is picked up within this time.
+RECHECK_S = 1.0
 
 
 def _load(path: str) -> dict:
+    now = time.monotonic()
+    cached = _TABLES.get(path)
+    if cached is not None and now - cached[2] < RECHECK_S:
+        return cached[1]
     try:
         mtime = os.path.getmtime(path)
     except OSError:
+        _TABLES[path] = (None, {}, now)
         return {}
-    cached = _TABLES.get(path)
     if cached is not None and cached[0] == mtime:
+        _TABLES[path] = (mtime, cached[1], now)
         return cached[1]
     try:
         with open(path) as f:
@@ -59,7 +76,7 @@ def _load(path: str) -> dict:
                  (str(r["mode"]), int(r["comm_blocks"])) for r in rows}
     except (OSError, ValueError, KeyError, TypeError):
         table = {}
-    _TABLES[path] = (mtime, table)
+    _TABLES[path] = (mtime, table, now)
     return table
 
 
@@ -92,8 +109,10 @@ def gemm_flops(op: str, world: int, m: int, n: int, k: int) -> float:
     return 2.0 * m * n * k
 
 
-def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None):
-    """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused."""
+def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None, nodes: int = 1,
+          pipelined: bool = True):
+    """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused and pipelined (which is a
+    candidate on one node only)."""
     ranks_on_gpu = ranks_on_gpu or world
     flops = gemm_flops(op, world, m, n, k)
     nbytes = collective_bytes(op, world, m, n, k)
@@ -104,6 +123,17 @@ def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: i
         return flops / (s * GEMM_TFLOPS_PER_SM * 1e12)
 
     best = ("unfused", 0, t_gemm(sms) + nbytes / min(sms * role, mem))
+    if world > 1 and nodes == 1 and pipelined and PIPELINED_IN_MODEL:
+        piece = m // world * n * 2 / PIPELINE_SPLITS  # bytes of one ring piece (RS/AR)
+        if op == "ag_gemm":  # the pushes share the memory with the GEMMs: their bytes count at the memory rate
+            t = t_gemm(sms) / PIECE_EFFICIENCY + (world - 1) * SYNC_STEP_US * 1e-6 + nbytes / mem / world
+        else:
+            steps = (world - 1) * PIPELINE_SPLITS
+            t = t_gemm(sms) / PIECE_EFFICIENCY + steps * SYNC_STEP_US * 1e-6 + (world - 1) * 2 * piece / mem
+            if op == "gemm_ar":
+                t += (world - 1) * 2 * PIPELINE_SPLITS * piece / mem
+        if t < best[2]:
+            best = ("pipelined", 0, t)
     if world > 1:
         c = 2
         while c <= max(2, sms // 4):
@@ -115,14 +145,17 @@ def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: i
     return best[0], best[1], best[2] * 1e3
 
 
-def choose(op: str, world: int, sms: int, m: int, n: int, k: int):
-    """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice."""
+def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1, pipelined: bool = True):
+    """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice. "pipelined" is
+    never chosen across nodes (nodes > 1) or when the caller rules it out (pipelined=False: it restricted the
+    SMs): a table entry naming it is then skipped for the model."""
     if world == 1:
         return "unfused", 0
+    ok = pipelined and nodes == 1
     hit = lookup(op, world, sms, m, n, k)
-    if hit is not None:
+    if hit is not None and (ok or hit[0] != "pipelined"):
         return hit
-    mode, c, _ = model(op, world, sms, m, n, k)
+    mode, c, _ = model(op, world, sms, m, n, k, nodes=nodes, pipelined=ok)
     return mode, c
 
 

@@ -370,7 +370,11 @@ class Communicator:
             )
         torch = self._torch
         holder = _PeerBuffer(self._life, p, tuple(t.shape), t.element_size())
-        return torch.as_tensor(holder, device=f"cuda:{self.device}").view(t.dtype)
+        # Through DLPack, which names the device: from a __cuda_array_interface__ torch would take the device of
+        # the memory (the peer's GPU, across NVLink) and then copy to this one, and writes would miss the peer.
+        nbytes = t.numel() * t.element_size()
+        raw = torch.from_dlpack(native()._dlpack_bytes(p, nbytes, self.device, holder))
+        return raw.view(t.dtype).view(tuple(t.shape))
 
     # ---- errors, teardown -------------------------------------------------------------------------------
     def check(self):

@@ -61,6 +61,22 @@ struct Command;
 struct QueueControl;
 }  // namespace proxy
 
+// Makes `device` the calling thread's current CUDA device for the scope, and restores the previous one after.
+// CUDA calls go to the thread's current device, and a communicator's teardown or a launch can run on any thread
+// (a tensor's finalizer, a torch.cuda.device(...) block): with one rank per GPU, rank k's work must not land on
+// GPU 0. A no-op when `device` is already current (every rank on one GPU, MPS).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device);
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = -1;         // -1: nothing to restore
+  bool clear_after_ = false;  // the thread had no current context: leave it without one
+};
+
 class Communicator {
  public:
   // Collective over all ranks of `bootstrap`.

@@ -72,7 +72,10 @@ class CudaMemoryDomain final : public MemoryDomain {
   char* base_;
   uint64_t bytes_;
   int device_;
-  std::mutex mu_;             // the proxy thread and the receive threads share the stream
+  std::mutex mu_;             // the proxy thread and the receive threads share the stream (and bounce_)
+  static constexpr uint64_t kBounceBytes = 4ull << 20;  // one frame (kMaxFramePayload)
+  char* bounce_ = nullptr;    // pinned staging of read/write (cuda_domain.cc says why)
+  bool pageable_ = false;     // test hook TANDEM_TEST_PROXY_PAGEABLE_COPIES: no bounce buffer
   void* stream_ = nullptr;    // cudaStream_t
   uint64_t* pinned_ = nullptr;  // staging word for set signals
 };
@@ -247,6 +250,7 @@ class ProxyService {
 // Test-only fault injection: true if environment variable `name` is "all", or a comma-separated list of ranks
 // that holds `rank`. Used by TANDEM_TEST_FAIL_AFTER_PROXY (fail a constructor once the proxy runs) and
 // TANDEM_TEST_LATE_ACKS (the TCP ack thread sleeps 200 ms before each round of acks).
+// TANDEM_TEST_PROXY_PAGEABLE_COPIES ("all"): CudaMemoryDomain copies without its pinned bounce buffer.
 bool fault_injected(const char* name, int rank);
 
 }  // namespace tandem::proxy

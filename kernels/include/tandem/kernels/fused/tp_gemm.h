@@ -125,5 +125,10 @@ Status run_unfused(const GemmArArgs& args, cudaStream_t stream, std::string* why
 // For benchmarks (the collective's own time) and for callers that wrote the partial buffer themselves.
 Status run_reduce_only(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
 Status run_reduce_only(const GemmArArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// The unfused path with the caller's GEMM (cuBLAS, say): run_wait_partial (until every rank finished reading this
+// rank's partial buffer of the previous launch), then the caller writes A @ B (M x N, row-major, the op's
+// dtype) at workspace + partial_offset, then run_reduce_only. The same three steps as run_unfused.
+size_t partial_offset(const GemmRsArgs& args);
+Status run_wait_partial(const GemmRsArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
 }  // namespace tandem::kernels::tp

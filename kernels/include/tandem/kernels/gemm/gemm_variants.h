@@ -1,0 +1,41 @@
+// tandem kernels — other configurations of the Hopper GEMM core, for measurement only (bf16).
+//
+// The core (gemm.h) is one CUTLASS configuration: 128x256x64 tiles, 2x1 clusters, cooperative. Under MPS, on a
+// rank's share of the SMs, it ran at about half of cuBLAS's rate (docs/results.md, issue 21) while it matched
+// cuBLAS on a whole GPU. These variants, the occupancy queries and the residency probe below let one device run
+// tell which of tile, cluster or schedule is at fault (tools/diag/gemm_mps.py), before the core changes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tandem/kernels/gemm/gemm.h"
+
+namespace tandem::kernels::gemm::variants {
+
+// "coop_128x256_c2" (the core's configuration), "coop_128x256_c1", "coop_256x128_c1", "pingpong_128x128_c1",
+// "pingpong_128x128_c2": schedule_tile_cluster (c2 = clusters of 2 CTAs along M).
+std::vector<std::string> names();
+
+// D = A @ B with variant `name` (bf16 only; args.dtype must be kBF16). Persistent grid sized to args.sm_count.
+Status run(const std::string& name, const GemmArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
+struct Occupancy {
+  int grid_ctas = 0;            // CTAs the persistent grid launches for args.sm_count
+  int cluster_size = 0;         // CTAs a cluster
+  int max_active_clusters = 0;  // cudaOccupancyMaxActiveClusters for that launch (what the driver says fits)
+  int smem_bytes = 0;           // dynamic shared memory a CTA
+};
+Status occupancy(const std::string& name, const GemmArgs& args, Occupancy* out, std::string* why = nullptr);
+
+// Residency probe: `blocks` CTAs in clusters of `cluster_x`, each with `smem_bytes` of dynamic shared memory,
+// each recording [globaltimer at start, globaltimer at end, SM id] into timeline[3 * block] (device memory,
+// int64) after spinning `spin_us`. The largest number of overlapping [start, end) intervals is how many CTAs of
+// such a launch were resident at once.
+Status residency_probe(int blocks, int cluster_x, int smem_bytes, int spin_us, int64_t* timeline, cudaStream_t stream,
+                       std::string* why = nullptr);
+
+}  // namespace tandem::kernels::gemm::variants

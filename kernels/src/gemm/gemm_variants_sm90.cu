@@ -1,0 +1,164 @@
+// Other configurations of the GEMM core, an occupancy query per configuration, and a residency probe: for
+// measuring why the core runs below cuBLAS on a rank's MPS share (gemm_variants.h).
+#include <cuda_runtime_api.h>
+
+#include "sm90_config.hpp"
+#include "tandem/kernels/gemm/gemm_variants.h"
+
+namespace tandem::kernels::gemm::variants {
+
+namespace {
+
+using namespace cute;
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingEpi = cutlass::epilogue::TmaWarpSpecialized;
+
+template <class Config>
+using G = detail::Sm90Gemm<cutlass::bfloat16_t, cutlass::gemm::PersistentScheduler, Config>;
+
+Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
+  if (why) *why = w;
+  return s;
+}
+
+template <class Config>
+Status run_config(const GemmArgs& g, cudaStream_t stream, std::string* why) {
+  typename G<Config>::Device op;
+  auto args = G<Config>::arguments(g);
+  if (op.can_implement(args) != cutlass::Status::kSuccess) return fail(why, "CUTLASS cannot implement this problem");
+  if (G<Config>::Device::get_workspace_size(args) != 0)
+    return fail(why, "this variant needs a workspace (not supported here)", Status::kInternal);
+  if (op.initialize(args, nullptr, stream) != cutlass::Status::kSuccess)
+    return fail(why, "CUTLASS initialize failed", Status::kCudaError);
+  if (op.run(stream) != cutlass::Status::kSuccess)
+    return fail(why, std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError()), Status::kCudaError);
+  return Status::kOk;
+}
+
+template <class Config>
+Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
+  using Kernel = typename G<Config>::Kernel;
+  auto args = G<Config>::arguments(g);
+  if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this problem");
+  const auto params = Kernel::to_underlying_arguments(args, nullptr);
+  const dim3 grid = Kernel::get_grid_shape(params);
+  const int smem = static_cast<int>(Kernel::SharedStorageSize);
+  const void* fn = reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>);
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return fail(why, "cudaFuncSetAttribute failed", Status::kCudaError);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cute::size<0>(typename G<Config>::ClusterShape{});
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+  if (e != cudaSuccess) return fail(why, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e),
+                                    Status::kCudaError);
+  out->grid_ctas = static_cast<int>(grid.x * grid.y * grid.z);
+  out->cluster_size = static_cast<int>(attr.val.clusterDim.x);
+  out->max_active_clusters = clusters;
+  out->smem_bytes = smem;
+  return Status::kOk;
+}
+
+// One entry per variant: its name and its two functions.
+struct Entry {
+  const char* name;
+  Status (*run)(const GemmArgs&, cudaStream_t, std::string*);
+  Status (*occupancy)(const GemmArgs&, Occupancy*, std::string*);
+};
+
+template <int TM, int TN, int CM, class S, class E>
+constexpr Entry entry(const char* name) {
+  using C = detail::Sm90Config<TM, TN, CM, S, E>;
+  return Entry{name, &run_config<C>, &occupancy_config<C>};
+}
+
+const Entry kEntries[] = {
+    entry<128, 256, 2, Coop, CoopEpi>("coop_128x256_c2"),
+    entry<128, 256, 1, Coop, CoopEpi>("coop_128x256_c1"),
+    entry<256, 128, 1, Coop, CoopEpi>("coop_256x128_c1"),
+    entry<128, 128, 1, Ping, PingEpi>("pingpong_128x128_c1"),
+    entry<128, 128, 2, Ping, PingEpi>("pingpong_128x128_c2"),
+};
+
+const Entry* find(const std::string& name) {
+  for (const Entry& e : kEntries)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+__global__ void residency_kernel(int spin_us, int64_t* timeline) {
+  extern __shared__ char smem[];  // only its size matters: it limits how many CTAs fit on an SM
+  uint64_t t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  if (threadIdx.x == 0) smem[0] = 1;
+  for (t1 = t0; t1 - t0 < static_cast<uint64_t>(spin_us) * 1000u;) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  if (threadIdx.x == 0) {
+    const int b = blockIdx.x;
+    timeline[3 * b] = static_cast<int64_t>(t0);
+    timeline[3 * b + 1] = static_cast<int64_t>(t1);
+    timeline[3 * b + 2] = static_cast<int64_t>(smid) + smem[0] - 1;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> names() {
+  std::vector<std::string> v;
+  for (const Entry& e : kEntries) v.emplace_back(e.name);
+  return v;
+}
+
+Status run(const std::string& name, const GemmArgs& g, cudaStream_t stream, std::string* why) {
+  const Entry* e = find(name);
+  if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
+  if (g.dtype != DType::kBF16) return fail(why, "the GEMM variants are bf16 only");
+  if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  return e->run(g, stream, why);
+}
+
+Status occupancy(const std::string& name, const GemmArgs& g, Occupancy* out, std::string* why) {
+  const Entry* e = find(name);
+  if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
+  return e->occupancy(g, out, why);
+}
+
+Status residency_probe(int blocks, int cluster_x, int smem_bytes, int spin_us, int64_t* timeline, cudaStream_t stream,
+                       std::string* why) {
+  if (blocks <= 0 || cluster_x <= 0 || blocks % cluster_x != 0 || smem_bytes < 1 || spin_us <= 0 || timeline == nullptr)
+    return fail(why, "blocks must be a positive multiple of cluster_x; smem_bytes >= 1; spin_us > 0; timeline set");
+  const void* fn = reinterpret_cast<const void*>(residency_kernel);
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess)
+    return fail(why, "cudaFuncSetAttribute failed (smem_bytes too large?)", Status::kCudaError);
+  if (cluster_x > 1 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return fail(why, "cudaFuncSetAttribute (cluster size) failed", Status::kCudaError);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
+  cfg.blockDim = dim3(128, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, residency_kernel, spin_us, timeline);
+  return e == cudaSuccess ? Status::kOk
+                          : fail(why, std::string("launch failed: ") + cudaGetErrorString(e), Status::kCudaError);
+}
+
+}  // namespace tandem::kernels::gemm::variants
