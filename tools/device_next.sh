@@ -20,6 +20,7 @@ if [ "$part" = a ]; then
   mkdir -p "$OUT/diag"
   timeout -s INT -k 10 60 python3 -m tandem.launch -n 3 -- python3 tools/diag/cublas_mps_check.py \
     --out "$OUT/diag/cublas_w3" 2>&1 | grep -v "^|---" | tail -14
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
   for n in 4 2; do
     t=$(( $(left) - 15 ))
     [ "$t" -lt 60 ] && { echo "bench tp -n $n skipped: $t s left"; continue; }

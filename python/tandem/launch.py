@@ -76,7 +76,7 @@ def _sm_percent_override(sm_percent):
 def plan(nprocs: int, gpus: int, mps: str = "auto", require_gpu: bool = True,
          sm_percent: int | None = None) -> tuple[list[RankPlan], bool]:
     """Place ranks round-robin on GPUs; decide whether MPS is needed and each rank's SM share (100 / ranks per
-    GPU percent unless `sm_percent` or TANDEM_SM_PERCENT says otherwise)."""
+    GPU percent, or _DEFAULT_PERCENT's, unless `sm_percent` or TANDEM_SM_PERCENT says otherwise)."""
     if nprocs < 1:
         raise TandemError(f"tandem.launch: need at least one rank, got {nprocs}", 3, "launch")
     if mps not in ("auto", "on", "off"):
@@ -329,17 +329,17 @@ def main(argv=None) -> int:
     ap.add_argument("--term-grace", type=float, default=5.0,
                     help="on SIGTERM/SIGINT: seconds between SIGTERM and SIGKILL to the ranks (default 5)")
     ap.add_argument("--sm-percent", type=int, default=None,
-                    help="each rank's MPS SM share in percent when ranks share a GPU (default 100 / ranks per GPU; "
-                         "TANDEM_SM_PERCENT likewise)")
+                    help="each rank's MPS SM share in percent when ranks share a GPU (default 100 / ranks per GPU, 25 "
+                         "for three; TANDEM_SM_PERCENT likewise)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command and its arguments")
     a = ap.parse_args(argv)
-    if a.sm_percent is not None:
-        _sm_percent_override(a.sm_percent)  # a bad value is an error before anything starts
-        os.environ["TANDEM_SM_PERCENT"] = str(a.sm_percent)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command given (use: -- python script.py ...)")
     try:
+        if a.sm_percent is not None:
+            _sm_percent_override(a.sm_percent)  # a bad value is an error (status 2) before anything starts
+            os.environ["TANDEM_SM_PERCENT"] = str(a.sm_percent)
         res = launch(cmd, a.nprocs, mps=a.mps, timeout_s=a.timeout, ranks_per_node=a.ranks_per_node,
                      term_grace_s=a.term_grace, redeliver_signal=False)
     except LaunchInterrupted as e:

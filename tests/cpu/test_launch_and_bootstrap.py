@@ -46,6 +46,13 @@ def test_plan_sm_percent_override(monkeypatch):
             plan(3, 1)
 
 
+def test_launcher_cli_refuses_a_bad_sm_percent_with_status_2(capsys):
+    from tandem.launch import main
+
+    assert main(["-n", "3", "--sm-percent", "0", "--", "true"]) == 2
+    assert "percentage in [1, 100], got 0" in capsys.readouterr().err
+
+
 def test_launch_sets_rank_env_and_reports_exit_codes(tmp_path):
     code = (
         "import os, sys; r = int(os.environ['RANK']);"

@@ -12,8 +12,9 @@ Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random b
   naive         cuBLAS, then the torch peer-view collective, one after the other: the simplest pipeline a user
                 writes without tandem (NCCL and torch symmetric memory refuse two ranks on one GPU; on a
                 multi-GPU machine the naive baseline is torch + NCCL, --naive nccl)
-  naive synced  the same with a stream barrier of every rank before and after the collective (a correct
-                program: the peers' buffers are written before they are read, and read before rewritten)
+  naive synced  the same with a stream barrier of every rank before and after the collective, and for AR one
+                between the owners' reduced rows and their gather (a correct program: the peers' buffers are
+                written before they are read, and read before rewritten)
 Targets (issue 21): fused <= naive and fused <= 1.15 x max(gemm_alone, collective).
 
 Shapes: M x N x K of the rank's problem as the op sees it. AG: A_local = M/W x K, B = K x N (N is the rank's
@@ -96,13 +97,15 @@ def _torch_collective(comm, op, m, n, k):
     red_views = [comm.peer_view(reduced, q) for q in range(world)]
     full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
-    def run():
+    def run(mid_barrier=None):
         acc = views[0].float()
         for q in range(1, world):
             acc += views[q].float()
         if op == "gemm_rs":
             return acc.to(torch.bfloat16)
         reduced.copy_(acc)
+        if mid_barrier is not None:  # the synchronized pipeline: every owner wrote its reduced rows before any read
+            mid_barrier()
         for q in range(world):
             full[q * mr:(q + 1) * mr].copy_(red_views[q])
         return full
@@ -218,8 +221,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             r["naive_synced_ms"] = r["naive_ms"]
         else:
             barrier, barrier_ws = _stream_barrier(comm)
-            r["naive_synced_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(), coll_torch(),
-                                                  barrier()))
+            # AR: a third barrier inside the collective, between the owners' reduced rows and their gather
+            r["naive_synced_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(),
+                                                  coll_torch(barrier) if op == "gemm_ar" else coll_torch(), barrier()))
             del barrier_ws
         if sweep:
             r["sweep"] = {}
