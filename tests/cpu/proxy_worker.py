@@ -157,13 +157,15 @@ def close_modes(mode, d, rank, host, args, heap, flags, out):
                     ep.check()
                 except TandemError as e:
                     out.update(raised=True, status=e.status, peer=e.peer, msg=str(e), round=k,
-                               in_quiet=t is not None,
+                               in_quiet=t is not None, raised_at=time.time(),
                                after_s=time.monotonic() - (t if t is not None else t_round))
                     break
             else:
                 violations, _ = ep.verify_log(flags, 0, n if mode == "close_race" else n // 2)
                 out["violations"] = out.get("violations", 0) + violations
         finally:
+            if rank == 1:
+                out["closed_at"] = time.time()  # wall clock: the sender's error is timed from here (same host)
             ep.close()
     out.update(rounds=len(quiet_s), max_quiet_s=max(quiet_s, default=None))
 

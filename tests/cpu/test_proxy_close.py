@@ -49,5 +49,7 @@ def test_a_receiver_that_closes_early_fails_the_sender_at_once_naming_it():
     send, recv = _run("close_early", dict(count=200_000, rounds=1, capacity=64, timeout_s=timeout_s))
     assert send.get("raised"), f"the sender never noticed its peer had gone: {send}"
     assert send["peer"] == 1, send
-    # from the moment it started sending (or entered quiet()) to the error: far less than the link timeout
-    assert send["after_s"] < timeout_s / 2, send
+    # from the receiver's close to the sender's error: far less than the link timeout. (Timed from the close, not
+    # from the sender's start: on 2 busy CI cores, setup and streaming the first half took 11.7 s once.)
+    detect_s = send["raised_at"] - recv["closed_at"]
+    assert detect_s < timeout_s / 2, (detect_s, send, recv)
