@@ -250,15 +250,20 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
     return out
 
 
+def _world_of_one(comm, a, b, op, mode, comm_blocks):
+    """Every TP op at world 1: the same checks as at any world, then the plain GEMM (nothing to exchange)."""
+    _validate(comm, a, b, op)
+    _check_mode(mode, op, comm.rank)
+    _check_blocks(comm_blocks, op, comm.rank)
+    return _plain_gemm(a, b)
+
+
 @torch.library.custom_op("tandem::ag_gemm", mutates_args=())
 def ag_gemm_op(a_local: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
                sm_count: int = 0) -> torch.Tensor:
     c = rt.comm_from_handle(comm, "ag_gemm")
     if c.world_size == 1:
-        _validate(c, a_local, b, "ag_gemm")
-        _check_mode(mode, "ag_gemm", c.rank)
-        _check_blocks(comm_blocks, "ag_gemm", c.rank)
-        return _plain_gemm(a_local, b)
+        return _world_of_one(c, a_local, b, "ag_gemm", mode, comm_blocks)
     return _ag(c, a_local, b, mode, comm_blocks, sm_count)[0]
 
 
@@ -273,10 +278,7 @@ def gemm_rs_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", 
                sm_count: int = 0) -> torch.Tensor:
     c = rt.comm_from_handle(comm, "gemm_rs")
     if c.world_size == 1:
-        _validate(c, a, b, "gemm_rs")
-        _check_mode(mode, "gemm_rs", c.rank)
-        _check_blocks(comm_blocks, "gemm_rs", c.rank)
-        return _plain_gemm(a, b)
+        return _world_of_one(c, a, b, "gemm_rs", mode, comm_blocks)
     return _rs(c, a, b, mode, comm_blocks, sm_count)
 
 
@@ -293,10 +295,7 @@ def gemm_ar_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", 
     if algo not in _AR_ALGOS:
         raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar", c.rank)
     if c.world_size == 1:
-        _validate(c, a, b, "gemm_ar")
-        _check_mode(mode, "gemm_ar", c.rank)
-        _check_blocks(comm_blocks, "gemm_ar", c.rank)
-        return _plain_gemm(a, b)
+        return _world_of_one(c, a, b, "gemm_ar", mode, comm_blocks)
     return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar", algo=algo)
 
 
@@ -312,9 +311,7 @@ def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_co
     if not return_gathered:
         return torch.ops.tandem.ag_gemm(a_local, b, register(comm), mode, comm_blocks, sm_count)
     if comm.world_size == 1:
-        _validate(comm, a_local, b, "ag_gemm")
-        _check_mode(mode, "ag_gemm", comm.rank)
-        return _plain_gemm(a_local, b), a_local
+        return _world_of_one(comm, a_local, b, "ag_gemm", mode, comm_blocks), a_local
     return _ag(comm, a_local, b, mode, comm_blocks, sm_count)
 
 
