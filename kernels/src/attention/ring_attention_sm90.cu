@@ -695,7 +695,7 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
     NamedBarrier::sync(kConsumerThreads, kItemBarrier);
     if (tid == 0 && pr.world > 1) {
       __threadfence();
-      tandem::device::impl::st_release_gpu(&p.merged[t], schedule::global_step(epoch, pr.world, step));
+      tandem::device::local_publish(&p.merged[t], schedule::global_step(epoch, pr.world, step));
       release_if_last(p, step, epoch);
     }
   }
@@ -735,7 +735,7 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
                                      SignalOp::kSet, succ);
     __syncthreads();
     if (threadIdx.x == 0) {
-      if (st == Status::kOk && p.comm.proxy_slots != nullptr) st = quiet(p.comm);  // the proxy read our slot
+      if (st == Status::kOk && tandem::device::has_proxy(p.comm)) st = quiet(p.comm);  // the proxy read our slot
       release_if_last(p, i, epoch);
     }
     if (!tp::detail::block_ok(st)) break;
@@ -748,7 +748,7 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __grid_constant__ Params<T> p) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const uint64_t epoch = tandem::device::impl::ld_relaxed_gpu(&p.ctl->epoch) + 1;
+  const uint64_t epoch = tandem::device::local_load(&p.ctl->epoch) + 1;
   const Problem& pr = p.pr;
   if (static_cast<int>(blockIdx.x) < pr.comm_blocks) {
     comm_role(p, epoch);
@@ -797,7 +797,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
   }
   __syncthreads();
   if (threadIdx.x == 0 && last_of(&p.ctl->done_blocks, gridDim.x))
-    tandem::device::impl::st_relaxed_gpu(&p.ctl->epoch, epoch);
+    tandem::device::local_store(&p.ctl->epoch, epoch);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -839,7 +839,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   // order still balances the blocks; fewer pairs keep more of their K/V in L2 (work_item).
   const int pairs = s.batch * s.heads_q, attention_blocks = a.plan.sm_count - pr.comm_blocks;
   pr.order_group = s.causal ? std::min(pairs, std::max(1, (4 * attention_blocks + pr.m_tiles - 1) / pr.m_tiles)) : 1;
-  const bool stage = pr.world > 1 && a.comm.proxy_slots != nullptr;
+  const bool stage = pr.world > 1 && tandem::device::has_proxy(a.comm);
   pr.step0_slot = stage ? 0 : -1;
   p.comm = a.comm;
   p.ctl = reinterpret_cast<RingControl*>(ws + o.control);

@@ -259,7 +259,7 @@ static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
     return fail(why, "ranks_per_node must divide the world size");
-  if (Topology::of(a.comm.rank, world, a.ranks_per_node).N > 1 && a.comm.proxy_slots == nullptr)
+  if (Topology::of(a.comm.rank, world, a.ranks_per_node).N > 1 && !tandem::device::has_proxy(a.comm))
     return fail(why, "ranks on other nodes need the communicator's proxy path");
   return check_common(a.comm, a.dtype, {a.a_local, a.b, a.c}, "A_local, B, C", a.workspace, workspace_size(a), plan,
                       why);

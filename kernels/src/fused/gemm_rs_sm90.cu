@@ -485,7 +485,7 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
     return fail(why, "ranks_per_node must divide the world size");
   if (topology_of(a).N > 1) {
-    if (a.comm.proxy_slots == nullptr) return fail(why, "ranks on other nodes need the communicator's proxy path");
+    if (!tandem::device::has_proxy(a.comm)) return fail(why, "ranks on other nodes need the communicator's proxy path");
     if (plan.comm_blocks > kMaxNodeReduceBlocks)
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }

@@ -97,12 +97,12 @@ __device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v
 // callers; its acquire sees every caller's writes, so a release it issues next publishes them all.
 __device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
   if (atom_add_acq_rel_gpu(counter, 1) + 1 != total) return false;
-  device::impl::st_relaxed_gpu(counter, 0);
+  tandem::device::local_store(counter, 0);
   return true;
 }
 
 __device__ __forceinline__ uint64_t current_epoch(const Control* ctl) {
-  return device::impl::ld_relaxed_gpu(&ctl->epoch) + 1;
+  return tandem::device::local_load(&ctl->epoch) + 1;
 }
 
 // Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
@@ -111,7 +111,7 @@ __device__ __forceinline__ void finish_block(Control* ctl, uint64_t total_blocks
   __syncthreads();
   if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
     on_last();
-    device::impl::st_relaxed_gpu(&ctl->epoch, epoch);
+    tandem::device::local_store(&ctl->epoch, epoch);
   }
 }
 

@@ -54,7 +54,7 @@ __device__ uint64_t g_moe_trace[kTraceBlocks * kTraceSlots];
 __device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
   if (trace != nullptr && threadIdx.x == 0) {
     const int b = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
-    if (b < kTraceBlocks) trace[b * kTraceSlots + slot] = tandem::device::impl::globaltimer_ns();
+    if (b < kTraceBlocks) trace[b * kTraceSlots + slot] = tandem::device::now_ns();
   }
 }
 
@@ -126,7 +126,7 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   o.cutlass_ws_bytes = kCutlassWorkspaceBytes;
   o.cutlass_ws = take(kCutlassWorkspaceBytes);
   o.recv_src = take(sizeof(int32_t) * cap);
-  o.x_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
+  o.x_stage = take(tandem::device::has_proxy(a.comm) ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
   o.recv_x = take(cap * s.hidden * 2);
   o.total = w.at;
   return o;
@@ -145,9 +145,9 @@ struct Common {
 // kernel after it does this part.
 __device__ __forceinline__ void moe_release(const Common& c, uint64_t e) {
   using namespace tandem::device;
-  if (c.comm.proxy_slots != nullptr) (void)quiet(c.comm);
+  if (tandem::device::has_proxy(c.comm)) (void)quiet(c.comm);
   for (int q = 0; q < c.comm.world; ++q) (void)signal(c.comm, &c.ctl->ready[c.comm.rank], e, SignalOp::kSet, q);
-  impl::st_relaxed_gpu(&c.ctl->epoch, e);
+  tandem::device::local_store(&c.ctl->epoch, e);
 }
 
 __device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_blocks, uint64_t e, bool release = true) {
@@ -156,7 +156,7 @@ __device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_block
 }
 
 __global__ void moe_release_kernel(Common c) {
-  if (threadIdx.x == 0) moe_release(c, tandem::device::impl::ld_relaxed_gpu(&c.ctl->epoch) + 1);
+  if (threadIdx.x == 0) moe_release(c, tandem::device::local_load(&c.ctl->epoch) + 1);
 }
 
 template <class Element>
@@ -193,8 +193,8 @@ __global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, 
   if (i >= n) return;
   int id = ids[i];
   if (id < 0 || id >= experts) {
-    tandem::device::impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kNone, -1,
-                                       static_cast<uint64_t>(static_cast<uint32_t>(id)), static_cast<uint64_t>(i), 0);
+    tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, -1,
+                           static_cast<uint64_t>(static_cast<uint32_t>(id)), static_cast<uint64_t>(i));
     id = experts;  // sorts after every valid id; never sent
   } else {
     atomicAdd(counts + id, 1);
@@ -220,8 +220,8 @@ __device__ bool capacity_overrun(const Common& c, const int32_t* counts_all, boo
   }
   const bool any = __syncthreads_or(over >= 0) != 0;
   if (any && report && over >= 0)
-    tandem::device::impl::report_error(c.comm, Status::kInvalidArgument, DeviceOp::kNone, over,
-                                       static_cast<uint64_t>(c.capacity), static_cast<uint64_t>(rows), 0);
+    tandem::device::report(c.comm, Status::kInvalidArgument, DeviceOp::kNone, over,
+                           static_cast<uint64_t>(c.capacity), static_cast<uint64_t>(rows));
   return any;
 }
 
@@ -264,7 +264,7 @@ __device__ void write_layout(const DispatchParams<Element>& p, uint64_t e, bool 
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    tandem::device::impl::st_release_gpu(&c.ctl->shapes_ready, e);
+    tandem::device::local_publish(&c.ctl->shapes_ready, e);
   }
 }
 
@@ -351,10 +351,10 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
       const int q = run_x / c.el, j = run_x % c.el;
       Status s2 = put<Group::kThread>(comm, p.recv_src + run_pos, p.vals_sorted + run_idx, sizeof(int32_t) * run_n, q);
       if (st == Status::kOk) st = s2;
-      tandem::device::impl::fence_acq_rel_sys();
+      tandem::device::fence_system();
       const uint32_t done = atomicAdd(&p.rows_done[run_x], static_cast<uint32_t>(run_n)) + run_n;
       if (done == static_cast<uint32_t>(p.local_counts[run_x])) {  // the last rows of expert x from this rank
-        tandem::device::impl::fence_acq_rel_sys();
+        tandem::device::fence_system();
         s2 = signal(comm, &p.arrive[j * world + rank], e, SignalOp::kSet, q);
         if (st == Status::kOk) st = s2;
       }
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   extern __shared__ __align__(128) char smem[];
   using namespace tandem::device;
   MoeControl* ctl = p.c.ctl;
-  const uint64_t e = impl::ld_relaxed_gpu(&ctl->epoch) + 1;
+  const uint64_t e = tandem::device::local_load(&ctl->epoch) + 1;
   const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.dispatch_rows_y;
   trace_stamp(p.trace, 0);
   if (gemm_block) {
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
   const DeviceComm& comm = c.comm;
   const int world = comm.world, rank = comm.rank;
   MoeControl* ctl = c.ctl;
-  const uint64_t e = impl::ld_relaxed_gpu(&ctl->epoch) + 1;
+  const uint64_t e = tandem::device::local_load(&ctl->epoch) + 1;
   const int b = blockIdx.x;
   const int32_t* offset = p.layout + p.li.offset;
   const int32_t* source = p.layout + p.li.source;
@@ -498,8 +498,8 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
   Status st = Status::kOk;
   if (received < 0 || received > c.capacity) {  // not a dispatch layout of this shape: send nothing
     if (b == 0 && threadIdx.x == 0)
-      impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kNone, -1, static_cast<uint64_t>(c.capacity),
-                         static_cast<uint64_t>(static_cast<uint32_t>(received)), 0);
+      tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, -1, static_cast<uint64_t>(c.capacity),
+                             static_cast<uint64_t>(static_cast<uint32_t>(received)));
     received = 0;
   }
   if (threadIdx.x == 0) {  // every source is done reading its combine buffer of e - 1
@@ -526,10 +526,10 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
       if (run_n == 0) return;
       __syncwarp();
       if (lane == 0) {
-        impl::fence_acq_rel_sys();
+        tandem::device::fence_system();
         if (atomicAdd(&p.rows_sent[run_s], static_cast<uint32_t>(run_n)) + run_n ==
             static_cast<uint32_t>(expected[run_s])) {
-          impl::fence_acq_rel_sys();
+          tandem::device::fence_system();
           const Status s2 = signal(comm, &ctl->done[rank], e, SignalOp::kSet, run_s);
           if (st == Status::kOk) st = s2;
         }
@@ -554,8 +554,8 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
       const int32_t flat = row_source[r];
       if (flat < 0 || flat >= p.comb_rows) {  // past the source's combine buffer: refused, reported
         if (lane == 0)
-          impl::report_error(comm, Status::kInvalidArgument, DeviceOp::kNone, s, static_cast<uint64_t>(p.comb_rows),
-                             static_cast<uint64_t>(static_cast<uint32_t>(flat)), 0);
+          tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, s, static_cast<uint64_t>(p.comb_rows),
+                                 static_cast<uint64_t>(static_cast<uint32_t>(flat)));
         st = Status::kInvalidArgument;
         break;
       }
@@ -664,7 +664,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   p.c.el = el;
   p.c.experts = E;
   p.c.capacity = receive_capacity(s, world);
-  p.x_stage = a.comm.proxy_slots != nullptr ? ws + o.x_stage : nullptr;
+  p.x_stage = tandem::device::has_proxy(a.comm) ? ws + o.x_stage : nullptr;
   p.x = p.x_stage != nullptr ? p.x_stage : static_cast<const char*>(a.x);
   p.w = static_cast<const Element*>(a.w);
   p.arrive = reinterpret_cast<uint64_t*>(ws + o.arrive);
@@ -776,7 +776,7 @@ CombineOffsets combine_offsets(const CombineArgs& a) {
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.comb_in = take(static_cast<size_t>(s.max_tokens) * s.topk * a.dim * 2);
   o.rows_sent = take(sizeof(uint32_t) * a.comm.world);
-  o.z_stage = take(a.comm.proxy_slots != nullptr ? static_cast<size_t>(receive_capacity(s, a.comm.world)) * a.dim * 2 : 0);
+  o.z_stage = take(tandem::device::has_proxy(a.comm) ? static_cast<size_t>(receive_capacity(s, a.comm.world)) * a.dim * 2 : 0);
   o.total = w.at;
   return o;
 }
@@ -857,7 +857,7 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   p.c.experts = experts_total(a.shape, a.comm.world);
   p.c.capacity = receive_capacity(a.shape, a.comm.world);
   p.dim = a.dim;
-  p.z_stage = a.comm.proxy_slots != nullptr ? ws + o.z_stage : nullptr;
+  p.z_stage = tandem::device::has_proxy(a.comm) ? ws + o.z_stage : nullptr;
   p.z = p.z_stage != nullptr ? p.z_stage : static_cast<const char*>(a.z);
   p.layout = a.layout;
   p.li = layout_index(a.shape, a.comm.world);
