@@ -7,7 +7,7 @@
 
 Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective); the first
 call of a key (shapes, dtype, mode, ...) checks that the ranks agree and raises a TandemError on every rank if
-they do not (_agree below).
+they do not (tandem.ops._runtime.agree_on_key).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
 reduction kernel next to the plain GEMM, one after the other), "pipelined" (cuBLAS GEMMs per chunk, the copy
@@ -169,7 +169,7 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
         # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's
         # proxy traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while
         # the proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out.
-        # tandem's GEMM kernels are loaded before the first launch (_preload).
+        # tandem's GEMM kernels are loaded before the first launch (_runtime.preload).
         torch.matmul(gathered, b, out=c)
         return c, gathered
     err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
