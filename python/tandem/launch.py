@@ -52,8 +52,9 @@ class LaunchResult:
 
 # SM shares (percent) used instead of 100 / ranks-per-GPU. cuBLAS computed whole output tiles wrong on the H200
 # (2026-12-04, tools/diag/cublas_mps_check.py: plain torch.matmul against a CPU reference, bf16 and fp16) with
-# three ranks at 28, 30, 31 and 33 percent (36 to 42 SMs a rank); it was exact with four ranks at 25 percent
-# (32 SMs) and two at 50 (66 SMs). Three ranks therefore get 25 percent (32 SMs each; 36 SMs idle). Whether it
+# three ranks at 28, 30, 31 and 33 percent (36 to 42 SMs a rank); it was exact with two ranks at 50 (66 SMs), and
+# with four at 25 percent (32 SMs) every TP test, whose references are exact, passed (the diagnostic did not run
+# there). Three ranks therefore get 25 percent (32 SMs each; 36 SMs idle). Whether it
 # is the SM count or the number of clients that matters was not separated: three ranks at 25 percent have not
 # run yet (docs/reliability.md).
 _DEFAULT_PERCENT = {3: 25}
