@@ -43,7 +43,7 @@ using tp::detail::fail;
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __grid_constant__ Params<T> p) {
   extern __shared__ __align__(1024) char smem_raw[];
-  const uint64_t epoch = tandem::device::local_load(&p.ctl->epoch) + 1;
+  const uint64_t epoch = runtime::current_epoch(p.ctl);
   const Problem& pr = p.pr;
   if (static_cast<int>(blockIdx.x) < pr.comm_blocks) {
     comm_role(p, epoch);
@@ -214,7 +214,7 @@ Status can_implement(const RingArgs& a, std::string* why) {
   if (a.workspace == nullptr) return fail(why, "null workspace");
   if (reinterpret_cast<uintptr_t>(a.workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
   const char* ws = static_cast<const char*>(a.workspace);
-  if (ws < a.comm.heap_base || ws + workspace_size(a) > a.comm.heap_base + a.comm.heap_bytes)
+  if (!runtime::workspace_in_heap(a.comm, ws, workspace_size(a)))
     return fail(why, "the workspace must lie in the communicator's symmetric heap");
   const int nb = comm_blocks_of(a);
   if (nb > kMaxCommBlocks) return fail(why, "comm_blocks must be at most 8");

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
   const DeviceComm& comm = c.comm;
   const int world = comm.world, rank = comm.rank;
   MoeControl* ctl = c.ctl;
-  const uint64_t e = tandem::device::local_load(&ctl->epoch) + 1;
+  const uint64_t e = runtime::current_epoch(ctl);
   const int b = blockIdx.x;
   const int32_t* offset = p.layout + p.li.offset;
   const int32_t* source = p.layout + p.li.source;

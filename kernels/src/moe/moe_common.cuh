@@ -137,7 +137,7 @@ __device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_block
 }
 
 __global__ void moe_release_kernel(Common c) {
-  if (threadIdx.x == 0) moe_release(c, tandem::device::local_load(&c.ctl->epoch) + 1);
+  if (threadIdx.x == 0) moe_release(c, runtime::current_epoch(c.ctl));
 }
 
 template <class Element>

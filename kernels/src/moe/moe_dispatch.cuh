@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   extern __shared__ __align__(128) char smem[];
   using namespace tandem::device;
   MoeControl* ctl = p.c.ctl;
-  const uint64_t e = tandem::device::local_load(&ctl->epoch) + 1;
+  const uint64_t e = runtime::current_epoch(ctl);
   const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.dispatch_rows_y;
   trace_stamp(p.trace, 0);
   if (gemm_block) {

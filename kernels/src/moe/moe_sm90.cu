@@ -71,7 +71,7 @@ Status check_common_moe(const tandem::DeviceComm& comm, DType dtype, const void*
   if (workspace == nullptr) return fail(why, "null workspace");
   if (reinterpret_cast<uintptr_t>(workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
   const char* ws = static_cast<const char*>(workspace);
-  if (ws < comm.heap_base || ws + ws_bytes > comm.heap_base + comm.heap_bytes)
+  if (!runtime::workspace_in_heap(comm, ws, ws_bytes))
     return fail(why, "the workspace must lie in the communicator's symmetric heap");
   return Status::kOk;
 }
