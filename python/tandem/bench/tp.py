@@ -250,6 +250,10 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                      g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])])
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
+            # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
+            part_meta = dict(common.header(command), partial=f"{len(data)} of {len(case_list)} cases")
+            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(COLUMNS, rows),
+                                 dict(rows=data))
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
