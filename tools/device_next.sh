@@ -25,6 +25,7 @@ if [ "$part" = a ]; then
     t=$(( $(left) - 15 ))
     [ "$t" -lt 60 ] && { echo "bench tp -n $n skipped: $t s left"; continue; }
     timeout -s INT -k 10 $t python3 -m tandem bench tp -n $n --reps 5 --out "$OUT/diag" 2>&1 | tail -24
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag  # (bench tp writes its rows after every case: a timeout keeps them)
   done
   tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
 else
