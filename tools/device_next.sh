@@ -3,6 +3,7 @@
 # call sends the session's checkout). Two calls, each under 590 s:
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh a", carry=[".whl"])
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh b", carry=[".whl"])
+# f: tools/diag/tp_overhead.py at worlds 4 and 2 (issue 21: is the small shapes' fixed cost host or device?)
 # a: world 3 at the launcher's new 25 % share (cuBLAS exactness, then the two TP tests that failed at 33 %), then
 #    bench tp at worlds 4 and 2 with the 'naive synced' column and auto reading the shipped tuned table.
 # b: the GPU tests that have not run since next-device was merged into main: ring attention (worlds 2, 4), faults,
@@ -28,6 +29,14 @@ if [ "$part" = a ]; then
     tar czf "$OUT/diag.tgz" -C "$OUT" diag  # (bench tp writes its rows after every case: a timeout keeps them)
   done
   tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
+elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
+  timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    timeout -s INT -k 10 150 python3 -m tandem.launch -n $n -- python3 tools/diag/tp_overhead.py \
+      --out "$OUT/diag/overhead_w$n" 2>&1 | grep -v "^|---" | tail -40
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 else
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/gpu/test_faults.py tests/gpu/test_consumer.py tests/gpu/test_torchrun.py tests/gpu/test_gemm.py \
