@@ -171,13 +171,14 @@ def _free_port() -> int:
 def launch(cmd: list, nprocs: int, *, mps: str = "auto", timeout_s: float | None = None, env: dict | None = None,
            on_failure: str = "kill", grace_s: float = 30.0, ranks_per_node: int | None = None,
            rank_env: dict | None = None, require_gpu: bool = True, term_grace_s: float = 5.0,
-           redeliver_signal: bool = True) -> LaunchResult:
+           redeliver_signal: bool = True, sm_percent: int | None = None) -> LaunchResult:
     """Start `cmd` as `nprocs` ranks and wait for them.
 
     on_failure: "kill" stops the other ranks `grace_s` after the first one fails (like torchrun); "wait" lets
     the survivors finish (used by the dead-peer tests). timeout_s kills everything and raises.
     rank_env: {rank: {VAR: value}} extra variables for single ranks.
     require_gpu=False lets CPU-only jobs (and the launcher's own tests) run where there is no GPU.
+    sm_percent: each rank's MPS SM share when ranks share a GPU (plan(): else TANDEM_SM_PERCENT, else the default).
     SIGTERM/SIGINT/SIGHUP while it runs (main thread only): every rank gets SIGTERM to its process group, SIGKILL
     `term_grace_s` later if still there, and the MPS daemon started here is stopped. Then, with redeliver_signal,
     the signal is raised again under the caller's own handling (restored by then): SIGINT becomes the usual
@@ -193,7 +194,7 @@ def launch(cmd: list, nprocs: int, *, mps: str = "auto", timeout_s: float | None
     try:
         try:
             gpus = gpu_count()
-            plans, use_mps = plan(nprocs, gpus, mps, require_gpu)
+            plans, use_mps = plan(nprocs, gpus, mps, require_gpu, sm_percent)
             t0 = time.monotonic()
             boot_dir = tempfile.mkdtemp(prefix="tandem-boot-")
             if use_mps:  # a daemon named in `env` (a test session's) is reused, as one named in os.environ is
@@ -338,11 +339,9 @@ def main(argv=None) -> int:
     if not cmd:
         ap.error("no command given (use: -- python script.py ...)")
     try:
-        if a.sm_percent is not None:
-            _sm_percent_override(a.sm_percent)  # a bad value is an error (status 2) before anything starts
-            os.environ["TANDEM_SM_PERCENT"] = str(a.sm_percent)
+        _sm_percent_override(a.sm_percent)  # a bad value is an error (status 2) before anything starts
         res = launch(cmd, a.nprocs, mps=a.mps, timeout_s=a.timeout, ranks_per_node=a.ranks_per_node,
-                     term_grace_s=a.term_grace, redeliver_signal=False)
+                     term_grace_s=a.term_grace, redeliver_signal=False, sm_percent=a.sm_percent)
     except LaunchInterrupted as e:
         print(str(e), file=sys.stderr)
         return e.exit_code

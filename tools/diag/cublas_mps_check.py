@@ -14,11 +14,11 @@ Writes cublas_mps_r{rank}.json into --out; rank 0 prints its table.
 """
 
 import argparse
-import json
 import os
 
 import torch
 
+from tandem.bench import common
 from tandem.transport import Communicator
 
 ap = argparse.ArgumentParser()
@@ -73,10 +73,7 @@ for shape in args.shapes.split(","):
 out = dict(rank=rank, world=world, sms=props.multi_processor_count,
            mps_pct=os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
            tf32=torch.backends.cuda.matmul.allow_tf32, rows=rows)
-if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"cublas_mps_r{rank}.json"), "w") as f:
-        json.dump(out, f, indent=1)
+common.write_json(args.out, f"cublas_mps_r{rank}.json", out)
 if rank == 0:
     print(f"# cuBLAS exactness, world {world}, {out['sms']} SMs a rank (MPS {out['mps_pct']}%), tf32 {out['tf32']}")
     print("| shape | dtype | cuBLAS wrong | fp32 GPU wrong | sliced wrong | beta=1 wrong | beta=1, 3a wrong | of |")

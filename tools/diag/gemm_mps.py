@@ -19,7 +19,6 @@ Each rank writes gemm_mps_r{rank}.json into --out (default $OUT when set); rank 
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -133,10 +132,7 @@ comm.check()
 
 result = dict(meta=common.header("tools/diag/gemm_mps.py " + " ".join(sys.argv[1:])), rank=rank, world=world,
               sm_count=sms, device_sms=device_sms, rows=rows, residency=probe)
-if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"gemm_mps_r{rank}.json"), "w") as f:
-        json.dump(result, f, indent=1)
+common.write_json(args.out, f"gemm_mps_r{rank}.json", result)
 if rank == 0:
     print(f"# GEMM under MPS: world {world}, {sms} SMs a rank (device {device_sms}); ms, every rank at once")
     names = K.gemm_variant_names()

@@ -19,7 +19,6 @@ Writes tp_overhead_r{rank}.json into --out; rank 0 prints its table.
 """
 
 import argparse
-import json
 import os
 import time
 
@@ -102,10 +101,8 @@ for shape in args.shapes.split(","):
         rows.append(r)
         del keep
         tp.release_workspaces(comm)
-if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"tp_overhead_r{rank}.json"), "w") as f:
-        json.dump(dict(meta=common.header("tools/diag/tp_overhead.py"), rows=rows), f, indent=1)
+common.write_json(args.out, f"tp_overhead_r{rank}.json", dict(meta=common.header("tools/diag/tp_overhead.py"),
+                                                              rows=rows))
 if rank == 0:
     print(f"# TP ops, host vs device, world {world} ({comm.sm_count} SMs a rank)")
     print("| op | M x N x K | mode | host us/call | eager ms | eager x20 ms/call | graph ms | error |")

@@ -67,12 +67,19 @@ def markdown_table(columns: list, rows: list) -> str:
     return "\n".join(out)
 
 
-def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, data: dict):
+def write_json(out_dir: str | None, filename: str, obj) -> None:
+    """`obj` as indented JSON in out_dir/filename (out_dir made if missing); nothing without an out_dir."""
     if not out_dir:
         return
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
-        json.dump(dict(meta=meta, data=data), f, indent=1)
+    with open(os.path.join(out_dir, filename), "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, data: dict):
+    if not out_dir:
+        return
+    write_json(out_dir, f"{name}.json", dict(meta=meta, data=data))
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(f"{name}: {meta['date']}, {meta['device']}, commit {meta['commit']}\n\n`{meta['command']}`\n\n")
         f.write(table_md + "\n")
