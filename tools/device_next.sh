@@ -40,6 +40,16 @@ elif [ "$part" = d ]; then
 elif [ "$part" = e ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/gpu/test_faults.py tests/gpu/test_consumer.py tests/gpu/test_torchrun.py tests/gpu/test_gemm.py
+elif [ "$part" = g ]; then  # c, then f (session of 2026-12-04 16:10): test_tp on this branch, then the overhead diag
+  timeout -s INT -k 20 300 bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    t=$(( $(left) - 10 )); [ "$t" -gt 130 ] && t=130
+    [ "$t" -lt 40 ] && { echo "overhead -n $n skipped: $t s left"; continue; }
+    timeout -s INT -k 10 $t python3 -m tandem.launch -n $n -- python3 tools/diag/tp_overhead.py \
+      --out "$OUT/diag/overhead_w$n" 2>&1 | grep -v "^|---" | tail -40
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
   timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares
   mkdir -p "$OUT/diag"
