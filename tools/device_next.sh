@@ -50,6 +50,19 @@ elif [ "$part" = g ]; then  # c, then f (session of 2026-12-04 16:10): test_tp o
       --out "$OUT/diag/overhead_w$n" 2>&1 | grep -v "^|---" | tail -40
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
+elif [ "$part" = h ]; then  # the prepared-call fast path: test_tp, bench tp at worlds 4 and 2, then the overhead diag
+  timeout -s INT -k 20 300 bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    t=$(( $(left) - 60 ))
+    [ "$t" -lt 60 ] && { echo "bench tp -n $n skipped: $t s left"; continue; }
+    timeout -s INT -k 10 $t python3 -m tandem bench tp -n $n --reps 5 --out "$OUT/diag" 2>&1 | tail -24
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
+  t=$(( $(left) - 5 ))
+  [ "$t" -gt 40 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_overhead.py \
+      --out "$OUT/diag/overhead_w4" 2>&1 | grep -v "^|---" | tail -40
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
 elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
   timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares
   mkdir -p "$OUT/diag"

@@ -252,8 +252,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             print(" | ".join(rows[-1]), flush=True)
             # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
             part_meta = dict(common.header(command), partial=f"{len(data)} of {len(case_list)} cases")
-            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(COLUMNS, rows),
-                                 dict(rows=data))
+            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(COLUMNS, rows), data)
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
@@ -261,7 +260,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
               f"{meta['commit']}, {meta['date']}")
         print(table)
-        common.write_outputs(out_dir, f"tp_w{world}", meta, table, dict(rows=data))
+        common.write_outputs(out_dir, f"tp_w{world}", meta, table, data)
         if out_dir:
             plot(rows, world, os.path.join(out_dir, f"tp_w{world}.png"))
     comm.destroy()

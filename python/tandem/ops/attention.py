@@ -108,17 +108,18 @@ def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
     return o, lse
 
 
-@torch.library.custom_op("tandem::ring_attention", mutates_args=())
-def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: int, causal: bool = False,
-                      softmax_scale: float = 0.0, comm_blocks: int = 0, sm_count: int = 0,
-                      kv_slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _ring_impl(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
     return _ring(rt.comm_from_handle(comm, OP), q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
 
 
-@ring_attention_op.register_fake
-def _(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
+def _ring_fake(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
     b, s_l, hq, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, hq, s_l), dtype=torch.float32)
+
+
+ring_attention_op = rt.define_op(
+    OP, "(Tensor q, Tensor k, Tensor v, SymInt comm, bool causal=False, float softmax_scale=0., SymInt comm_blocks=0, "
+    "SymInt sm_count=0, SymInt kv_slots=0) -> (Tensor, Tensor)", _ring_impl, _ring_fake)
 
 
 def ring_attention(comm, q, k, v, *, causal: bool = False, softmax_scale: float | None = None, comm_blocks: int = 0,

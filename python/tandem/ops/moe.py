@@ -200,15 +200,12 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
     return out
 
 
-@torch.library.custom_op("tandem::moe_dispatch_gemm", mutates_args=())
-def moe_dispatch_gemm_op(x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, comm: int, max_tokens: int = 0,
-                         mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _dispatch_impl(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
     return _dispatch(rt.comm_from_handle(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode, comm_blocks,
                      sm_count)
 
 
-@moe_dispatch_gemm_op.register_fake
-def _(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
+def _dispatch_fake(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
     c = rt.comm_from_handle(comm, "moe_dispatch_gemm")
     mt = int(max_tokens) or x.shape[0]
     k, epr = topk_ids.shape[1], w.shape[0]
@@ -217,16 +214,21 @@ def _(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0
     return x.new_empty((cap, w.shape[2])), x.new_empty((size,), dtype=torch.int32)
 
 
-@torch.library.custom_op("tandem::moe_combine", mutates_args=())
-def moe_combine_op(z: torch.Tensor, layout: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                   comm: int, max_tokens: int = 0, sm_count: int = 0) -> torch.Tensor:
+def _combine_impl(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
     return _combine(rt.comm_from_handle(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens,
                     sm_count)
 
 
-@moe_combine_op.register_fake
-def _(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
+def _combine_fake(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
     return z.new_empty((topk_ids.shape[0], z.shape[1]))
+
+
+moe_dispatch_gemm_op = rt.define_op(
+    "moe_dispatch_gemm", '(Tensor x, Tensor topk_ids, Tensor w, SymInt comm, SymInt max_tokens=0, str mode="auto", '
+    'SymInt comm_blocks=0, SymInt sm_count=0) -> (Tensor, Tensor)', _dispatch_impl, _dispatch_fake)
+moe_combine_op = rt.define_op(
+    "moe_combine", "(Tensor z, Tensor layout, Tensor topk_ids, Tensor topk_weights, SymInt comm, SymInt max_tokens=0, "
+    "SymInt sm_count=0) -> Tensor", _combine_impl, _combine_fake)
 
 
 def moe_dispatch_gemm(comm, x, topk_ids, w, *, max_tokens: int = 0, mode: str = "auto", comm_blocks: int = 0,

@@ -121,7 +121,9 @@ def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.T
                       native().kernels.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
 
 
-def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
+def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
+    """Every check of an AG+GEMM call, its plan, agreement and workspace; returns its launcher
+    (comm, a_local, b) -> (C, gathered A) for every later call of the same signature (_run)."""
     op = "ag_gemm"
     _check_nodes(comm, op)
     _validate(comm, a_local, b, op)
@@ -132,51 +134,65 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     world = comm.world_size
     m_local, k = a_local.shape
     n = b.shape[1]
+    dtype, device = a_local.dtype, a_local.device
     K = native().kernels
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
-    agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
+    agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
-        return tp_pipelined.ag_gemm(comm, _ag_pipelined_workspace(comm, m_local, k, a_local.dtype, agree), a_local, b)
-    ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
-    c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
-    dt = _DTYPES[a_local.dtype]
+        pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
+        return lambda c, a, bb: tp_pipelined.ag_gemm(c, pws, a, bb)
+    ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
         mode = "auto" if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    args = (dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0),
-            ws.data_ptr(), int(sm_count), int(comm_blocks))
+    dt, ws_ptr, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), b.stride(0), int(sm_count), int(comm_blocks)
+    rows = world * m_local
     if mode in ("auto", "fused"):
-        why = K.ag_gemm(comm.native, "check", *args, 0)
+        c = torch.empty((1, n), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
+        why = K.ag_gemm(comm.native, "check", dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), ldb, c.data_ptr(),
+                        n, ws_ptr, sms, blocks, 0)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         if not why:
-            err = K.ag_gemm(comm.native, "fused", *args, rt.stream_handle(a_local.device))
-            if err:
-                raise TandemError(f"tandem: ag_gemm: {err}", 5, op, comm.rank)
-            return c, gathered
-    m = world * m_local
-    gws_bytes = K.gemm_workspace_size(m, n, k, dt)
-    # allocated before the all-gather runs: nothing on this thread should wait on the device meanwhile
-    gws = torch.empty(max(gws_bytes, 1), dtype=torch.uint8, device=a_local.device)
-    err = K.ag_gemm(comm.native, "gather", *args, rt.stream_handle(a_local.device))
-    if err:
-        raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
-    if _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
-        # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
-        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
-        # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's
-        # proxy traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while
-        # the proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out.
-        # tandem's GEMM kernels are loaded before the first launch (_runtime.preload).
-        torch.matmul(gathered, b, out=c)
-        return c, gathered
-    err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
-                 int(sm_count) or comm.sm_count, gws.data_ptr(), rt.stream_handle(a_local.device))
-    if err:
-        raise TandemError(f"tandem: ag_gemm (GEMM): {err}", 5, op, comm.rank)
-    return c, gathered
+            def fused(cm, a, bb):
+                out = torch.empty((rows, n), dtype=dtype, device=device)
+                err = K.ag_gemm(cm.native, "fused", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb,
+                                out.data_ptr(), n, ws_ptr, sms, blocks, rt.stream_handle(device))
+                if err:
+                    raise TandemError(f"tandem: ag_gemm: {err}", 5, op, cm.rank)
+                return out, gathered
+            return fused
+    # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
+    # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
+    # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's proxy
+    # traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while the
+    # proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out. tandem's
+    # GEMM kernels are loaded before the first launch (_runtime.preload).
+    cublas = _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1
+    gws_bytes = max(K.gemm_workspace_size(rows, n, k, dt), 1)
+    gemm_sms = sms or comm.sm_count
+
+    def unfused(cm, a, bb):
+        out = torch.empty((rows, n), dtype=dtype, device=device)
+        # tandem's GEMM workspace is allocated before the all-gather runs: nothing on this thread should wait on
+        # the device meanwhile
+        gws = None if cublas else torch.empty(gws_bytes, dtype=torch.uint8, device=device)
+        stream = rt.stream_handle(device)
+        err = K.ag_gemm(cm.native, "gather", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb, out.data_ptr(), n,
+                        ws_ptr, sms, blocks, stream)
+        if err:
+            raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, cm.rank)
+        if cublas:
+            torch.matmul(gathered, bb, out=out)
+            return out, gathered
+        err = K.gemm(rows, n, k, dt, gathered.data_ptr(), k, bb.data_ptr(), ldb, out.data_ptr(), n, 1.0, gemm_sms,
+                     gws.data_ptr(), stream)
+        if err:
+            raise TandemError(f"tandem: ag_gemm (GEMM): {err}", 5, op, cm.rank)
+        return out, gathered
+    return unfused
 
 
 _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
@@ -186,7 +202,8 @@ _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
 _UNFUSED_GEMM = os.environ.get("TANDEM_UNFUSED_GEMM", "cublas")
 
 
-def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
+def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
+    """As _prepare_ag, for GEMM+RS and GEMM+AR: the launcher (comm, a, b) -> out."""
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -199,109 +216,147 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
     if op == "gemm_ar" and algo == "one_shot" and comm.native.num_nodes > 1:
         raise invalid("the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)",
                       op, comm.rank)
+    dtype, device = a.dtype, a.device
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
-    agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
+    agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
                    **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
     out_rows = m if op == "gemm_ar" else m // world
+    all_reduce = op == "gemm_ar"
     if pipelined:
         tp_pipelined.check(comm, op, tp_pipelined.SPLITS, sm_count=sm_count,
                            comm_blocks=comm_blocks if mode == "pipelined" else 0)
-        pws = rt.workspace(comm, (op + "_pipelined", rt.token(comm), m, n, a.dtype),
-                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"),
-                         loaders=_PIPELINED_LOADERS, agree=agree)
-        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-        return tp_pipelined.gemm_rs(comm, pws, a, b, out, op == "gemm_ar", tp_pipelined.SPLITS)
-    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
-    out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    if op == "gemm_ar":  # algo was checked by the op
+        pws = rt.workspace(comm, (op + "_pipelined", rt.token(comm), m, n, dtype),
+                           tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), all_reduce),
+                           loaders=_PIPELINED_LOADERS, agree=agree)
+        splits = tp_pipelined.SPLITS
+
+        def pipelined_launch(cm, x, bb):
+            out = torch.empty((out_rows, n), dtype=dtype, device=device)
+            return tp_pipelined.gemm_rs(cm, pws, x, bb, out, all_reduce, splits)
+        return pipelined_launch
+    ws = _rs_workspace(comm, op, m, n, dtype, agree)
+    if all_reduce:  # algo was checked by the op
+        ar_algo = _AR_ALGOS[algo]
 
         def run(*xs):
-            return K.gemm_ar(*xs, _AR_ALGOS[algo])
+            return K.gemm_ar(*xs, ar_algo)
     else:
         run = K.gemm_rs
     if plan is not None:
         mode = "auto" if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
-            ws.data_ptr(), int(sm_count), int(comm_blocks))
+    dt, ws_ptr, lda, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), a.stride(0), b.stride(0), int(sm_count), \
+        int(comm_blocks)
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
-        why = run(comm.native, "check", *args, 0)
+        probe = torch.empty((1, 8), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
+        why = run(comm.native, "check", dt, m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, probe.data_ptr(), ws_ptr,
+                  sms, blocks, 0)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "unfused" if why else "fused"
-    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
-        # The unfused path with cuBLAS for the GEMM (see _ag): wait until every rank read this rank's partial of
-        # the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
-        stream = rt.stream_handle(a.device)
-        err = run(comm.native, "wait", *args, stream)
-        if not err:
-            off = K.gemm_rs_partial_offset(comm.native, m, n)
-            partial = ws[off:off + m * n * a.element_size()].view(a.dtype).view(m, n)
-            torch.matmul(a, b, out=partial)
-            err = run(comm.native, "reduce", *args, stream)
-    else:
-        err = run(comm.native, chosen, *args, rt.stream_handle(a.device))
-    if err:
-        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
-    return out
+    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1:
+        # The unfused path with cuBLAS for the GEMM (see _prepare_ag): wait until every rank read this rank's
+        # partial of the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
+        off = K.gemm_rs_partial_offset(comm.native, m, n)
+        partial = ws[off:off + m * n * a.element_size()].view(dtype).view(m, n)
+
+        def unfused_cublas(cm, x, bb):
+            out = torch.empty((out_rows, n), dtype=dtype, device=device)
+            stream = rt.stream_handle(device)
+            args = (dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms, blocks, stream)
+            err = run(cm.native, "wait", *args)
+            if not err:
+                torch.matmul(x, bb, out=partial)
+                err = run(cm.native, "reduce", *args)
+            if err:
+                raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+            return out
+        return unfused_cublas
+
+    def launch(cm, x, bb):
+        out = torch.empty((out_rows, n), dtype=dtype, device=device)
+        err = run(cm.native, chosen, dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms,
+                  blocks, rt.stream_handle(device))
+        if err:
+            raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+        return out
+    return launch
 
 
 def _world_of_one(comm, a, b, op, mode, comm_blocks):
-    """Every TP op at world 1: the same checks as at any world, then the plain GEMM (nothing to exchange)."""
+    """Every TP op at world 1: the same checks as at any world; the launcher is the plain GEMM (nothing to
+    exchange). AG's launcher returns (C, A) as at any world."""
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
-    return _plain_gemm(a, b)
+    if op == "ag_gemm":
+        return lambda cm, x, bb: (_plain_gemm(x, bb), x)
+    return lambda cm, x, bb: _plain_gemm(x, bb)
 
 
-@torch.library.custom_op("tandem::ag_gemm", mutates_args=())
-def ag_gemm_op(a_local: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0) -> torch.Tensor:
-    c = rt.comm_from_handle(comm, "ag_gemm")
-    if c.world_size == 1:
-        return _world_of_one(c, a_local, b, "ag_gemm", mode, comm_blocks)
-    return _ag(c, a_local, b, mode, comm_blocks, sm_count)[0]
+def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
+    """One call of a TP op: the launcher prepared for this call's signature (made on its first call: _prepare_*),
+    after the checks the signature does not cover (the communicator is alive; the inputs' addresses)."""
+    comm = rt.comm_from_handle(handle, op)
+    try:
+        key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
+               b.stride(), b.dtype, b.device)
+    except AttributeError:  # not tensors: the full checks say so
+        key = None
+    launch = rt.prepared(key) if key is not None else None
+    if launch is None:
+        if comm.world_size == 1:
+            launch = _world_of_one(comm, a, b, op, mode, comm_blocks)
+        elif op == "ag_gemm":
+            launch = _prepare_ag(comm, a, b, mode, comm_blocks, sm_count)
+        else:
+            launch = _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op=op, algo=algo)
+        if key is not None:
+            rt.remember(key, launch)
+    elif (a.data_ptr() | b.data_ptr()) & 15:
+        _validate(comm, a, b, op)  # raises, naming the misaligned input
+    return launch(comm, a, b)
 
 
-@ag_gemm_op.register_fake
-def _(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+def _ag_gemm_impl(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    return _run("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)[0]
+
+
+def _ag_gemm_fake(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
     world = rt.comm_from_handle(comm, "ag_gemm").world_size
     return a_local.new_empty((a_local.shape[0] * world, b.shape[1]))
 
 
-@torch.library.custom_op("tandem::gemm_rs", mutates_args=())
-def gemm_rs_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0) -> torch.Tensor:
-    c = rt.comm_from_handle(comm, "gemm_rs")
-    if c.world_size == 1:
-        return _world_of_one(c, a, b, "gemm_rs", mode, comm_blocks)
-    return _rs(c, a, b, mode, comm_blocks, sm_count)
+def _gemm_rs_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    return _run("gemm_rs", comm, a, b, mode, comm_blocks, sm_count)
 
 
-@gemm_rs_op.register_fake
-def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+def _gemm_rs_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
     world = rt.comm_from_handle(comm, "gemm_rs").world_size
     return a.new_empty((a.shape[0] // world, b.shape[1]))
 
 
-@torch.library.custom_op("tandem::gemm_ar", mutates_args=())
-def gemm_ar_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0, algo: str = "auto") -> torch.Tensor:
-    c = rt.comm_from_handle(comm, "gemm_ar")
+def _gemm_ar_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     if algo not in _AR_ALGOS:
-        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar", c.rank)
-    if c.world_size == 1:
-        return _world_of_one(c, a, b, "gemm_ar", mode, comm_blocks)
-    return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar", algo=algo)
+        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar",
+                      rt.comm_from_handle(comm, "gemm_ar").rank)
+    return _run("gemm_ar", comm, a, b, mode, comm_blocks, sm_count, algo)
 
 
-@gemm_ar_op.register_fake
-def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
+def _gemm_ar_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+_TP_ARGS = 'SymInt comm, str mode="auto", SymInt comm_blocks=0, SymInt sm_count=0'
+ag_gemm_op = rt.define_op("ag_gemm", f"(Tensor a_local, Tensor b, {_TP_ARGS}) -> Tensor", _ag_gemm_impl,
+                          _ag_gemm_fake)
+gemm_rs_op = rt.define_op("gemm_rs", f"(Tensor a, Tensor b, {_TP_ARGS}) -> Tensor", _gemm_rs_impl, _gemm_rs_fake)
+gemm_ar_op = rt.define_op("gemm_ar", f'(Tensor a, Tensor b, {_TP_ARGS}, str algo="auto") -> Tensor', _gemm_ar_impl,
+                          _gemm_ar_fake)
 
 
 def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0,
@@ -310,9 +365,7 @@ def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_co
     valid until the next ag_gemm call of the same shape on this communicator (clone it to keep it)."""
     if not return_gathered:
         return torch.ops.tandem.ag_gemm(a_local, b, register(comm), mode, comm_blocks, sm_count)
-    if comm.world_size == 1:
-        return _world_of_one(comm, a_local, b, "ag_gemm", mode, comm_blocks), a_local
-    return _ag(comm, a_local, b, mode, comm_blocks, sm_count)
+    return _run("ag_gemm", register(comm), a_local, b, mode, comm_blocks, sm_count)
 
 
 def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
