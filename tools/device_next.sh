@@ -63,6 +63,12 @@ elif [ "$part" = h ]; then  # the prepared-call fast path: test_tp, bench tp at 
   [ "$t" -gt 40 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_overhead.py \
       --out "$OUT/diag/overhead_w4" 2>&1 | grep -v "^|---" | tail -40
   tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
+elif [ "$part" = i ]; then  # issue 22's kernel splits and define_op: MoE, ring attention, the GEMM op
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py \
+    tests/gpu/test_ring_attention.py tests/gpu/test_gemm.py
+elif [ "$part" = j ]; then  # the rest of the suite: faults, transport, consumer, torchrun
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_faults.py \
+    tests/gpu/test_transport.py tests/gpu/test_consumer.py tests/gpu/test_torchrun.py
 elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
   timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares
   mkdir -p "$OUT/diag"
