@@ -35,15 +35,6 @@ void bind_kernels(py::module_& m) {
     x.sm_count = sm_count;
     return x;
   };
-  k.def(
-      "gemm_can_implement",
-      [args](int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb, uintptr_t d,
-             int64_t ldd) {
-        std::string why;
-        const auto s = g::can_implement(args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, 1.0f, 0), &why);
-        return s == tandem::Status::kOk ? std::string() : why;
-      },
-      "'' if the GEMM core can run this problem, else the reason.");
   k.def("gemm_workspace_size",
         [args](int m_, int n, int k_, int dtype) {
           return g::workspace_size(args(m_, n, k_, dtype, 16, k_, 16, n, 16, n, 1.0f, 0));
@@ -221,9 +212,6 @@ void bind_kernels(py::module_& m) {
     const cudaError_t e = tp::preload_kernels();
     return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
   }, "Load every GEMM/TP kernel now (see tp_gemm.h); '' or the CUDA error.");
-  k.def("tp_default_comm_blocks", [](int sm_count, int world, int m, int n, int k_) {
-    return tp::plan_for(sm_count, world, m, n, k_).comm_blocks;
-  });
   k.def(
       "ag_gemm",
       [ag_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,

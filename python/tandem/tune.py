@@ -69,6 +69,12 @@ def run(case_list, reps, path):
 _BENCH_MODES = ("fused", "unfused", "pipelined")
 
 
+def _commit_of(data, row) -> str:
+    """The commit a bench row was measured at: in the row (the list form) or in the file's meta (the older form)."""
+    meta = row.get("run") if isinstance(data, list) else data.get("meta")
+    return (meta or {}).get("commit", "?")
+
+
 def rows_from_bench(paths) -> list:
     """Table rows from `python -m tandem bench tp` outputs (tp_w*.json): per shape, the fastest of the modes the
     benchmark timed in its run (fused at the op's default split, unfused, pipelined), every rank at once as here.
@@ -90,7 +96,7 @@ def rows_from_bench(paths) -> list:
             rows.append(dict(op=r["op"], world=world, sms=int(r["sm_count"]), m=int(r["m"]), n=int(r["n"]), k=k_rank,
                              mode=mode, comm_blocks=0, ms=times[mode],
                              candidates={f"{mo}:0": t for mo, t in times.items()},
-                             source=f"bench {os.path.basename(path)} {(data.get('meta') or {}).get('commit', '?')}"))
+                             source=f"bench {os.path.basename(path)} {_commit_of(data, r)}"))
     return rows
 
 

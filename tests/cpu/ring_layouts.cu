@@ -10,7 +10,7 @@
 //     global_row: the visible key tiles of a Q tile are exactly those with a visible element (a prefix), and a
 //     tile the kernel computes unmasked has no hidden element.
 // tests/cpu/test_ring_layouts.py compiles and runs it. Exit status 0 and "ok" on success.
-#include "../../kernels/src/attention/ring_attention_sm90.cu"
+#include "../../kernels/src/attention/ring_common.cuh"
 
 #include <cstdio>
 #include <vector>

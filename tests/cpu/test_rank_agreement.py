@@ -1,4 +1,4 @@
-"""The ops' agreement step (tandem.ops.tp._agree: ranks agree on an op's key before its workspace is made, or it is
+"""The ops' agreement step (tandem.ops._runtime.agree_on_key: ranks agree on an op's key before its workspace is made, or it is
 an error on every rank), over a torch.distributed HashStore with one thread a rank; the MoE id checks. No GPU."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.errors import TandemError
+from tandem.ops import _runtime as rt
 from tandem.ops import tp
 from tandem.ops.moe import id_problems
 
@@ -35,7 +36,7 @@ def _run(comms, keys, op="ag_gemm"):
 
     def body(r):
         try:
-            tp._agree(comms[r], op, keys[r])
+            rt.agree_on_key(comms[r], op, keys[r])
         except TandemError as e:
             out[r] = e
 
@@ -100,7 +101,7 @@ def test_a_rank_that_skips_the_step_is_a_timeout_not_a_hang():
     comms = _comms(2, timeout_s=0.5)
     t0 = time.monotonic()
     with pytest.raises(TandemError) as ei:
-        tp._agree(comms[1], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
+        rt.agree_on_key(comms[1], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
     assert 0.4 < time.monotonic() - t0 < 5
     e = ei.value
     assert e.status == 1 and e.rank == 1 and e.peer == 0
@@ -108,17 +109,17 @@ def test_a_rank_that_skips_the_step_is_a_timeout_not_a_hang():
                              "0.5 s (this rank has (op=gemm_rs, m=512, n=512, k=512)).")
     assert comms[1].aborted
     with pytest.raises(TandemError, match="an earlier agreement step of this communicator failed") as ei:
-        tp._agree(comms[1], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
+        rt.agree_on_key(comms[1], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
     assert ei.value.status == 2
     # rank 0 reaching step 0 late reads that rank 1 gave up instead of a key it would agree with
     with pytest.raises(TandemError) as ei:
-        tp._agree(comms[0], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
+        rt.agree_on_key(comms[0], "gemm_rs", tp.op_key("gemm_rs", m=512, n=512, k=512))
     assert ei.value.status == 3 and "rank 1 has <rank 1 gave up waiting after 0.5 s>" in str(ei.value)
 
 
 def test_world_one_takes_no_step():
     c = FakeComm(dist.HashStore(), 0, 1)
-    tp._agree(c, "ag_gemm", _ag_key(1024))
+    rt.agree_on_key(c, "ag_gemm", _ag_key(1024))
     assert next(c._op_seq) == 0
 
 
@@ -137,35 +138,35 @@ class _WsComm(FakeComm):
 
 def test_workspace_agrees_once_per_key_before_allocating(monkeypatch):
     steps = []
-    monkeypatch.setattr(tp, "_agree", lambda comm, op, key: steps.append(key))
-    monkeypatch.setattr(tp, "_preload", lambda *a: None)
+    monkeypatch.setattr(rt, "agree_on_key", lambda comm, op, key: steps.append(key))
+    monkeypatch.setattr(rt, "preload", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     comm = _WsComm(dist.HashStore(), 0, 2)
     key = ("ag_gemm", "cpu-test", 512, 1024, torch.bfloat16)
     try:
         a, b = _ag_key(1024, n=512), _ag_key(1024, n=1024)
-        ws = tp._workspace(comm, key, 4096, agree=a)
+        ws = rt.workspace(comm, key, 4096, agree=a)
         assert comm.allocs == 1 and steps == [a + (("workspace_bytes", 4096),)]
-        assert tp._workspace(comm, key, 4096, agree=a) is ws and len(steps) == 1  # known: no step, no allocation
-        assert tp._workspace(comm, key, 4096, agree=b) is ws and len(steps) == 2  # new key, same workspace
+        assert rt.workspace(comm, key, 4096, agree=a) is ws and len(steps) == 1  # known: no step, no allocation
+        assert rt.workspace(comm, key, 4096, agree=b) is ws and len(steps) == 2  # new key, same workspace
         assert comm.allocs == 1
-        assert tp._workspace(comm, key, 4096, agree=b) is ws and len(steps) == 2
+        assert rt.workspace(comm, key, 4096, agree=b) is ws and len(steps) == 2
     finally:
-        tp._WORKSPACES.pop(key, None)
+        rt._WORKSPACES.pop(key, None)
 
 
 def test_workspace_is_not_made_when_the_ranks_disagree(monkeypatch):
     def refuse(comm, op, key):
         raise TandemError("disagree", 3, op, comm.rank)
 
-    monkeypatch.setattr(tp, "_agree", refuse)
+    monkeypatch.setattr(rt, "agree_on_key", refuse)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     comm = _WsComm(dist.HashStore(), 0, 2)
     key = ("ag_gemm", "cpu-test-2", 512, 1024, torch.bfloat16)
     with pytest.raises(TandemError):
-        tp._workspace(comm, key, 4096, agree=_ag_key(1024))
-    assert comm.allocs == 0 and key not in tp._WORKSPACES
+        rt.workspace(comm, key, 4096, agree=_ag_key(1024))
+    assert comm.allocs == 0 and key not in rt._WORKSPACES
 
 
 def test_moe_id_problems():
@@ -189,10 +190,10 @@ def test_a_local_peer_failure_ends_the_wait_at_once():
 
     comms[1].check = check
     with pytest.raises(TandemError) as ei:
-        tp._agree(comms[1], "ag_gemm", _ag_key(1024))
+        rt.agree_on_key(comms[1], "ag_gemm", _ag_key(1024))
     assert ei.value.status == 11 and time.monotonic() - t0 < 5
     with pytest.raises(TandemError, match="an earlier agreement step of this communicator failed"):
-        tp._agree(comms[1], "ag_gemm", _ag_key(1024))
+        rt.agree_on_key(comms[1], "ag_gemm", _ag_key(1024))
 
 
 def test_over_a_tcp_store():
@@ -207,5 +208,5 @@ def test_over_a_tcp_store():
     assert all(isinstance(e, TandemError) and e.status == 3 and "k=2048" in str(e) for e in errs), errs
     t0 = time.monotonic()
     with pytest.raises(TandemError) as ei:
-        tp._agree(comms[0], "ag_gemm", _ag_key(1024))
+        rt.agree_on_key(comms[0], "ag_gemm", _ag_key(1024))
     assert ei.value.status == 1 and 0.9 < time.monotonic() - t0 < 5

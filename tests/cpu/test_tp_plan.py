@@ -99,19 +99,22 @@ def test_collective_bytes():
     assert tp_plan.collective_bytes("ag_gemm", 4, 16384, 8192, 4096) == 2 * 16384 * 4096 * 2
 
 
-def _bench_json(path, world, sms, rows):
-    data = {"meta": {"commit": "abc1234"}, "data": {"rows": [
-        dict(op=op, m=m, n=n, k=k, world=world, sm_count=sms, fused_ms=f, unfused_ms=u, pipelined_ms=p)
-        for op, m, n, k, f, u, p in rows]}}
+def _bench_json(path, world, sms, rows, as_list=False):
+    rows = [dict(op=op, m=m, n=n, k=k, world=world, sm_count=sms, fused_ms=f, unfused_ms=u, pipelined_ms=p)
+            for op, m, n, k, f, u, p in rows]
+    # bench tp writes a list of rows, each with its run's meta; files written before 2026-12-04 16:40 wrap them
+    data = [dict(r, run={"commit": "abc1234"}) for r in rows] if as_list else \
+        {"meta": {"commit": "abc1234"}, "data": {"rows": rows}}
     path.write_text(json.dumps(data))
     return str(path)
 
 
-def test_tune_from_bench_takes_the_fastest_mode_and_the_ranks_k(tmp_path, monkeypatch):
+@pytest.mark.parametrize("as_list", [False, True])
+def test_tune_from_bench_takes_the_fastest_mode_and_the_ranks_k(tmp_path, monkeypatch, as_list):
     from tandem import tune
 
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
-    src = _bench_json(tmp_path / "tp_w4.json", 4, 32, [
+    src = _bench_json(tmp_path / "tp_w4.json", 4, 32, as_list=as_list, rows=[
         ("ag_gemm", 16384, 7168, 8192, 18.0, 13.4, 12.5),   # pipelined fastest
         ("gemm_rs", 16384, 8192, 28672, 25.9, 12.8, 13.5),  # unfused fastest; the op sees K / 4 = 7168
         ("gemm_ar", 256, 8192, 28672, 1.5, None, 1.4),      # a mode that did not run (None) is not a candidate

@@ -1,7 +1,7 @@
 """Why tests/gpu/test_moe.py::test_moe_across_emulated_nodes stalls (2 emulated nodes x 2 ranks, counts 21/40/0/33):
 the same worker, once with lazy CUDA module loading (the default) and once with CUDA_MODULE_LOADING=EAGER, each
 rank dumping its Python stacks after 20 s. Lazy-only stalls point at a first kernel launch (a module load) behind
-a kernel that waits for proxy traffic (docs/moe.md, tandem.ops.tp._preload).
+a kernel that waits for proxy traffic (docs/moe.md, tandem.ops._runtime.preload).
 
     python tools/diag/moe_emulated_probe.py        (on the H200, MPS started by the launcher)
 """

@@ -3,10 +3,15 @@
 // and TFLOP/s of larger ones. The communicator is a stand-in for one rank whose "heap" is the workspace
 // (world 1 touches no peer). Build (from the repository root):
 //   nvcc -std=c++20 -arch=sm_90a -O3 --expt-relaxed-constexpr -Itransport/include -Ikernels/include \
-//        -I$CUTLASS/include -I$CUTLASS/tools/util/include tools/diag/ring_attention_check.cu -o /tmp/ring_check
+//        -I$CUTLASS/include -I$CUTLASS/tools/util/include tools/diag/ring_attention_check.cu \
+//        kernels/src/attention/ring_attention_sm90.cu -o /tmp/ring_check
 // where CUTLASS=$(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source
-#include "../../kernels/src/attention/ring_attention_sm90.cu"
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
 
+#include "tandem/kernels/attention/ring_attention.h"
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <random>

@@ -154,7 +154,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world, rank = a.comm.rank;
-  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   char* ws = static_cast<char*>(a.workspace);
   char* gathered = ws + gathered_offset(a);
 
@@ -224,8 +224,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
 
 }  // namespace
 
-SmPlan plan_for(int sm_count, int world, int m, int n, int k) {
-  (void)world, (void)m, (void)n, (void)k;
+SmPlan default_plan(int sm_count) {
   SmPlan p;
   p.sm_count = sm_count;
   int c = sm_count / 16;
@@ -257,10 +256,10 @@ static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   if (fused && a.m_local % 8) return fail(why, "M_local must be a multiple of 8 for the fused kernel (TMA row alignment of the chunks)");
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.ldb < a.n || a.ldc < a.n) return fail(why, "leading dimensions must be at least N");
-  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m_local * world, a.n, a.k);
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
     return fail(why, "ranks_per_node must divide the world size");
-  if (Topology::of(a.comm.rank, world, a.ranks_per_node).N > 1 && a.comm.proxy_slots == nullptr)
+  if (Topology::of(a.comm.rank, world, a.ranks_per_node).N > 1 && !tandem::device::has_proxy(a.comm))
     return fail(why, "ranks on other nodes need the communicator's proxy path");
   return check_common(a.comm, a.dtype, {a.a_local, a.b, a.c}, "A_local, B, C", a.workspace, workspace_size(a), plan,
                       why);

@@ -371,7 +371,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
-  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m, a.n, a.k);
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int mr = a.m / world;
   char* ws = static_cast<char*>(a.workspace);
   RsParams<Kernel> p{};
@@ -481,11 +481,11 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   if (a.m % world) return fail(why, "M must be a multiple of the world size");
   if (a.k % 8 || a.n % 8 || a.lda % 8 || a.ldb % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");
   if (a.lda < a.k || a.ldb < a.n) return fail(why, "leading dimensions too small");
-  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : plan_for(a.plan.sm_count, world, a.m, a.n, a.k);
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   if (a.ranks_per_node < 0 || a.ranks_per_node > world || (a.ranks_per_node > 0 && world % a.ranks_per_node))
     return fail(why, "ranks_per_node must divide the world size");
   if (topology_of(a).N > 1) {
-    if (a.comm.proxy_slots == nullptr) return fail(why, "ranks on other nodes need the communicator's proxy path");
+    if (!tandem::device::has_proxy(a.comm)) return fail(why, "ranks on other nodes need the communicator's proxy path");
     if (plan.comm_blocks > kMaxNodeReduceBlocks)
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }

@@ -1,11 +1,7 @@
-// tandem kernels (private) — what the fused TP kernels share: the workspace control block, the epoch protocol,
-// the "last block" counters, the launch with comm blocks beside the GEMM's persistent grid.
-//
-// Epochs. Every launch on a workspace is epoch e = control.epoch + 1, read by each block when it starts; the
-// last block to finish stores e (so launches on one stream, and the replays of a captured graph, see 1, 2, 3,
-// ...). Flags carry epochs (kSet, monotonic), never reset. Local counters ("the last of N blocks to reach this
-// point") count to N and are reset by the block that completes them; kernel boundaries order the reset before
-// the next launch.
+// tandem kernels (private) — what the fused TP kernels share: their workspace control block (Control), the
+// node topology and flags of the cross-node paths, the role constants and the adapters' common check. The epoch
+// protocol, the "last block" counters and the clustered launch are the persistent-kernel runtime's
+// (kernels/src/runtime/persistent.cuh), used here by the names below.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "../runtime/persistent.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
 
@@ -87,89 +84,19 @@ struct NodeFlags {
 };
 constexpr size_t kNodeFlagBytes = sizeof(NodeFlags);
 
-__device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
-  uint64_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-  return old;
-}
-
-// Called by thread 0 after the block's work is ordered before it (__syncthreads). True for the last of `total`
-// callers; its acquire sees every caller's writes, so a release it issues next publishes them all.
-__device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
-  if (atom_add_acq_rel_gpu(counter, 1) + 1 != total) return false;
-  device::impl::st_relaxed_gpu(counter, 0);
-  return true;
-}
-
-__device__ __forceinline__ uint64_t current_epoch(const Control* ctl) {
-  return device::impl::ld_relaxed_gpu(&ctl->epoch) + 1;
-}
-
-// Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
-template <class F>
-__device__ __forceinline__ void finish_block(Control* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
-  __syncthreads();
-  if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
-    on_last();
-    device::impl::st_relaxed_gpu(&ctl->epoch, epoch);
-  }
-}
-
-// The TMA bulk stores of CUTLASS's epilogue are waited for with .read only (the shared source may be reused);
-// before a peer may read the output, the issuing thread waits for the writes themselves, then orders the async
-// proxy's writes before the generic proxy's release that follows.
-__device__ __forceinline__ void complete_bulk_stores() {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-
-// Hands out consecutive 256-byte aligned ranges of a workspace, from `at` on (the MoE and ring-attention
-// workspace layouts).
-struct WorkspaceCarver {
-  size_t at;
-  size_t take(size_t bytes) {
-    const size_t r = at;
-    at += (bytes + 255) / 256 * 256;
-    return r;
-  }
-};
-
-// [lo, hi) of `bytes` for part `i` of `parts`, 16-byte granular.
-__device__ __forceinline__ void split16(size_t bytes, int parts, int i, size_t* lo, size_t* hi) {
-  const size_t units = bytes / 16;
-  *lo = 16 * (units * static_cast<size_t>(i) / static_cast<size_t>(parts));
-  *hi = i + 1 == parts ? bytes : 16 * (units * static_cast<size_t>(i + 1) / static_cast<size_t>(parts));
-}
-
-// Report a failed wait once per block and let the caller skip the rest of its work (the abort flag is up, so
-// every other wait fails fast and the kernel still finishes).
-__device__ __forceinline__ bool block_ok(Status s) { return __syncthreads_and(s == Status::kOk) != 0; }
-
-// Launch `kernel` on grid (gx, gy) with 2x1x1 clusters (the GEMM core's cluster shape).
-template <class Params, class Kernel>
-cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
-                             const Params& params) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
-}
-
-inline Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
-  if (why) *why = w;
-  return s;
-}
+// The generic persistent-kernel pieces live in the runtime (kernels/src/runtime/persistent.cuh); the TP kernels and
+// the others that grew up on this file use them by these names.
+using runtime::atom_add_acq_rel_gpu;
+using runtime::block_ok;
+using runtime::complete_bulk_stores;
+using runtime::current_epoch;
+using runtime::fail;
+using runtime::finish_block;
+using runtime::last_of;
+using runtime::launch_clustered;
+using runtime::split16;
+using runtime::workspace_in_heap;
+using runtime::WorkspaceCarver;
 
 // What every TP op checks besides its shapes: the world size; operands and workspace non-null and 16-byte
 // aligned (TMA rows; `names` says which they are, for the message); the workspace inside the symmetric heap;
@@ -185,8 +112,7 @@ inline Status check_common(const tandem::DeviceComm& comm, DType dtype, std::ini
   for (const void* p : operands)
     if (misaligned(p)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
   if (misaligned(workspace)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
-  const char* ws = static_cast<const char*>(workspace);
-  if (ws < comm.heap_base || ws + workspace_bytes > comm.heap_base + comm.heap_bytes)
+  if (!workspace_in_heap(comm, workspace, workspace_bytes))
     return fail(why, "the workspace must lie in the communicator's symmetric heap");
   if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
   if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");

@@ -106,8 +106,8 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
     waited_group_ = group;
     if (cute::elect_one_sync()) {
       using namespace tandem::device;
-      const uint64_t t0 = a.trace != nullptr ? impl::globaltimer_ns() : 0;
-      const uint64_t epoch = impl::ld_relaxed_gpu(a.epoch_counter) + 1;
+      const uint64_t t0 = a.trace != nullptr ? tandem::device::now_ns() : 0;
+      const uint64_t epoch = tandem::device::local_load(a.epoch_counter) + 1;
       const int expert = a.expert0 + group;
       tandem::Status st = tandem::Status::kOk;
       for (int s = 0; s < a.world && st == tandem::Status::kOk; ++s) {
@@ -119,7 +119,7 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
       // slot 2: when the mainloop producer got its first tile; 6 / 7: the scheduler's later waits, time and count
       const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
       if (a.trace != nullptr && block < tandem::kernels::moe::detail::kTraceBlocks) {
-        const uint64_t t1 = impl::globaltimer_ns();
+        const uint64_t t1 = tandem::device::now_ns();
         unsigned long long* row = reinterpret_cast<unsigned long long*>(
             a.trace + block * tandem::kernels::moe::detail::kTraceSlots);
         if (initial) {

@@ -76,10 +76,16 @@ def write_json(out_dir: str | None, filename: str, obj) -> None:
         json.dump(obj, f, indent=1)
 
 
-def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, data: dict):
+def write_outputs(out_dir: str | None, name: str, meta: dict, table_md: str, data):
+    """<name>.json and <name>.md in out_dir. data: a dict (written as {"meta": meta, "data": data}) or a list of
+    row dicts (written as that list, each row with the run's meta under "run": the form the issues ask for, a list
+    of rows that a reader can filter without knowing a wrapper)."""
     if not out_dir:
         return
-    write_json(out_dir, f"{name}.json", dict(meta=meta, data=data))
+    if isinstance(data, list):
+        write_json(out_dir, f"{name}.json", [dict(r, run=meta) for r in data])
+    else:
+        write_json(out_dir, f"{name}.json", dict(meta=meta, data=data))
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(f"{name}: {meta['date']}, {meta['device']}, commit {meta['commit']}\n\n`{meta['command']}`\n\n")
         f.write(table_md + "\n")

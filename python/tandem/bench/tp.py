@@ -12,6 +12,9 @@ Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random b
   naive         cuBLAS, then the torch peer-view collective, one after the other: the simplest pipeline a user
                 writes without tandem (NCCL and torch symmetric memory refuse two ranks on one GPU; on a
                 multi-GPU machine the naive baseline is torch + NCCL, --naive nccl)
+  naive synced  the same with a stream barrier of every rank before and after the collective, and for AR one
+                between the owners' reduced rows and their gather (a correct program: the peers' buffers are
+                written before they are read, and read before rewritten)
 Targets (issue 21): fused <= naive and fused <= 1.15 x max(gemm_alone, collective).
 
 Shapes: M x N x K of the rank's problem as the op sees it. AG: A_local = M/W x K, B = K x N (N is the rank's
@@ -35,8 +38,8 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 # The table's columns, in the order of each row (plot() finds its series by name).
 COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
-           "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "fused/naive",
-           "fused/max(GEMM, coll)", "auto/naive"]
+           "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "naive synced ms",
+           "fused/naive", "fused/max(GEMM, coll)", "auto/naive", "auto/naive synced"]
 
 
 def cases(world: int, shapes=None) -> list:
@@ -94,17 +97,47 @@ def _torch_collective(comm, op, m, n, k):
     red_views = [comm.peer_view(reduced, q) for q in range(world)]
     full = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
 
-    def run():
+    def run(mid_barrier=None):
         acc = views[0].float()
         for q in range(1, world):
             acc += views[q].float()
         if op == "gemm_rs":
             return acc.to(torch.bfloat16)
         reduced.copy_(acc)
+        if mid_barrier is not None:  # the synchronized pipeline: every owner wrote its reduced rows before any read
+            mid_barrier()
         for q in range(world):
             full[q * mr:(q + 1) * mr].copy_(red_views[q])
         return full
     return run, (partial, reduced)
+
+
+def _stream_barrier(comm):
+    """(fn, workspace): fn() enqueues a barrier of every rank on the current stream -- tandem's stream-ordered
+    flags (kernels/stream_sync.h: advance, signal every peer, bounded wait for every peer). The naive peer-view
+    pipeline needs one before it reads the peers' buffers (their GEMMs must have written them) and one after (a
+    peer must not overwrite a buffer this rank still reads); without them it is not a correct program, only a
+    lower bound on the pipeline's GPU time."""
+    import torch
+
+    from .._native import native
+
+    K = native().kernels
+    world, rank = comm.world_size, comm.rank
+    ws = comm.zeros(8 * (1 + world), torch.uint8)  # a counter, then one flag per rank (written by that rank)
+    torch.cuda.synchronize()
+    comm.barrier()
+    base = ws.data_ptr()
+    others = [q for q in range(world) if q != rank]
+    flags = [base + 8 * (1 + q) for q in others]
+
+    def run():
+        s = torch.cuda.current_stream().cuda_stream
+        for err in (K.stream_advance(base, s), K.stream_signal(comm.native, base + 8 * (1 + rank), others, base, 0, s),
+                    K.stream_wait(comm.native, flags, others, base, 0, s)):
+            if err:
+                raise RuntimeError(f"stream barrier: {err}")
+    return run, ws
 
 
 def _nccl_group(comm):
@@ -184,6 +217,14 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             if hasattr(tp, "collective_alone") else None
         r["collective_alone_ms"] = min(x for x in (r["torch_collective_ms"], r["tandem_collective_ms"]) if x)
         r["naive_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), coll_torch()))
+        if naive == "nccl":  # NCCL synchronizes the ranks itself
+            r["naive_synced_ms"] = r["naive_ms"]
+        else:
+            barrier, barrier_ws = _stream_barrier(comm)
+            # AR: a third barrier inside the collective, between the owners' reduced rows and their gather
+            r["naive_synced_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(),
+                                                  coll_torch(barrier) if op == "gemm_ar" else coll_torch(), barrier()))
+            del barrier_ws
         if sweep:
             r["sweep"] = {}
             c = 2
@@ -194,6 +235,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         r["fused_over_naive"] = r["fused_ms"] / r["naive_ms"] if r["fused_ms"] else None
         r["fused_over_bar"] = r["fused_ms"] / bar if r["fused_ms"] else None
         r["auto_over_naive"] = r["auto_ms"] / r["naive_ms"] if r["auto_ms"] else None
+        r["auto_over_naive_synced"] = r["auto_ms"] / r["naive_synced_ms"] if r["auto_ms"] and r["naive_synced_ms"] \
+            else None
         comm.check()
         del keep
         tp.release_workspaces(comm)
@@ -203,9 +246,13 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         rows.append([label, op, f(r["fused_ms"]), f(r["unfused_ms"]), f(r["pipelined_ms"]), f(r["auto_ms"]),
                      f(r["gemm_alone_ms"]),
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
-                     f(r["naive_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]), g(r["auto_over_naive"])])
+                     f(r["naive_ms"]), f(r["naive_synced_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]),
+                     g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])])
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
+            # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
+            part_meta = dict(common.header(command), partial=f"{len(data)} of {len(case_list)} cases")
+            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(COLUMNS, rows), data)
     if rank == 0:
         meta = common.header(command)
         table = common.markdown_table(
@@ -213,7 +260,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
               f"{meta['commit']}, {meta['date']}")
         print(table)
-        common.write_outputs(out_dir, f"tp_w{world}", meta, table, dict(rows=data))
+        common.write_outputs(out_dir, f"tp_w{world}", meta, table, data)
         if out_dir:
             plot(rows, world, os.path.join(out_dir, f"tp_w{world}.png"))
     comm.destroy()

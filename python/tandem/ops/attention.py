@@ -27,15 +27,15 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-from .tp import _DTYPES, _comm, _stream, _token, op_key, register
-from .tp import _workspace as _tp_workspace
+from . import _runtime as rt
+from ._runtime import DTYPES as _DTYPES, op_key, register
 
 OP = "ring_attention"
 HEAD_DIMS = (64, 128)
 
-def _workspace(comm, key, nbytes, agree):
-    # agree: the op key every rank must have, compared before anything is allocated (tp._agree)
-    return _tp_workspace(comm, key, nbytes, loaders=("ring_attention_preload_kernels",), agree=agree)
+def _op_workspace(comm, key, nbytes, agree):
+    # agree: the op key every rank must have, compared before anything is allocated (tandem.ops._runtime.agree_on_key)
+    return rt.workspace(comm, key, nbytes, loaders=("ring_attention_preload_kernels",), agree=agree)
 
 
 def validate(q, k, v, *, causal: bool, softmax_scale: float, comm_blocks: int, sm_count: int, device: torch.device,
@@ -90,10 +90,10 @@ def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
     b, s_l, hq, hkv, d = validate(q, k, v, causal=causal, softmax_scale=softmax_scale, comm_blocks=comm_blocks,
                                   sm_count=sm_count, device=torch.device("cuda", comm.device), rank=rank)
     K = native().kernels
-    key = (OP, _token(comm), b, s_l, hq, hkv, d, bool(causal), int(kv_slots), q.dtype)
+    key = (OP, rt.token(comm), b, s_l, hq, hkv, d, bool(causal), int(kv_slots), q.dtype)
     agree = op_key(OP, batch=b, seq_local=s_l, heads_q=hq, heads_kv=hkv, head_dim=d, causal=bool(causal),
                    kv_slots=int(kv_slots), dtype=q.dtype, comm_blocks=int(comm_blocks))
-    ws = _workspace(comm, key, K.ring_attention_workspace_size(comm.native, b, s_l, hq, hkv, d, bool(causal),
+    ws = _op_workspace(comm, key, K.ring_attention_workspace_size(comm.native, b, s_l, hq, hkv, d, bool(causal),
                                                                int(kv_slots)), agree)
     o = torch.empty_like(q)
     lse = torch.empty((b, hq, s_l), dtype=torch.float32, device=q.device)
@@ -102,23 +102,24 @@ def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
     why = K.ring_attention(comm.native, "check", *args, 0)
     if why:
         raise invalid(f"cannot run this problem: {why}", OP, rank)
-    err = K.ring_attention(comm.native, "run", *args, _stream(q.device))
+    err = K.ring_attention(comm.native, "run", *args, rt.stream_handle(q.device))
     if err:
         raise TandemError(f"tandem: {OP}: {err}", 5, OP, rank)
     return o, lse
 
 
-@torch.library.custom_op("tandem::ring_attention", mutates_args=())
-def ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, comm: int, causal: bool = False,
-                      softmax_scale: float = 0.0, comm_blocks: int = 0, sm_count: int = 0,
-                      kv_slots: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    return _ring(_comm(comm, OP), q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
+def _ring_impl(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
+    return _ring(rt.comm_from_handle(comm, OP), q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
 
 
-@ring_attention_op.register_fake
-def _(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
+def _ring_fake(q, k, v, comm, causal=False, softmax_scale=0.0, comm_blocks=0, sm_count=0, kv_slots=0):
     b, s_l, hq, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, hq, s_l), dtype=torch.float32)
+
+
+ring_attention_op = rt.define_op(
+    OP, "(Tensor q, Tensor k, Tensor v, SymInt comm, bool causal=False, float softmax_scale=0., SymInt comm_blocks=0, "
+    "SymInt sm_count=0, SymInt kv_slots=0) -> (Tensor, Tensor)", _ring_impl, _ring_fake)
 
 
 def ring_attention(comm, q, k, v, *, causal: bool = False, softmax_scale: float | None = None, comm_blocks: int = 0,

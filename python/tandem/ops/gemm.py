@@ -6,8 +6,7 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-
-_DTYPES = {torch.bfloat16: 0, torch.float16: 1}
+from ._runtime import DTYPES as _DTYPES, define_op
 
 
 def validate(a: torch.Tensor, b: torch.Tensor, op: str = "gemm") -> None:
@@ -42,10 +41,6 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@torch.library.custom_op("tandem::gemm", mutates_args=())
-def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A (M x K) @ B (K x N) -> D (M x N), bf16/fp16 in, fp32 accumulate."""
-    return gemm_with(a, b)
 
 
 def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
@@ -68,9 +63,13 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Te
     return d
 
 
-@gemm.register_fake
-def _(a, b):
+def _gemm_fake(a, b):
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+# torch.ops.tandem.gemm(a, b): A (M x K) @ B (K x N) -> D (M x N), bf16/fp16 in, fp32 accumulate (gemm_with's
+# defaults)
+gemm = define_op("gemm", "(Tensor a, Tensor b) -> Tensor", lambda a, b: gemm_with(a, b), _gemm_fake)
 
 
 def gemm_with_arrivals(comm, a: torch.Tensor, b: torch.Tensor, flags: torch.Tensor, *, epoch: int, chunk_rows: int,

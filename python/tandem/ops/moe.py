@@ -8,7 +8,7 @@ E = world * experts_per_rank experts (w1 holds this rank's experts_per_rank); ex
 e // experts_per_rank. The layout (kernels/include/tandem/kernels/moe/moe.h) says which rows of y belong to which
 local expert and source: `layout_view(comm, layout, ...)` slices it. Every rank must pass the same max_tokens
 (it sizes the symmetric buffers; ranks that differ get a TandemError on every rank before anything runs, see
-tp._agree); token counts may differ between ranks. A token's top-k experts must be distinct (checked with the
+tandem.ops._runtime.agree_on_key); token counts may differ between ranks. A token's top-k experts must be distinct (checked with the
 same host sync as the id range; under graph capture the kernel drops a launch that would overrun the receive
 capacity and reports it).
 """
@@ -19,21 +19,14 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
-from .tp import _DTYPES, _comm, _stream, _token, op_key, register
-from .tp import _workspace as _tp_workspace
+from . import _runtime as rt
+from ._runtime import DTYPES as _DTYPES, op_key, register
 
-def _workspace(comm, key, nbytes, agree):
+
+def _op_workspace(comm, key, nbytes, agree):
     # the MoE kernels and the GEMM core's (the unfused path's grouped GEMM beside them); `agree`: the op key every
     # rank must have (max_tokens included: it sizes the symmetric buffers), compared before anything is allocated
-    return _tp_workspace(comm, key, nbytes, loaders=("moe_preload_kernels", "preload_kernels"), agree=agree)
-
-
-def _dev_check(comm, t, name, op):
-    dev = torch.device("cuda", comm.device)
-    if not isinstance(t, torch.Tensor):
-        raise invalid(f"{name} must be a tensor", op, comm.rank)
-    if t.device != dev:
-        raise invalid(f"{name} must be on the communicator's device {dev}, got {t.device}", op, comm.rank)
+    return rt.workspace(comm, key, nbytes, loaders=("moe_preload_kernels", "preload_kernels"), agree=agree)
 
 
 def id_problems(topk_ids, experts):
@@ -60,7 +53,7 @@ def id_problems(topk_ids, experts):
 
 
 def _ids(comm, topk_ids, tokens, experts, op, check_ids):
-    _dev_check(comm, topk_ids, "topk_ids", op)
+    rt.check_on_device(comm, topk_ids, "topk_ids", op)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
         raise invalid(f"topk_ids must be ({tokens}, k), got {tuple(topk_ids.shape)}", op, comm.rank)
     if topk_ids.dtype not in (torch.int32, torch.int64):
@@ -83,7 +76,7 @@ def _ids(comm, topk_ids, tokens, experts, op, check_ids):
 
 
 def _check_rows(comm, t, name, op, dims=2):
-    _dev_check(comm, t, name, op)
+    rt.check_on_device(comm, t, name, op)
     if t.dim() != dims:
         raise invalid(f"{name} must be {dims}-D, got shape {tuple(t.shape)}", op, comm.rank)
     if t.dtype not in _DTYPES:
@@ -140,10 +133,10 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     if max_tokens < max(tokens, 1):
         raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
     K = native().kernels
-    key = (op, _token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
+    key = (op, rt.token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
     agree = op_key(op, max_tokens=max_tokens, hidden=hidden, inter=inter, k=k, experts_per_rank=epr, dtype=x.dtype,
                    mode=mode, comm_blocks=int(comm_blocks))
-    ws = _workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr), agree)
+    ws = _op_workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr), agree)
     cap = K.moe_receive_capacity(world, max_tokens, k, epr)
     size = layout_index(world, max_tokens, k, epr)[4]
     y = torch.empty((cap, inter), dtype=x.dtype, device=x.device)
@@ -154,7 +147,7 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
     err = K.moe_dispatch_gemm(comm.native, "fused" if _use_fused(mode, world) else "unfused", *args,
-                              _stream(x.device))
+                              rt.stream_handle(x.device))
     if err:
         raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return y, layout
@@ -163,8 +156,8 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
 def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
     op = "moe_combine"
     _check_rows(comm, z, "z", op)
-    _dev_check(comm, topk_weights, "topk_weights", op)
-    _dev_check(comm, layout, "layout", op)
+    rt.check_on_device(comm, topk_weights, "topk_weights", op)
+    rt.check_on_device(comm, layout, "layout", op)
     world = comm.world_size
     tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else -1
     if topk_weights.shape != topk_ids.shape:
@@ -192,30 +185,28 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
     if dim % 8:
         raise invalid(f"z's columns ({dim}) must be a multiple of 8", op, comm.rank)
     weights = topk_weights.to(torch.float32).contiguous()
-    key = (op, _token(comm), max_tokens, k, epr, dim, z.dtype)
+    key = (op, rt.token(comm), max_tokens, k, epr, dim, z.dtype)
     agree = op_key(op, max_tokens=max_tokens, k=k, experts_per_rank=epr, dim=dim, dtype=z.dtype)
-    ws = _workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim), agree)
+    ws = _op_workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim), agree)
     out = torch.empty((tokens, dim), dtype=z.dtype, device=z.device)
     args = (_DTYPES[z.dtype], tokens, max_tokens, k, epr, dim, z.data_ptr(), weights.data_ptr(), ids.data_ptr(),
             layout.data_ptr(), out.data_ptr(), ws.data_ptr(), int(sm_count))
     why = K.moe_combine(comm.native, "check", *args, 0)
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    err = K.moe_combine(comm.native, "run", *args, _stream(z.device))
+    err = K.moe_combine(comm.native, "run", *args, rt.stream_handle(z.device))
     if err:
         raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
     return out
 
 
-@torch.library.custom_op("tandem::moe_dispatch_gemm", mutates_args=())
-def moe_dispatch_gemm_op(x: torch.Tensor, topk_ids: torch.Tensor, w: torch.Tensor, comm: int, max_tokens: int = 0,
-                         mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    return _dispatch(_comm(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count)
+def _dispatch_impl(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
+    return _dispatch(rt.comm_from_handle(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode, comm_blocks,
+                     sm_count)
 
 
-@moe_dispatch_gemm_op.register_fake
-def _(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
-    c = _comm(comm, "moe_dispatch_gemm")
+def _dispatch_fake(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
+    c = rt.comm_from_handle(comm, "moe_dispatch_gemm")
     mt = int(max_tokens) or x.shape[0]
     k, epr = topk_ids.shape[1], w.shape[0]
     cap = native().kernels.moe_receive_capacity(c.world_size, mt, k, epr)
@@ -223,15 +214,21 @@ def _(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0
     return x.new_empty((cap, w.shape[2])), x.new_empty((size,), dtype=torch.int32)
 
 
-@torch.library.custom_op("tandem::moe_combine", mutates_args=())
-def moe_combine_op(z: torch.Tensor, layout: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                   comm: int, max_tokens: int = 0, sm_count: int = 0) -> torch.Tensor:
-    return _combine(_comm(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens, sm_count)
+def _combine_impl(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
+    return _combine(rt.comm_from_handle(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens,
+                    sm_count)
 
 
-@moe_combine_op.register_fake
-def _(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
+def _combine_fake(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
     return z.new_empty((topk_ids.shape[0], z.shape[1]))
+
+
+moe_dispatch_gemm_op = rt.define_op(
+    "moe_dispatch_gemm", '(Tensor x, Tensor topk_ids, Tensor w, SymInt comm, SymInt max_tokens=0, str mode="auto", '
+    'SymInt comm_blocks=0, SymInt sm_count=0) -> (Tensor, Tensor)', _dispatch_impl, _dispatch_fake)
+moe_combine_op = rt.define_op(
+    "moe_combine", "(Tensor z, Tensor layout, Tensor topk_ids, Tensor topk_weights, SymInt comm, SymInt max_tokens=0, "
+    "SymInt sm_count=0) -> Tensor", _combine_impl, _combine_fake)
 
 
 def moe_dispatch_gemm(comm, x, topk_ids, w, *, max_tokens: int = 0, mode: str = "auto", comm_blocks: int = 0,

@@ -7,7 +7,7 @@
 
 Every rank of the communicator calls the op with the same shapes, in the same order (it is a collective); the first
 call of a key (shapes, dtype, mode, ...) checks that the ranks agree and raises a TandemError on every rank if
-they do not (_agree below).
+they do not (tandem.ops._runtime.agree_on_key).
 The communicator reaches the op as an integer handle (`register(comm)`), because torch.library ops take
 tensors and scalars only. Modes: "fused" (one role-specialized kernel), "unfused" (tandem's all-gather or
 reduction kernel next to the plain GEMM, one after the other), "pipelined" (cuBLAS GEMMs per chunk, the copy
@@ -20,16 +20,16 @@ capturable); replays are safe (epochs live on the device).
 
 from __future__ import annotations
 
-import functools
-import itertools
 import os
-import weakref
 
 import torch
 
 from .._native import native
-from ..errors import INVALID_ARGUMENT, TandemError, invalid
+from ..errors import TandemError, invalid
+from . import _runtime as rt
 from . import tp_pipelined, tp_plan
+# the public part of the shared runtime, where users have always found it (tandem.ops.tp.register, ...)
+from ._runtime import disagreement, format_key, op_key, register, release_workspaces  # noqa: F401
 from .gemm import _DTYPES, gemm as _plain_gemm
 
 def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple:
@@ -39,257 +39,6 @@ def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple
     # pipelined runs cuBLAS on all of the rank's SMs: not a candidate when the caller restricts them
     return tp_plan.choose(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k,
                           nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
-
-# Handle -> communicator, weakly: the registry must not keep a communicator (and its heap) alive. The workspaces
-# (keys: (op, token, ...)) hold the heap mapping, not the communicator (transport._Lifetime); they are dropped when
-# their communicator is destroyed (its destroy hooks) or garbage-collected (a weakref.finalize), which lets the heap
-# go. So a CUDA graph that replays these ops needs its communicator kept alive (and not destroyed) by the caller.
-_COMMS: dict[int, weakref.ref] = {}
-_WORKSPACES: dict[tuple, torch.Tensor] = {}
-
-
-_NEXT_TOKEN = itertools.count(1)
-
-
-def _token(comm) -> int:
-    """A number this communicator owns for its lifetime (id() can be reused by a later object once this one is
-    gone, which would hand a new communicator a destroyed one's workspaces). Every workspace key has it, so the
-    first call ties the ops' state of `comm` to its lifetime."""
-    t = getattr(comm, "_tandem_op_token", None)
-    if t is None:
-        t = next(_NEXT_TOKEN)
-        comm._tandem_op_token = t
-        try:
-            gone = weakref.finalize(comm, _forget, t)  # collected: its registry entry and workspaces go
-            gone.atexit = False  # at exit the process's end releases everything; no teardown-order surprises
-        except TypeError:  # a stand-in without weak references (tests' namespaces): registered strongly below
-            pass
-        hooks = getattr(comm, "_destroy_hooks", None)
-        if hooks is not None:  # destroy(): its workspaces go first, so that the heap can be released at once
-            hooks.append(functools.partial(_drop_workspaces, t))
-    return t
-
-
-def _drop_workspaces(token: int):
-    # list(): a snapshot taken without running Python code, so a finalizer run by the garbage collector in between
-    # cannot change the dict under the loop
-    for k in list(_WORKSPACES):
-        if k[1] == token:
-            _WORKSPACES.pop(k, None)
-
-
-def _forget(token: int):
-    _COMMS.pop(token, None)
-    _drop_workspaces(token)
-
-
-def register(comm) -> int:
-    """The handle of `comm` for the ops (idempotent). The registry holds `comm` weakly."""
-    h = _token(comm)
-    if h not in _COMMS:
-        try:
-            _COMMS[h] = weakref.ref(comm)
-        except TypeError:  # not weakly referenceable (a stand-in, never a Communicator): held as before
-            _COMMS[h] = lambda: comm
-    return h
-
-
-def _comm(handle: int, op: str):
-    ref = _COMMS.get(int(handle))
-    c = ref() if ref is not None else None
-    if c is None:
-        raise invalid(f"unknown communicator handle {handle}: never registered, or its communicator was "
-                      "garbage-collected (tandem.ops.tp.register(comm) first, and keep the communicator)", op)
-    if getattr(c, "destroyed", False):
-        rank = getattr(c, "_rank", -1)
-        raise TandemError(f"tandem: rank {rank}: {op}: communicator handle {handle} belongs to a destroyed "
-                          "communicator", INVALID_ARGUMENT, op, rank)
-    return c
-
-
-_LOADED: set = set()
-
-
-def _preload(op, rank, loaders):
-    # Load the op's kernels before its first launch: with lazy module loading, a kernel's first launch behind a
-    # running kernel that waits for proxy traffic can hold that traffic up until the device timeout (seen on the
-    # H200: the unfused AG's GEMM behind its copy kernel). `loaders`: names of the bindings' preload functions
-    # (tp_gemm.h, moe.h, ring_attention.h: preload_kernels), each called once per process.
-    for name in loaders:
-        if name not in _LOADED:
-            err = getattr(native().kernels, name)()
-            if err:
-                raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
-            _LOADED.add(name)
-
-
-# ---- ranks agree, or it is an error ---------------------------------------------------------------------------
-# A call whose op key (op_key: everything that sizes or lays out the workspace, or decides what the kernels exchange)
-# is new on this communicator first takes an agreement step: every rank publishes its key in the communicator's
-# store (Communicator._op_store, keys "agree<seq>/<rank>", seq counting this communicator's steps) and reads the
-# others', bounded by timeout_s. Keys that differ raise a TandemError on every rank, naming each rank's key, before
-# anything is allocated or launched; the ranks stay in step and the communicator stays usable. Then the
-# workspace is made (if it is new) and the key is remembered with it: later calls with the same key skip the step
-# (no host cost on the hot path, nothing to do in a CUDA graph replay).
-#
-# Limits. A rank whose key is already agreed skips the step, so if rank 0 calls a known key and rank 1 a new one,
-# rank 1 times out in the step (a TandemError after timeout_s; its communicator is then aborted: the ranks are out
-# of step) and rank 0's kernel times out on the device (a TandemError from comm.check() / synchronize()). Two
-# different keys that are both known already are not compared: each rank launches on its own workspace, whose
-# size is the same on every rank (agreed when it was made), so nothing is written out of bounds; the peers' signals
-# never come and the device waits time out (TandemError, timeout) — unless both keys share one workspace (same
-# sizes, e.g. AG+GEMM with another N), in which case the kernels run with each rank's own arguments.
-
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def op_key(op: str, **fields) -> tuple:
-    """The key the ranks must agree on for one call of `op`: ((name, value), ...), "op" first, in the order given
-    (dtypes by their short names)."""
-    return (("op", op),) + tuple((k, _DTYPE_NAMES.get(v, str(v)) if isinstance(v, torch.dtype) else v)
-                                 for k, v in fields.items())
-
-
-def format_key(key: tuple) -> str:
-    """(op=ag_gemm, m_local=512, ...)"""
-    return "(" + ", ".join(f"{k}={v}" for k, v in key) + ")"
-
-
-def _ranks(rs) -> str:
-    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(str(r) for r in rs)
-
-
-def disagreement(op: str, rank: int, keys: list) -> str | None:
-    """None if every rank's formatted key (keys[r]) is this rank's, else the TandemError message naming each key
-    and the ranks that have it."""
-    if all(k == keys[rank] for k in keys):
-        return None
-    groups: dict = {}
-    for r, k in enumerate(keys):
-        groups.setdefault(k, []).append(r)
-    parts = [f"{_ranks(rs)} {'has' if len(rs) == 1 else 'have'} {k}" for k, rs in groups.items()]
-    return (f"tandem: rank {rank}: {op}: ranks disagree: " + ", ".join(parts) +
-            " (every rank must call the op with the same shapes and options; nothing was allocated or launched)")
-
-
-def _store_has(store, key) -> bool:
-    try:
-        return bool(store.check([key]))
-    except Exception:  # noqa: BLE001 - a failing store: report the rank as missing
-        return False
-
-
-def _wait_keys(comm, store, keys, timeout_s) -> bool:
-    """True once every key is in the store, False after timeout_s. Waits in slices: between them comm.check()
-    (when the communicator has one) raises at once if a local peer exited or the communicator was aborted."""
-    import datetime
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        t0 = time.monotonic()
-        left = deadline - t0
-        if left <= 0:
-            return False
-        try:
-            # (at least 10 ms: a store reads a timeout that rounds to 0 ms as "no timeout")
-            store.wait(keys, datetime.timedelta(seconds=max(0.01, min(left, 0.25))))
-            return True
-        except Exception:  # noqa: BLE001 - the store's timeout error (its type differs between stores and versions)
-            pass
-        check = getattr(comm, "check", None)
-        if check is not None:
-            try:
-                check()
-            except TandemError as e:
-                comm._op_agree_failed = str(e)
-                raise
-        spent = time.monotonic() - t0
-        if spent < 0.05:  # a store that fails at once (its server gone): do not spin
-            time.sleep(0.05 - spent)
-
-
-def _agree(comm, op: str, key: tuple) -> None:
-    """The agreement step (collective over the store, bounded by comm.timeout_s); raises TandemError on every rank
-    if the keys differ (INVALID_ARGUMENT), or on this rank if a peer does not take the step in time (TIMEOUT)."""
-    world, rank = comm.world_size, comm.rank
-    if world == 1:
-        return
-    failed = getattr(comm, "_op_agree_failed", None)
-    if failed is not None:
-        raise TandemError(f"tandem: rank {rank}: {op}: an earlier agreement step of this communicator failed, the "
-                          f"ranks are out of step ({failed}); make a new communicator", 2, op, rank)
-    store = getattr(comm, "_op_store", None)
-    if store is None:
-        raise TandemError(f"tandem: rank {rank}: {op}: this communicator has no store for the ranks' agreement step",
-                          10, op, rank)
-    seq = next(comm._op_seq)
-    mine = format_key(key)
-    tag = f"agree{seq}/"
-    timeout_s = float(comm.timeout_s)
-    try:
-        store.set(f"{tag}{rank}", mine)
-    except Exception as e:  # noqa: BLE001
-        raise TandemError(f"tandem: rank {rank}: {op}: the agreement step could not publish this rank's key: {e}",
-                          7, op, rank) from None
-    others = [r for r in range(world) if r != rank]
-    if not _wait_keys(comm, store, [f"{tag}{r}" for r in others], timeout_s):
-        missing = [r for r in others if not _store_has(store, f"{tag}{r}")] or others
-        why = f"{_ranks(missing)} did not take agreement step {seq} within {timeout_s:g} s"
-        comm._op_agree_failed = why
-        try:  # a peer that reaches this step late reads this instead of a key it would agree with
-            store.set(f"{tag}{rank}", f"<rank {rank} gave up waiting after {timeout_s:g} s>")
-        except Exception:  # noqa: BLE001
-            pass
-        if hasattr(comm, "abort"):
-            comm.abort()  # out of step: no later device wait of this rank may wait for a peer that will not come
-        raise TandemError(
-            f"tandem: rank {rank}: {op}: ranks out of step: {why} (this rank has {mine}). A rank whose key is known "
-            f"already (its workspace exists) skips the step: the ranks called different ops or shapes, or a rank "
-            f"stopped calling. This communicator is aborted", 1, op, rank, missing[0]) from None
-    keys = []
-    for r in range(world):
-        v = mine if r == rank else store.get(f"{tag}{r}")
-        keys.append(v.decode() if isinstance(v, bytes) else str(v))
-    msg = disagreement(op, rank, keys)
-    if msg is not None:
-        peer = next(r for r in range(world) if keys[r] != mine)
-        raise TandemError(msg, 3, op, rank, peer)
-
-
-def _workspace(comm, key: tuple, nbytes: int, loaders=("preload_kernels",), agree: tuple | None = None) -> torch.Tensor:
-    """The op's symmetric workspace for cache key `key` (op name first), made on first use (collective). `agree`:
-    the op key (op_key) of this call; one the workspace has not seen yet is agreed on first (_agree), before any
-    allocation. The workspace's size is part of what is agreed."""
-    ws = _WORKSPACES.get(key)
-    agreed = getattr(ws, "_tandem_agreed", None) if ws is not None else None
-    if agree is not None and agreed is not None and agree in agreed:
-        return ws
-    if ws is None and torch.cuda.is_current_stream_capturing():
-        raise invalid("the first call for a shape allocates the workspace (collective) and cannot be captured: "
-                      "run the op once before capturing", key[0], comm.rank)
-    if agree is not None:
-        _agree(comm, key[0], agree + (("workspace_bytes", int(nbytes)),))
-    if ws is None:
-        _preload(key[0], comm.rank, loaders)
-        ws = comm.zeros(nbytes, torch.uint8)
-        torch.cuda.synchronize()
-        comm.barrier()  # nobody may signal into a workspace before its owner zeroed it
-        _WORKSPACES[key] = ws
-    if agree is not None:
-        if getattr(ws, "_tandem_agreed", None) is None:
-            ws._tandem_agreed = set()  # the keys agreed for this workspace (it goes with the workspace when released)
-        ws._tandem_agreed.add(agree)
-    return ws
-
-
-def release_workspaces(comm=None):
-    """Free the cached workspaces (of `comm`, or all). Collective: call on every rank. (Communicator.destroy()
-    frees its own.)"""
-    if comm is not None:
-        _drop_workspaces(_token(comm))
-        return
-    _WORKSPACES.clear()
 
 
 def _check_matrix(t, name, op, rank):
@@ -322,9 +71,6 @@ def _validate(comm, a, b, op):
         raise invalid(f"K ({a.shape[1]}) and N ({b.shape[1]}) must be multiples of 8 (16-byte rows for TMA)", op, rank)
 
 
-def _stream(dev):
-    return torch.cuda.current_stream(dev).cuda_stream
-
 
 def _check_mode(mode, op, rank):
     if mode not in ("auto", "fused", "unfused", "pipelined"):
@@ -350,7 +96,7 @@ def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
     after the ranks agree on `agree`), cached per communicator, shape and dtype."""
     K = native().kernels
-    ws = _workspace(comm, ("ag_gemm", _token(comm), m_local, k, dtype),
+    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype),
                     K.ag_gemm_workspace_size(comm.native, m_local, k), agree=agree)
     off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
     rows = comm.world_size * m_local
@@ -364,18 +110,20 @@ _PIPELINED_LOADERS = ("preload_kernels", "stream_sync_preload_kernels")
 def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> torch.Tensor:
     """The pipelined AG workspace (tandem.ops.tp_pipelined: flags, then the gathered A) for this shape."""
     esize = torch.empty((), dtype=dtype).element_size()
-    return _workspace(comm, ("ag_gemm_pipelined", _token(comm), m_local, k, dtype),
+    return rt.workspace(comm, ("ag_gemm_pipelined", rt.token(comm), m_local, k, dtype),
                       tp_pipelined.ag_workspace_bytes(comm.world_size, m_local, k, esize),
                       loaders=_PIPELINED_LOADERS, agree=agree)
 
 
 def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
     """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
-    return _workspace(comm, (op, _token(comm), m, n, dtype),
+    return rt.workspace(comm, (op, rt.token(comm), m, n, dtype),
                       native().kernels.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
 
 
-def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
+def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
+    """Every check of an AG+GEMM call, its plan, agreement and workspace; returns its launcher
+    (comm, a_local, b) -> (C, gathered A) for every later call of the same signature (_run)."""
     op = "ag_gemm"
     _check_nodes(comm, op)
     _validate(comm, a_local, b, op)
@@ -386,51 +134,65 @@ def _ag(comm, a_local, b, mode, comm_blocks, sm_count):
     world = comm.world_size
     m_local, k = a_local.shape
     n = b.shape[1]
+    dtype, device = a_local.dtype, a_local.device
     K = native().kernels
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
-    agree = op_key(op, m_local=m_local, n=n, k=k, dtype=a_local.dtype, mode=mode, comm_blocks=int(comm_blocks),
+    agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
-        return tp_pipelined.ag_gemm(comm, _ag_pipelined_workspace(comm, m_local, k, a_local.dtype, agree), a_local, b)
-    ws, gathered = _ag_workspace(comm, m_local, k, a_local.dtype, agree)
-    c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=a_local.device)
-    dt = _DTYPES[a_local.dtype]
+        pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
+        return lambda c, a, bb: tp_pipelined.ag_gemm(c, pws, a, bb)
+    ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
         mode = "auto" if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    args = (dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0),
-            ws.data_ptr(), int(sm_count), int(comm_blocks))
+    dt, ws_ptr, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), b.stride(0), int(sm_count), int(comm_blocks)
+    rows = world * m_local
     if mode in ("auto", "fused"):
-        why = K.ag_gemm(comm.native, "check", *args, 0)
+        c = torch.empty((1, n), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
+        why = K.ag_gemm(comm.native, "check", dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), ldb, c.data_ptr(),
+                        n, ws_ptr, sms, blocks, 0)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         if not why:
-            err = K.ag_gemm(comm.native, "fused", *args, _stream(a_local.device))
-            if err:
-                raise TandemError(f"tandem: ag_gemm: {err}", 5, op, comm.rank)
-            return c, gathered
-    m = world * m_local
-    gws_bytes = K.gemm_workspace_size(m, n, k, dt)
-    # allocated before the all-gather runs: nothing on this thread should wait on the device meanwhile
-    gws = torch.empty(max(gws_bytes, 1), dtype=torch.uint8, device=a_local.device)
-    err = K.ag_gemm(comm.native, "gather", *args, _stream(a_local.device))
-    if err:
-        raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, comm.rank)
-    if _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
-        # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
-        # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
-        # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's
-        # proxy traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while
-        # the proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out.
-        # tandem's GEMM kernels are loaded before the first launch (_preload).
-        torch.matmul(gathered, b, out=c)
-        return c, gathered
-    err = K.gemm(m, n, k, dt, gathered.data_ptr(), k, b.data_ptr(), b.stride(0), c.data_ptr(), c.stride(0), 1.0,
-                 int(sm_count) or comm.sm_count, gws.data_ptr(), _stream(a_local.device))
-    if err:
-        raise TandemError(f"tandem: ag_gemm (GEMM): {err}", 5, op, comm.rank)
-    return c, gathered
+            def fused(cm, a, bb):
+                out = torch.empty((rows, n), dtype=dtype, device=device)
+                err = K.ag_gemm(cm.native, "fused", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb,
+                                out.data_ptr(), n, ws_ptr, sms, blocks, rt.stream_handle(device))
+                if err:
+                    raise TandemError(f"tandem: ag_gemm: {err}", 5, op, cm.rank)
+                return out, gathered
+            return fused
+    # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
+    # rank's SMs (docs/results.md, issue 21); the stream orders it after the all-gather kernel. One node only:
+    # across emulated nodes (H200, 2026-12-04, test_tp_ops_across_emulated_nodes[1]) the all-gather kernel's proxy
+    # traffic stopped when cuBLAS was enqueued behind it (likely its first launch loading a module while the
+    # proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out. tandem's
+    # GEMM kernels are loaded before the first launch (_runtime.preload).
+    cublas = _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1
+    gws_bytes = max(K.gemm_workspace_size(rows, n, k, dt), 1)
+    gemm_sms = sms or comm.sm_count
+
+    def unfused(cm, a, bb):
+        out = torch.empty((rows, n), dtype=dtype, device=device)
+        # tandem's GEMM workspace is allocated before the all-gather runs: nothing on this thread should wait on
+        # the device meanwhile
+        gws = None if cublas else torch.empty(gws_bytes, dtype=torch.uint8, device=device)
+        stream = rt.stream_handle(device)
+        err = K.ag_gemm(cm.native, "gather", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb, out.data_ptr(), n,
+                        ws_ptr, sms, blocks, stream)
+        if err:
+            raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, cm.rank)
+        if cublas:
+            torch.matmul(gathered, bb, out=out)
+            return out, gathered
+        err = K.gemm(rows, n, k, dt, gathered.data_ptr(), k, bb.data_ptr(), ldb, out.data_ptr(), n, 1.0, gemm_sms,
+                     gws.data_ptr(), stream)
+        if err:
+            raise TandemError(f"tandem: ag_gemm (GEMM): {err}", 5, op, cm.rank)
+        return out, gathered
+    return unfused
 
 
 _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
@@ -440,7 +202,8 @@ _AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
 _UNFUSED_GEMM = os.environ.get("TANDEM_UNFUSED_GEMM", "cublas")
 
 
-def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
+def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
+    """As _prepare_ag, for GEMM+RS and GEMM+AR: the launcher (comm, a, b) -> out."""
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -453,110 +216,147 @@ def _rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="auto"):
     if op == "gemm_ar" and algo == "one_shot" and comm.native.num_nodes > 1:
         raise invalid("the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)",
                       op, comm.rank)
+    dtype, device = a.dtype, a.device
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
-    agree = op_key(op, m=m, n=n, k=k, dtype=a.dtype, mode=mode, comm_blocks=int(comm_blocks),
+    agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
                    **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
     out_rows = m if op == "gemm_ar" else m // world
+    all_reduce = op == "gemm_ar"
     if pipelined:
         tp_pipelined.check(comm, op, tp_pipelined.SPLITS, sm_count=sm_count,
                            comm_blocks=comm_blocks if mode == "pipelined" else 0)
-        pws = _workspace(comm, (op + "_pipelined", _token(comm), m, n, a.dtype),
-                         tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), op == "gemm_ar"),
-                         loaders=_PIPELINED_LOADERS, agree=agree)
-        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-        return tp_pipelined.gemm_rs(comm, pws, a, b, out, op == "gemm_ar", tp_pipelined.SPLITS)
-    ws = _rs_workspace(comm, op, m, n, a.dtype, agree)
-    out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    if op == "gemm_ar":  # algo was checked by the op
+        pws = rt.workspace(comm, (op + "_pipelined", rt.token(comm), m, n, dtype),
+                           tp_pipelined.rs_workspace_bytes(world, m, n, a.element_size(), all_reduce),
+                           loaders=_PIPELINED_LOADERS, agree=agree)
+        splits = tp_pipelined.SPLITS
+
+        def pipelined_launch(cm, x, bb):
+            out = torch.empty((out_rows, n), dtype=dtype, device=device)
+            return tp_pipelined.gemm_rs(cm, pws, x, bb, out, all_reduce, splits)
+        return pipelined_launch
+    ws = _rs_workspace(comm, op, m, n, dtype, agree)
+    if all_reduce:  # algo was checked by the op
+        ar_algo = _AR_ALGOS[algo]
 
         def run(*xs):
-            return K.gemm_ar(*xs, _AR_ALGOS[algo])
+            return K.gemm_ar(*xs, ar_algo)
     else:
         run = K.gemm_rs
     if plan is not None:
         mode = "auto" if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    args = (_DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0), out.data_ptr(),
-            ws.data_ptr(), int(sm_count), int(comm_blocks))
+    dt, ws_ptr, lda, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), a.stride(0), b.stride(0), int(sm_count), \
+        int(comm_blocks)
     chosen = "unfused" if mode == "unfused" else "fused"
     if mode in ("auto", "fused"):
-        why = run(comm.native, "check", *args, 0)
+        probe = torch.empty((1, 8), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
+        why = run(comm.native, "check", dt, m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, probe.data_ptr(), ws_ptr,
+                  sms, blocks, 0)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "unfused" if why else "fused"
-    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not int(sm_count) and comm.native.num_nodes == 1:
-        # The unfused path with cuBLAS for the GEMM (see _ag): wait until every rank read this rank's partial of
-        # the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
-        stream = _stream(a.device)
-        err = run(comm.native, "wait", *args, stream)
-        if not err:
-            off = K.gemm_rs_partial_offset(comm.native, m, n)
-            partial = ws[off:off + m * n * a.element_size()].view(a.dtype).view(m, n)
-            torch.matmul(a, b, out=partial)
-            err = run(comm.native, "reduce", *args, stream)
-    else:
-        err = run(comm.native, chosen, *args, _stream(a.device))
-    if err:
-        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
-    return out
+    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1:
+        # The unfused path with cuBLAS for the GEMM (see _prepare_ag): wait until every rank read this rank's
+        # partial of the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
+        off = K.gemm_rs_partial_offset(comm.native, m, n)
+        partial = ws[off:off + m * n * a.element_size()].view(dtype).view(m, n)
+
+        def unfused_cublas(cm, x, bb):
+            out = torch.empty((out_rows, n), dtype=dtype, device=device)
+            stream = rt.stream_handle(device)
+            args = (dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms, blocks, stream)
+            err = run(cm.native, "wait", *args)
+            if not err:
+                torch.matmul(x, bb, out=partial)
+                err = run(cm.native, "reduce", *args)
+            if err:
+                raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+            return out
+        return unfused_cublas
+
+    def launch(cm, x, bb):
+        out = torch.empty((out_rows, n), dtype=dtype, device=device)
+        err = run(cm.native, chosen, dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms,
+                  blocks, rt.stream_handle(device))
+        if err:
+            raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+        return out
+    return launch
 
 
-@torch.library.custom_op("tandem::ag_gemm", mutates_args=())
-def ag_gemm_op(a_local: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0) -> torch.Tensor:
-    c = _comm(comm, "ag_gemm")
-    if c.world_size == 1:
-        _validate(c, a_local, b, "ag_gemm")
-        _check_mode(mode, "ag_gemm", c.rank)
-        _check_blocks(comm_blocks, "ag_gemm", c.rank)
-        return _plain_gemm(a_local, b)
-    return _ag(c, a_local, b, mode, comm_blocks, sm_count)[0]
+def _world_of_one(comm, a, b, op, mode, comm_blocks):
+    """Every TP op at world 1: the same checks as at any world; the launcher is the plain GEMM (nothing to
+    exchange). AG's launcher returns (C, A) as at any world."""
+    _validate(comm, a, b, op)
+    _check_mode(mode, op, comm.rank)
+    _check_blocks(comm_blocks, op, comm.rank)
+    if op == "ag_gemm":
+        return lambda cm, x, bb: (_plain_gemm(x, bb), x)
+    return lambda cm, x, bb: _plain_gemm(x, bb)
 
 
-@ag_gemm_op.register_fake
-def _(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
-    world = _comm(comm, "ag_gemm").world_size
+def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
+    """One call of a TP op: the launcher prepared for this call's signature (made on its first call: _prepare_*),
+    after the checks the signature does not cover (the communicator is alive; the inputs' addresses)."""
+    comm = rt.comm_from_handle(handle, op)
+    try:
+        key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
+               b.stride(), b.dtype, b.device)
+    except AttributeError:  # not tensors: the full checks say so
+        key = None
+    launch = rt.prepared(key) if key is not None else None
+    if launch is None:
+        if comm.world_size == 1:
+            launch = _world_of_one(comm, a, b, op, mode, comm_blocks)
+        elif op == "ag_gemm":
+            launch = _prepare_ag(comm, a, b, mode, comm_blocks, sm_count)
+        else:
+            launch = _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op=op, algo=algo)
+        if key is not None:
+            rt.remember(key, launch)
+    elif (a.data_ptr() | b.data_ptr()) & 15:
+        _validate(comm, a, b, op)  # raises, naming the misaligned input
+    return launch(comm, a, b)
+
+
+def _ag_gemm_impl(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    return _run("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)[0]
+
+
+def _ag_gemm_fake(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    world = rt.comm_from_handle(comm, "ag_gemm").world_size
     return a_local.new_empty((a_local.shape[0] * world, b.shape[1]))
 
 
-@torch.library.custom_op("tandem::gemm_rs", mutates_args=())
-def gemm_rs_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0) -> torch.Tensor:
-    c = _comm(comm, "gemm_rs")
-    if c.world_size == 1:
-        _validate(c, a, b, "gemm_rs")
-        _check_mode(mode, "gemm_rs", c.rank)
-        _check_blocks(comm_blocks, "gemm_rs", c.rank)
-        return _plain_gemm(a, b)
-    return _rs(c, a, b, mode, comm_blocks, sm_count)
+def _gemm_rs_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    return _run("gemm_rs", comm, a, b, mode, comm_blocks, sm_count)
 
 
-@gemm_rs_op.register_fake
-def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
-    world = _comm(comm, "gemm_rs").world_size
+def _gemm_rs_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
+    world = rt.comm_from_handle(comm, "gemm_rs").world_size
     return a.new_empty((a.shape[0] // world, b.shape[1]))
 
 
-@torch.library.custom_op("tandem::gemm_ar", mutates_args=())
-def gemm_ar_op(a: torch.Tensor, b: torch.Tensor, comm: int, mode: str = "auto", comm_blocks: int = 0,
-               sm_count: int = 0, algo: str = "auto") -> torch.Tensor:
-    c = _comm(comm, "gemm_ar")
+def _gemm_ar_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     if algo not in _AR_ALGOS:
-        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar", c.rank)
-    if c.world_size == 1:
-        _validate(c, a, b, "gemm_ar")
-        _check_mode(mode, "gemm_ar", c.rank)
-        _check_blocks(comm_blocks, "gemm_ar", c.rank)
-        return _plain_gemm(a, b)
-    return _rs(c, a, b, mode, comm_blocks, sm_count, op="gemm_ar", algo=algo)
+        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar",
+                      rt.comm_from_handle(comm, "gemm_ar").rank)
+    return _run("gemm_ar", comm, a, b, mode, comm_blocks, sm_count, algo)
 
 
-@gemm_ar_op.register_fake
-def _(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
+def _gemm_ar_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     return a.new_empty((a.shape[0], b.shape[1]))
+
+
+_TP_ARGS = 'SymInt comm, str mode="auto", SymInt comm_blocks=0, SymInt sm_count=0'
+ag_gemm_op = rt.define_op("ag_gemm", f"(Tensor a_local, Tensor b, {_TP_ARGS}) -> Tensor", _ag_gemm_impl,
+                          _ag_gemm_fake)
+gemm_rs_op = rt.define_op("gemm_rs", f"(Tensor a, Tensor b, {_TP_ARGS}) -> Tensor", _gemm_rs_impl, _gemm_rs_fake)
+gemm_ar_op = rt.define_op("gemm_ar", f'(Tensor a, Tensor b, {_TP_ARGS}, str algo="auto") -> Tensor', _gemm_ar_impl,
+                          _gemm_ar_fake)
 
 
 def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0,
@@ -565,11 +365,7 @@ def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_co
     valid until the next ag_gemm call of the same shape on this communicator (clone it to keep it)."""
     if not return_gathered:
         return torch.ops.tandem.ag_gemm(a_local, b, register(comm), mode, comm_blocks, sm_count)
-    if comm.world_size == 1:
-        _validate(comm, a_local, b, "ag_gemm")
-        _check_mode(mode, "ag_gemm", comm.rank)
-        return _plain_gemm(a_local, b), a_local
-    return _ag(comm, a_local, b, mode, comm_blocks, sm_count)
+    return _run("ag_gemm", register(comm), a_local, b, mode, comm_blocks, sm_count)
 
 
 def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
@@ -616,7 +412,8 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
                                                                  dtype=a.dtype))
         c = torch.empty((1, n), dtype=a.dtype, device=a.device)  # not written by the gather
         err = K.ag_gemm(comm.native, "gather", _DTYPES[a.dtype], m_local, n, k, a.data_ptr(), b.data_ptr(),
-                        b.stride(0), c.data_ptr(), c.stride(0), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
+                        b.stride(0), c.data_ptr(), c.stride(0), ws.data_ptr(), int(sm_count), 0,
+                        rt.stream_handle(a.device))
     else:
         m, k = a.shape
         n = b.shape[1]
@@ -625,7 +422,7 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
         ws = _rs_workspace(comm, op, m, n, a.dtype, op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
         out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
         args = (comm.native, "reduce", _DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(),
-                b.stride(0), out.data_ptr(), ws.data_ptr(), int(sm_count), 0, _stream(a.device))
+                b.stride(0), out.data_ptr(), ws.data_ptr(), int(sm_count), 0, rt.stream_handle(a.device))
         err = K.gemm_ar(*args, _AR_ALGOS["two_shot"]) if op == "gemm_ar" else K.gemm_rs(*args)
     if err:
         raise TandemError(f"tandem: {op} (collective alone): {err}", 5, op, comm.rank)

@@ -16,8 +16,8 @@ not apply. Every rank must call the op on one stream per shape (the epoch counte
 AG+GEMM (a_local M/W x K per rank):
     main stream   signal free[r] = e-1 on every peer: this rank's call e-1 (its GEMMs, and whatever its caller
                   read from the returned gathered view before this call) is done with `gathered`
-    side stream   wait free[q] >= e-1 for every q, then for q = r-1, r-2, ...: copy a_local into q's gathered
-                  rows of r, signal arrived[r] on q
+    side stream   for q = r-1, r-2, ...: wait free[q] >= e-1 (q alone: a slow peer does not hold up the pushes
+                  to the others), copy a_local into q's gathered rows of r, signal arrived[r] on q
     main stream   C[r] = a_local @ B (no wait), then for src = r+1, r+2, ...: wait arrived[src] >= e, C[src] =
                   gathered[src] @ B
 GEMM+RS (a M x K/W per rank), a ring to the left (r sends to r-1), step s = 0 .. W-1 on chunk c = r+s+1:
@@ -152,10 +152,11 @@ def ag_gemm(comm, ws, a_local, b):
         op, rank)
     side.wait_stream(s)
     with torch.cuda.stream(side):
-        _ok(K.stream_wait(comm.native, [base + _flag(_FREE, q) for q in to], to, counter, -1, side.cuda_stream),
-            "wait free", op, rank)
         src = a_local.data_ptr()
         for q in to:
+            # only q's own "free" guards q's gathered buffer: the push to q need not wait for the other peers
+            _ok(K.stream_wait(comm.native, [base + _flag(_FREE, q)], [q], counter, -1, side.cuda_stream),
+                "wait free", op, rank)
             _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
             _ok(K.stream_signal(comm.native, base + _flag(_ARRIVED, rank), [q], counter, 0, side.cuda_stream),
                 "signal arrived", op, rank)

@@ -30,7 +30,7 @@ __all__ = ["Communicator"]
 
 _VERBS_COMMS = itertools.count()
 # Communicators are made collectively in the same order on every rank (as the C++ side's tags assume): the count
-# names this one's keys in the store for the ops' agreement steps (tandem.ops.tp._agree).
+# names this one's keys in the store for the ops' agreement steps (tandem.ops._runtime.agree_on_key).
 _OP_COMMS = itertools.count()
 
 _HEAP_KINDS = ("auto", "vmm", "ipc")
@@ -228,7 +228,7 @@ class Communicator:
         )
         self._adopt(self._native, torch)
         # The ops' agreement steps (every rank publishes the key of the op it is about to make a workspace for,
-        # tandem.ops.tp._agree): this communicator's own keys in the store, and a count that gives each step its
+        # tandem.ops._runtime.agree_on_key): this communicator's own keys in the store, and a count that gives each step its
         # own keys.
         self._op_store = dist.PrefixStore(f"tandem/ops{next(_OP_COMMS)}", store)
         self._op_seq = itertools.count()

@@ -8,3 +8,4 @@
 #include "tandem/device/wait.cuh"
 #include "tandem/device/barrier.cuh"
 #include "tandem/device/quiet.cuh"
+#include "tandem/device/local.cuh"

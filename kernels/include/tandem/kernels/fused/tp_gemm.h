@@ -36,7 +36,7 @@ namespace tandem::kernels::tp {
 
 using gemm::DType;
 
-// Role plan: how many of the rank's SMs do what. 0 = the heuristic (plan_for).
+// Role plan: how many of the rank's SMs do what. 0 = the default split (default_plan).
 struct SmPlan {
   int sm_count = 0;    // SMs this rank really has (its MPS share); every block must be resident at once
   int comm_blocks = 0; // AG: copy blocks; RS: reduce blocks. Even (the GEMM's clusters are 2 blocks wide)
@@ -98,7 +98,7 @@ cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 
 // The heuristic split: AG copy blocks / RS reduce blocks ~ 1/16 of the SMs, at least 2, even.
-SmPlan plan_for(int sm_count, int world, int m, int n, int k);
+SmPlan default_plan(int sm_count);
 
 Status can_implement(const AgGemmArgs& args, std::string* why = nullptr);
 size_t workspace_size(const AgGemmArgs& args);

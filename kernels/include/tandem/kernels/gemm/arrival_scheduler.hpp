@@ -11,6 +11,7 @@
 
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "tandem/device/local.cuh"
 #include "tandem/device/wait.cuh"
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/transport/device_comm.h"
@@ -72,7 +73,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     stride_ = gx * gy * uint64_t(gridDim.z);
     if (arrival_.epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
-      arrival_.epoch = tandem::device::impl::ld_relaxed_gpu(arrival_.epoch_counter) + 1;
+      arrival_.epoch = tandem::device::local_load(arrival_.epoch_counter) + 1;
     }
 #endif
   }

@@ -1,0 +1,211 @@
+// MoE dispatch + grouped GEMM and combine (sm90a), the kernels' shared definitions: the optional per-block
+// trace, the dispatch workspace's offsets, the state every role shares (Common), the end-of-launch release and
+// finish, and the receive-capacity check. The protocol is the one at the top of moe_sm90.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cstdlib>
+#include <vector>
+
+#include "../fused/tp_common.cuh"
+#include "grouped_gemm_sm90.hpp"
+#include "tandem/kernels/moe/moe.h"
+
+namespace tandem::kernels::moe {
+
+namespace {
+
+using tp::detail::block_ok;
+using tp::detail::fail;
+using tp::detail::finish_block;
+using tp::detail::launch_clustered;
+using tp::detail::last_of;
+
+// Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
+// diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries. The
+// globaltimer is one clock for every process on a GPU, so MPS ranks' timelines line up. Off (null): no stores.
+using detail::kTraceBlocks;  // (grouped_gemm_sm90.hpp writes slots 2, 6, 7 too)
+using detail::kTraceSlots;
+__device__ uint64_t g_moe_trace[kTraceBlocks * kTraceSlots];
+
+__device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    const int b = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+    if (b < kTraceBlocks) trace[b * kTraceSlots + slot] = tandem::device::now_ns();
+  }
+}
+
+constexpr int kMaxExperts = 4096;         // shared-memory tables of the send blocks
+constexpr int32_t kSendChunk = 32;        // pairs a warp sends before the next warp's turn (see dispatch_role)
+constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory
+                                           // system to the senders
+constexpr int kMaxWorldMoe = 64;
+using tp::detail::WorkspaceCarver;
+
+struct alignas(128) MoeControl {
+  uint64_t epoch;
+  uint64_t done_blocks;
+  uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
+  uint64_t pad0[13];
+  uint64_t counts_flag[kMaxWorldMoe];  // source s's count row landed
+  uint64_t ready[kMaxWorldMoe];        // rank q finished with everything the others wrote for that epoch
+  uint64_t done[kMaxWorldMoe];         // combine: rank q sent every row of this rank's tokens
+};
+static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
+constexpr size_t kControlBytes = 4096;
+
+int experts_total(const MoeShape& s, int world) { return s.experts_per_rank * world; }
+
+// Byte offsets of everything in the dispatch workspace (the same on every rank: only shapes and world enter).
+struct DispatchOffsets {
+  size_t arrive, counts_all, local_counts, rows_done, keys, keys_sorted, vals, vals_sorted, cub_temp, cub_bytes;
+  size_t shapes, ptr_a, ptr_b, ptr_d, stride_a, stride_b, stride_d, cutlass_ws, cutlass_ws_bytes;
+  size_t recv_src, x_stage, recv_x, total;
+};
+
+template <class Element>
+using Gg = detail::Sm90GroupedGemm<Element>;
+
+size_t cub_temp_bytes(int n) {
+  size_t bytes = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n < 1 ? 1 : n);
+  return bytes;
+}
+
+constexpr size_t kCutlassWorkspaceBytes = size_t(1) << 20;  // tensormaps, 512 B per block: grids up to 2048
+
+DispatchOffsets offsets_of(const DispatchArgs& a) {
+  const MoeShape& s = a.shape;
+  const int world = a.comm.world, el = s.experts_per_rank, e = experts_total(s, world);
+  const size_t n = static_cast<size_t>(s.max_tokens) * s.topk, cap = static_cast<size_t>(receive_capacity(s, world));
+  DispatchOffsets o{};
+  WorkspaceCarver w{kControlBytes};
+  const auto take = [&](size_t bytes) { return w.take(bytes); };
+  o.arrive = take(sizeof(uint64_t) * el * world);
+  o.counts_all = take(sizeof(int32_t) * world * e);
+  o.local_counts = take(sizeof(int32_t) * e);
+  o.rows_done = take(sizeof(uint32_t) * e);
+  o.keys = take(sizeof(int32_t) * n);
+  o.keys_sorted = take(sizeof(int32_t) * n);
+  o.vals = take(sizeof(int32_t) * n);
+  o.vals_sorted = take(sizeof(int32_t) * n);
+  o.cub_bytes = cub_temp_bytes(static_cast<int>(n));
+  o.cub_temp = take(o.cub_bytes);
+  using G = Gg<cutlass::bfloat16_t>;
+  o.shapes = take(sizeof(typename G::Shape3) * el);
+  o.ptr_a = take(sizeof(void*) * el);
+  o.ptr_b = take(sizeof(void*) * el);
+  o.ptr_d = take(sizeof(void*) * el);
+  o.stride_a = take(sizeof(typename G::StrideA) * el);
+  o.stride_b = take(sizeof(typename G::StrideB) * el);
+  o.stride_d = take(sizeof(typename G::StrideD) * el);
+  o.cutlass_ws_bytes = kCutlassWorkspaceBytes;
+  o.cutlass_ws = take(kCutlassWorkspaceBytes);
+  o.recv_src = take(sizeof(int32_t) * cap);
+  o.x_stage = take(tandem::device::has_proxy(a.comm) ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
+  o.recv_x = take(cap * s.hidden * 2);
+  o.total = w.at;
+  return o;
+}
+
+struct Common {
+  tandem::DeviceComm comm;
+  MoeControl* ctl;
+  int tokens, hidden, inter, topk, el, experts;  // experts: E
+  int64_t capacity;
+};
+
+// Every block at its very end: the last one waits until the proxy delivered every command (the next launch
+// overwrites what it reads from the heap), tells every rank this one is done with the epoch, and completes it.
+// release = false: the unfused dispatch, whose GEMM (the next kernel) still reads the received rows; the release
+// kernel after it does this part.
+__device__ __forceinline__ void moe_release(const Common& c, uint64_t e) {
+  using namespace tandem::device;
+  if (tandem::device::has_proxy(c.comm)) (void)quiet(c.comm);
+  for (int q = 0; q < c.comm.world; ++q) (void)signal(c.comm, &c.ctl->ready[c.comm.rank], e, SignalOp::kSet, q);
+  tandem::device::local_store(&c.ctl->epoch, e);
+}
+
+__device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_blocks, uint64_t e, bool release = true) {
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&c.ctl->done_blocks, total_blocks) && release) moe_release(c, e);
+}
+
+__global__ void moe_release_kernel(Common c) {
+  if (threadIdx.x == 0) moe_release(c, runtime::current_epoch(c.ctl));
+}
+
+template <class Element>
+struct DispatchParams {
+  typename Gg<Element>::Kernel::Params gemm;
+  Common c;
+  const char* x;          // the token rows the sends read: the user's x, or x_stage (proxy peers)
+  char* x_stage;          // null without proxy peers
+  const Element* w;
+  uint64_t* arrive;       // [j * world + s]
+  int32_t* counts_all;    // [s * E + x]
+  int32_t* local_counts;
+  uint32_t* rows_done;
+  const int32_t* keys_sorted;
+  const int32_t* vals_sorted;
+  int32_t* expert_rows;
+  int32_t* expert_offset;
+  int32_t* source_offset;
+  int32_t* received;
+  int32_t* row_source;
+  int32_t* recv_src;
+  char* recv_x;
+  char* y;
+  typename Gg<Element>::Arrays arrays;
+  uint64_t* trace;        // null unless TANDEM_MOE_TRACE=1
+  int dispatch_rows_y;    // grid rows below this dispatch; the GEMM's follow (fused)
+  int dispatch_blocks;
+  bool gemm_role;
+};
+
+__global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, int n, int experts, int32_t* keys,
+                                   int32_t* vals, int32_t* counts) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int id = ids[i];
+  if (id < 0 || id >= experts) {
+    tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, -1,
+                           static_cast<uint64_t>(static_cast<uint32_t>(id)), static_cast<uint64_t>(i));
+    id = experts;  // sorts after every valid id; never sent
+  } else {
+    atomicAdd(counts + id, 1);
+  }
+  keys[i] = id;
+  vals[i] = i;
+}
+
+// True (in every thread of the block) if some destination would receive more rows than its receive capacity; `report`:
+// record it (kInvalidArgument, once per communicator).
+__device__ bool capacity_overrun(const Common& c, const int32_t* counts_all, bool report) {
+  const int world = c.comm.world;
+  int over = -1;
+  int64_t rows = 0;
+  for (int q = threadIdx.x; q < world; q += blockDim.x) {
+    int64_t n = 0;
+    for (int j = 0; j < c.el; ++j)
+      for (int s = 0; s < world; ++s) n += counts_all[s * c.experts + q * c.el + j];
+    if (n > c.capacity && over < 0) {
+      over = q;
+      rows = n;
+    }
+  }
+  const bool any = __syncthreads_or(over >= 0) != 0;
+  if (any && report && over >= 0)
+    tandem::device::report(c.comm, Status::kInvalidArgument, DeviceOp::kNone, over,
+                           static_cast<uint64_t>(c.capacity), static_cast<uint64_t>(rows));
+  return any;
+}
+
+}  // namespace
+
+}  // namespace tandem::kernels::moe

@@ -1,0 +1,116 @@
+// tandem kernels (private) — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built
+// on: the epoch protocol over a control block at the start of the op's workspace, the "last of N blocks"
+// counters, workspace carving and the checks every adapter makes, the launch beside clusters.
+//
+// Control blocks. Each kernel family has its own (tp::detail::Control, MoeControl, RingControl); the runtime needs
+// only their first two words, `uint64_t epoch` and `uint64_t done_blocks`, which every one of them starts with.
+//
+// Epochs. Every launch on a workspace is epoch e = control.epoch + 1 (current_epoch, read by each block when it
+// starts); the last block to finish stores e (finish_block), so launches on one stream, and the replays of a
+// captured graph, see 1, 2, 3, ... Flags carry epochs (kSet, monotonic) and are never reset. Local counters
+// ("the last of N blocks to reach this point", last_of) count to N and are reset by the block that completes
+// them; kernel boundaries order the reset before the next launch.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tandem/device.cuh"
+
+namespace tandem::kernels::runtime {
+
+__device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
+// Called by thread 0 after the block's work is ordered before it (__syncthreads). True for the last of `total`
+// callers; its acquire sees every caller's writes, so a release it issues next publishes them all.
+__device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
+  if (atom_add_acq_rel_gpu(counter, 1) + 1 != total) return false;
+  tandem::device::local_store(counter, 0);
+  return true;
+}
+
+// This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
+template <class ControlBlock>
+__device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {
+  return tandem::device::local_load(&ctl->epoch) + 1;
+}
+
+// Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
+template <class ControlBlock, class F>
+__device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
+  __syncthreads();
+  if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
+    on_last();
+    tandem::device::local_store(&ctl->epoch, epoch);
+  }
+}
+
+// The TMA bulk stores of CUTLASS's epilogue are waited for with .read only (the shared source may be reused);
+// before a peer may read the output, the issuing thread waits for the writes themselves, then orders the async
+// proxy's writes before the generic proxy's release that follows.
+__device__ __forceinline__ void complete_bulk_stores() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// Hands out consecutive 256-byte aligned ranges of a workspace, from `at` on.
+struct WorkspaceCarver {
+  size_t at;
+  size_t take(size_t bytes) {
+    const size_t r = at;
+    at += (bytes + 255) / 256 * 256;
+    return r;
+  }
+};
+
+// [lo, hi) of `bytes` for part `i` of `parts`, 16-byte granular.
+__device__ __forceinline__ void split16(size_t bytes, int parts, int i, size_t* lo, size_t* hi) {
+  const size_t units = bytes / 16;
+  *lo = 16 * (units * static_cast<size_t>(i) / static_cast<size_t>(parts));
+  *hi = i + 1 == parts ? bytes : 16 * (units * static_cast<size_t>(i + 1) / static_cast<size_t>(parts));
+}
+
+// Report a failed wait once per block and let the caller skip the rest of its work (the abort flag is up, so
+// every other wait fails fast and the kernel still finishes).
+__device__ __forceinline__ bool block_ok(Status s) { return __syncthreads_and(s == Status::kOk) != 0; }
+
+// Launch `kernel` on grid (gx, gy) with 2x1x1 clusters (the GEMM core's cluster shape).
+template <class Params, class Kernel>
+cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
+                             const Params& params) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
+}
+
+inline Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
+  if (why) *why = w;
+  return s;
+}
+
+// Whether [workspace, workspace + bytes) lies inside the communicator's symmetric heap (peers address it by its
+// offset there): what every adapter checks before a launch.
+inline bool workspace_in_heap(const tandem::DeviceComm& comm, const void* workspace, size_t bytes) {
+  const char* ws = static_cast<const char*>(workspace);
+  return ws >= comm.heap_base && ws + bytes <= comm.heap_base + comm.heap_bytes;
+}
+
+}  // namespace tandem::kernels::runtime
