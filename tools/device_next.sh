@@ -69,6 +69,13 @@ elif [ "$part" = i ]; then  # issue 22's kernel splits and define_op: MoE, ring 
 elif [ "$part" = j ]; then  # the rest of the suite: faults, transport, consumer, torchrun
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_faults.py \
     tests/gpu/test_transport.py tests/gpu/test_consumer.py tests/gpu/test_torchrun.py
+elif [ "$part" = k ]; then  # branch fused-split: mode="fused" with comm_blocks=0 takes the model's split
+  timeout -s INT -k 20 220 bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 5 ))
+  [ "$t" -gt 40 ] && timeout -s INT -k 5 $t python3 -m tandem bench tp -n 4 --reps 5 --out "$OUT/diag" \
+    --shapes 16384x8192x4096,8192x4096x8192 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
 elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
   timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares
   mkdir -p "$OUT/diag"

@@ -160,3 +160,27 @@ def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape():
     assert len(rows) >= 40
     for r in rows:
         assert by_key[tp_plan.key(r["op"], r["world"], r["sms"], r["m"], r["n"], r["k"])] == r["mode"], r
+
+
+def test_fused_split_follows_the_shape_and_the_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(tmp_path / "none.json"))
+    for op in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        for world, sms in ((2, 66), (3, 33), (4, 32)):
+            for m, n, k in ((64, 64, 64), (1024, 4096, 8192), (16384, 8192, 1024), (256, 8192, 7168)):
+                c = tp_plan.fused_split(op, world, sms, m * world, n, k)
+                assert c % 2 == 0 and 2 <= c <= max(2, sms // 4), (op, world, m, n, k, c)
+    # tiny problems keep the fewest comm SMs; a large reduction gets more than the old fixed sixteenth (2 at 32)
+    assert tp_plan.fused_split("gemm_rs", 2, 66, 64, 64, 64) == 2
+    assert tp_plan.fused_split("gemm_rs", 4, 32, 16384, 8192, 1024) >= 4
+    # a tuned fused entry wins over the model; an unfused one leaves the split to the model
+    path = tmp_path / "t.json"
+    row = dict(op="gemm_rs", world=4, sms=32, m=16384, n=8192, k=1024, mb=14, nb=13, kb=10, ms=1.0)
+    path.write_text(json.dumps([dict(row, mode="fused", comm_blocks=12)]))
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    monkeypatch.setattr(tp_plan, "RECHECK_S", 0.0)
+    assert tp_plan.fused_split("gemm_rs", 4, 32, 16384, 8192, 1024) == 12
+    path.write_text(json.dumps([dict(row, mode="unfused", comm_blocks=0)]))
+    import os
+    os.utime(path, (2, 2))
+    assert tp_plan.fused_split("gemm_rs", 4, 32, 16384, 8192, 1024) >= 4

@@ -41,6 +41,12 @@ def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple
                           nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
 
 
+def _fused_split(comm, op, m, n, k, sm_count) -> int:
+    """comm_blocks of mode="fused" called with comm_blocks=0 (tandem.ops.tp_plan.fused_split): part of the key the
+    ranks agree on, as auto's plan is."""
+    return tp_plan.fused_split(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
+
+
 def _check_matrix(t, name, op, rank):
     if not isinstance(t, torch.Tensor):
         raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op, rank)
@@ -137,6 +143,8 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     dtype, device = a_local.dtype, a_local.device
     K = native().kernels
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
+    if mode == "fused" and not comm_blocks:
+        plan = ("fused", _fused_split(comm, op, world * m_local, n, k, sm_count))
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
@@ -145,7 +153,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
         return lambda c, a, bb: tp_pipelined.ag_gemm(c, pws, a, bb)
     ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
-        mode = "auto" if plan[0] == "fused" else "unfused"
+        mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
     dt, ws_ptr, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), b.stride(0), int(sm_count), int(comm_blocks)
     rows = world * m_local
@@ -219,6 +227,8 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     dtype, device = a.dtype, a.device
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
+    if mode == "fused" and not comm_blocks:
+        plan = ("fused", _fused_split(comm, op, m, n, k, sm_count))
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
@@ -246,7 +256,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     else:
         run = K.gemm_rs
     if plan is not None:
-        mode = "auto" if plan[0] == "fused" else "unfused"
+        mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
     dt, ws_ptr, lda, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), a.stride(0), b.stride(0), int(sm_count), \
         int(comm_blocks)

@@ -135,14 +135,39 @@ def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: i
         if t < best[2]:
             best = ("pipelined", 0, t)
     if world > 1:
-        c = 2
-        while c <= max(2, sms // 4):
-            t_coll = nbytes / min(c * role, mem)
-            t = max(t_gemm(sms - c), t_coll) + FILL_FRACTION * t_coll / world
-            if t < best[2]:
-                best = ("fused", c, t)
-            c += 2
+        c, t = _best_fused(t_gemm, nbytes, role, mem, sms, world)
+        if t < best[2]:
+            best = ("fused", c, t)
     return best[0], best[1], best[2] * 1e3
+
+
+def _best_fused(t_gemm, nbytes, role, mem, sms, world):
+    """(comm_blocks, predicted s) of the fused kernel's best split, comm_blocks even in [2, max(2, sms / 4)] (beyond
+    a quarter of the SMs the sweeps of 2026-12-03/04 collapsed: comm blocks that spin while the GEMM blocks they
+    wait for have no SM under MPS)."""
+    times = []
+    c = 2
+    while c <= max(2, sms // 4) and c <= sms - 2:
+        t_coll = nbytes / min(c * role, mem)
+        times.append((c, max(t_gemm(sms - c), t_coll) + FILL_FRACTION * t_coll / world))
+        c += 2
+    fastest = min(t for _, t in times)
+    # the fewest comm blocks within 2 % (or 5 us, below which a launch's fixed costs rule) of the fastest: SMs the
+    # model cannot tell apart stay with the GEMM
+    return next((c, t) for c, t in times if t <= fastest * 1.02 + 5e-6)
+
+
+def fused_split(op: str, world: int, sms: int, m: int, n: int, k: int) -> int:
+    """comm_blocks for mode="fused" when the caller leaves it 0: the tuned table's split if its entry for this shape
+    is a fused one, else the cost model's best split. (Before 2026-12-04 it was a sixteenth of the rank's SMs
+    whatever the shape: GEMM+RS at world 4, 16384x8192x4096, took 12.0 ms there against 6.2 at 8 blocks.)"""
+    hit = lookup(op, world, sms, m, n, k)
+    if hit is not None and hit[0] == "fused" and hit[1] > 0:
+        return int(hit[1])
+    flops = gemm_flops(op, world, m, n, k)
+    c, _ = _best_fused(lambda s: flops / (s * GEMM_TFLOPS_PER_SM * 1e12), collective_bytes(op, world, m, n, k),
+                       ROLE_GBS_PER_SM[op] * 1e9, MEMORY_GBS * 1e9 / world, sms, world)
+    return c
 
 
 def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1, pipelined: bool = True):
