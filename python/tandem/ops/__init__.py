@@ -1,4 +1,4 @@
-"""torch-facing ops (torch.library custom ops). Inputs are validated before anything is launched; every
+"""torch-facing ops (torch.library ops defined by schema: tandem.ops._runtime.define_op). Inputs are validated before anything is launched; every
 failure is a TandemError (a ValueError-like INVALID_ARGUMENT for bad input) naming the op and the argument.
 
     import tandem.ops

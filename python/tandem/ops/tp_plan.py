@@ -51,8 +51,9 @@ def table_path() -> str:
 
 
 _TABLES: dict = {}
-# A table file is stat'ed at most this often: mode="auto" runs the lookup on every call, and two stat() calls per
-# call showed in small problems' host time. A table that `tandem tune` rewrites is picked up within this time.
+# A table file is stat'ed at most this often (the lookup runs on the first call of each call signature: the ops
+# keep what it chose, tandem.ops._runtime.prepared). A table that `tandem tune` rewrites is picked up within this
+# time, by signatures first called after it.
 RECHECK_S = 1.0
 
 
