@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The next session's device calls (written 2026-12-04 14:30 UTC, branch next-device; check it out first: a device
+# NEXT SESSION (written 2026-12-04 17:10 UTC): check out branch next-session (typed bindings, not run), then
+#   n1 (test_tp + test_moe), n2 (the rest of the GPU suite), n3 (benches: tp w4/w2, the fused sweep, moe, attention).
+# If n1 or n2 fail, main (without typed bindings) is the last H200-run state.
+# Older notes (written 2026-12-04 14:30 UTC, branch next-device; check it out first: a device
 # call sends the session's checkout). Two calls, each under 590 s:
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh a", carry=[".whl"])
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh b", carry=[".whl"])
@@ -75,6 +78,25 @@ elif [ "$part" = k ]; then  # branch fused-split: mode="fused" with comm_blocks=
   t=$(( $(left) - 5 ))
   [ "$t" -gt 40 ] && timeout -s INT -k 5 $t python3 -m tandem bench tp -n 4 --reps 5 --out "$OUT/diag" \
     --shapes 16384x8192x4096,8192x4096x8192 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
+elif [ "$part" = n1 ]; then  # branch next-session (typed bindings): the TP and MoE tests
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_moe.py
+elif [ "$part" = n2 ]; then  # branch next-session: the rest of the GPU suite
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    tests/gpu/test_gemm.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
+    tests/gpu/test_torchrun.py
+elif [ "$part" = n3 ]; then  # benches: TP at worlds 4 and 2 (auto_mode, fused split), the fused sweep, MoE, attention
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    timeout -s INT -k 10 150 python3 -m tandem bench tp -n $n --reps 5 --out "$OUT/diag" 2>&1 | tail -24
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
+  t=$(( $(left) - 130 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 3 --sweep \
+    --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 65 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --out "$OUT/diag" 2>&1 | tail -8
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag && rm -rf "$OUT/diag"
 elif [ "$part" = f ]; then  # issue 21: host vs device time of the TP ops at small shapes (tools/diag/tp_overhead.py)
   timeout -s INT -k 20 200 bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares

@@ -133,10 +133,9 @@ def _stream_barrier(comm):
 
     def run():
         s = torch.cuda.current_stream().cuda_stream
-        for err in (K.stream_advance(base, s), K.stream_signal(comm.native, base + 8 * (1 + rank), others, base, 0, s),
-                    K.stream_wait(comm.native, flags, others, base, 0, s)):
-            if err:
-                raise RuntimeError(f"stream barrier: {err}")
+        K.stream_advance(base, s)  # each raises TandemError if it does not run
+        K.stream_signal(comm.native, base + 8 * (1 + rank), others, base, 0, s)
+        K.stream_wait(comm.native, flags, others, base, 0, s)
     return run, ws
 
 
