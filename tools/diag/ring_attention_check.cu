@@ -6,6 +6,7 @@
 //        -I$CUTLASS/include -I$CUTLASS/tools/util/include tools/diag/ring_attention_check.cu \
 //        kernels/src/attention/ring_attention_sm90.cu -o /tmp/ring_check
 // where CUTLASS=$(python -c "import cutlass_library,os;print(os.path.dirname(cutlass_library.__file__))")/source
+// ci-link: kernels/src/attention/ring_attention_sm90.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
