@@ -112,8 +112,8 @@ def preload(op, rank, loaders):
         if name not in _LOADED:
             try:
                 getattr(native().kernels, name)()
-            except TandemError as e:
-                raise TandemError(f"tandem: rank {rank}: {op}: loading the kernels failed: {e}", e.status, op,
+            except TandemError as e:  # e names the loader; say which op needed it
+                raise TandemError(f"tandem: rank {rank}: {op}: loading its kernels failed ({e})", e.status, op,
                                   rank) from None
             _LOADED.add(name)
 

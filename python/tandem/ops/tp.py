@@ -102,7 +102,7 @@ def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
     after the ranks agree on `agree`), cached per communicator, shape and dtype."""
     K = native().kernels
-    x = rt.kernel_args("AgGemmArgs", m_local=m_local, n=8, k=k, ldb=8, ldc=8)  # the workspace depends on these
+    x = rt.kernel_args("AgGemmArgs", m_local=m_local, n=8, k=k, ldb=8, ldc=8)  # the workspace: world, m_local, k
     ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype), K.workspace_size(comm.native, x),
                       agree=agree)
     off = K.gathered_offset(comm.native, x)
@@ -157,7 +157,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
         pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
-        return lambda c, a, bb: tp_pipelined.ag_gemm(c, pws, a, bb)
+        return lambda c, a, bb: _in_op(op, c.rank, tp_pipelined.ag_gemm, c, pws, a, bb)
     ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
@@ -253,7 +253,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
 
         def pipelined_launch(cm, x, bb):
             out = torch.empty((out_rows, n), dtype=dtype, device=device)
-            return tp_pipelined.gemm_rs(cm, pws, x, bb, out, all_reduce, splits)
+            return _in_op(op, cm.rank, tp_pipelined.gemm_rs, cm, pws, x, bb, out, all_reduce, splits)
         return pipelined_launch
     ws = _rs_workspace(comm, op, m, n, dtype, agree)
     run = K.gemm_ar if all_reduce else K.gemm_rs
@@ -312,9 +312,19 @@ def _world_of_one(comm, a, b, op, mode, comm_blocks):
     return lambda cm, x, bb: _plain_gemm(x, bb)
 
 
+def _in_op(op, rank, fn, *args):
+    """fn(*args), its TandemError (a stream-sync launch names only itself) re-raised naming the op and rank."""
+    try:
+        return fn(*args)
+    except TandemError as e:
+        raise TandemError(f"tandem: rank {rank}: {op} (pipelined): {e}", e.status, op, rank, e.peer) from None
+
+
 def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
     """One call of a TP op: the launcher prepared for this call's signature (made on its first call: _prepare_*),
-    after the checks the signature does not cover (the communicator is alive; the inputs' addresses)."""
+    after the checks the signature does not cover (the communicator is alive; the inputs' addresses). A launcher
+    sets its addresses in one shared Args object and launches: calls of one communicator come from one thread at
+    a time (as the collectives require anyway: every rank must call them in one order)."""
     comm = rt.comm_from_handle(handle, op)
     try:
         key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
