@@ -49,21 +49,38 @@ def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int =
                        sm_count=int(sm_count), max_swizzle=int(swizzle))
 
 
+# Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
+# first call after the full checks; a later call checks the addresses (16-byte alignment) and launches.
+_PREPARED: dict = {}
+_PREPARED_LIMIT = 1024
 
 
 def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
     """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
     tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse)."""
-    if swizzle not in (1, 2, 4, 8):
-        raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
-    validate(a, b)
-    m, k = a.shape
-    n = b.shape[1]
-    d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    K = native().kernels
-    x = gemm_args(a, b, d, _sm_count(a.device), swizzle)
-    ws = torch.empty(max(K.workspace_size(x), 1), dtype=torch.uint8, device=a.device)
-    K.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it does not run
+    try:
+        key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle)
+        hit = _PREPARED.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
+        key, hit = None, None
+    if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
+        if swizzle not in (1, 2, 4, 8):
+            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
+        validate(a, b)
+        m, n = a.shape[0], b.shape[1]
+        d = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        x = gemm_args(a, b, d, _sm_count(a.device), swizzle)
+        hit = (x, max(native().kernels.workspace_size(x), 1))
+        if key is not None:
+            if len(_PREPARED) >= _PREPARED_LIMIT:
+                _PREPARED.clear()
+            _PREPARED[key] = hit
+    else:
+        d = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    x, ws_bytes = hit
+    x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
+    native().kernels.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it fails
     return d
 
 
