@@ -1,6 +1,7 @@
-// tandem kernels (private) — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built
-// on: the epoch protocol over a control block at the start of the op's workspace, the "last of N blocks"
-// counters, workspace carving and the checks every adapter makes, the launch beside clusters.
+// tandem kernels — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built on: the
+// epoch protocol over a control block at the start of the op's workspace, the "last of N blocks" counters, roles
+// over grid rows, workspace carving and the checks every adapter makes, the launch beside clusters. Public and
+// installed: it needs the CUDA toolkit and tandem's device API only (tests/cpu/test_installed_headers.py).
 //
 // Control blocks. Each kernel family has its own (tp::detail::Control, MoeControl, RingControl); the runtime needs
 // only their first two words, `uint64_t epoch` and `uint64_t done_blocks`, which every one of them starts with.
@@ -49,6 +50,36 @@ __device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_b
     on_last();
     tandem::device::local_store(&ctl->epoch, epoch);
   }
+}
+
+// Roles over the grid. A fused kernel's blocks, numbered b = y * gridDim.x + x, take two roles: blocks [0,
+// comm_blocks) are the communication role's (comm_role(b)), the blocks after them the compute role's
+// (compute_role(): a persistent CUTLASS GEMM or an attention mainloop, which finds its tiles from its own grid
+// coordinates). The TP and MoE kernels' grids are (2, rows) -- 2-block clusters along x, the GEMM core's cluster
+// shape -- so their comm role is whole rows (comm_blocks = 2 x comm rows); ring attention's is 1-D. Without a
+// compute role (has_compute_role false: the unfused launches, which give the GEMM its own kernel) every block is a
+// comm block. The comm blocks come first so that, launched in order, they get SMs before the compute blocks;
+// still, a comm block must never wait for a compute block (nor the reverse) unless the adapter checked that the
+// whole grid is resident at once: MPS does not promise co-residency.
+//
+// dispatch_roles runs the two bodies as callables (AG+GEMM, ring attention: the same registers, stack and spills
+// as before, ptxas of nvcc 13.0). A kernel whose register allocation a callable around its compute body changes
+// keeps both bodies inline and asks is_compute_block / grid_block_index instead (GEMM+RS: a lambda around its
+// GEMM role raised its stack frame from 688 to 720 bytes; inline, it compiles as before). The MoE dispatch kernel
+// still tests its rows itself: either form moved its spills (576 -> 584-608 bytes of stack), left for a GPU run.
+__device__ __forceinline__ int grid_block_index() { return static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x); }
+
+__device__ __forceinline__ bool is_compute_block(int comm_blocks, bool has_compute_role) {
+  return has_compute_role && grid_block_index() >= comm_blocks;
+}
+
+template <class CommRole, class ComputeRole>
+__device__ __forceinline__ void dispatch_roles(int comm_blocks, bool has_compute_role, CommRole&& comm_role,
+                                               ComputeRole&& compute_role) {
+  if (is_compute_block(comm_blocks, has_compute_role))
+    compute_role();
+  else
+    comm_role(grid_block_index());
 }
 
 // The TMA bulk stores of CUTLASS's epilogue are waited for with .read only (the shared source may be reused);
