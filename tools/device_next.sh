@@ -88,6 +88,9 @@ elif [ "$part" = n2 ]; then  # branch next-session: the rest of the GPU suite
 elif [ "$part" = n3 ]; then  # benches: TP at worlds 4 and 2 (auto_mode, fused split), the fused sweep, MoE, attention
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1
   mkdir -p "$OUT/diag"
+  # cuBLAS exactness at the launcher's world-3 share (25 %), never run there
+  timeout -s INT -k 10 60 python3 -m tandem.launch -n 3 -- python3 tools/diag/cublas_mps_check.py \
+    --out "$OUT/diag/cublas_w3" 2>&1 | grep -v "^|---" | tail -14
   for n in 4 2; do
     timeout -s INT -k 10 150 python3 -m tandem bench tp -n $n --reps 5 --out "$OUT/diag" 2>&1 | tail -24
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
