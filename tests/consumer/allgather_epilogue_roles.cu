@@ -4,7 +4,7 @@
 //
 //   out[r * n + i] = alpha * x_r[i] + beta      for every rank r and i < n
 //
-// * Layout: a control block (the runtime's epoch protocol needs its first two words, epoch and done_blocks), the
+// * Layout: a control block (deriving from runtime::ControlHeader: the epoch protocol's words), the
 //   symmetric gather buffer, and two flag arrays (arrivals, consumed).
 // * Roles over the grid (runtime::dispatch_roles): the first `comm` blocks push this rank's x, slice by slice, into
 //   row `rank` of every peer's gather buffer (put_signal: data, then +1 on arrivals[rank] there); the blocks after
@@ -32,10 +32,7 @@
 namespace td = tandem::device;
 namespace rt = tandem::kernels::runtime;
 
-struct Control {  // the runtime's control block: these two words first
-  uint64_t epoch;
-  uint64_t done_blocks;
-};
+struct Control : rt::ControlHeader {};  // the runtime's words (epoch, done_blocks); this op needs no flags of its own
 
 struct Layout {
   Control* ctl;

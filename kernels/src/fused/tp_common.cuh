@@ -30,11 +30,8 @@ constexpr uint32_t kRolePollNs = 500;
 constexpr int kMaxCollectiveBlocks = 16;
 
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
-struct alignas(128) Control {
-  uint64_t epoch;                  // last completed epoch (local)
+struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
-  uint64_t pad0[14];
-  uint64_t done_blocks;            // local: blocks of this launch that finished
   uint64_t pad1[15];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete

@@ -3,8 +3,9 @@
 // over grid rows, workspace carving and the checks every adapter makes, the launch beside clusters. Public and
 // installed: it needs the CUDA toolkit and tandem's device API only (tests/cpu/test_installed_headers.py).
 //
-// Control blocks. Each kernel family has its own (tp::detail::Control, MoeControl, RingControl); the runtime needs
-// only their first two words, `uint64_t epoch` and `uint64_t done_blocks`, which every one of them starts with.
+// Control blocks. Every kernel's control block (at the start of its workspace) derives from ControlHeader below:
+// the runtime's two words, then the family's own flags (tp::detail::Control, MoeControl, RingControl; a new
+// kernel's likewise). The runtime's functions take any of them.
 //
 // Epochs. Every launch on a workspace is epoch e = control.epoch + 1 (current_epoch, read by each block when it
 // starts); the last block to finish stores e (finish_block), so launches on one stream, and the replays of a
@@ -17,10 +18,22 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "tandem/device.cuh"
 
 namespace tandem::kernels::runtime {
+
+// The epoch protocol's words, first in every control block; one 128-byte line of its own, so the family's
+// counters and flags that follow do not share it.
+struct alignas(128) ControlHeader {
+  uint64_t epoch;        // last completed epoch (local)
+  uint64_t done_blocks;  // local: blocks of this launch that finished (reset by the last one)
+};
+static_assert(sizeof(ControlHeader) == 128, "the header is one line");
+
+template <class ControlBlock>
+constexpr bool is_control_block = std::is_base_of_v<ControlHeader, ControlBlock>;
 
 __device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
   uint64_t old;
@@ -39,12 +52,14 @@ __device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
 // This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
 template <class ControlBlock>
 __device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {
+  static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
   return tandem::device::local_load(&ctl->epoch) + 1;
 }
 
 // Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
 template <class ControlBlock, class F>
 __device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
+  static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
   __syncthreads();
   if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
     on_last();
