@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# NEXT SESSION (2026-12-04 18:35 UTC): check out branch next-session first -- its copy of this script has the
+# parts n1 (test_tp + test_moe), n2 (the rest of the GPU suite) and n3 (benches) for the typed bindings, the
+# runtime's roles and control header, and the worked example on the runtime (none of it run on a GPU yet).
 # The next session's device calls (written 2026-12-04 14:30 UTC, branch next-device; check it out first: a device
 # call sends the session's checkout). Two calls, each under 590 s:
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh a", carry=[".whl"])
