@@ -298,7 +298,8 @@ def release_workspaces(comm=None):
 
 
 def prepared(key: tuple):
-    """The launcher remembered for signature `key` ((op, token, ...)), or None."""
+    """The launcher remembered for signature `key` ((op, token, ...); token None for an op without a
+    communicator), or None."""
     return _PREPARED.get(key)
 
 

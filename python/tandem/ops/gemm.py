@@ -6,7 +6,7 @@ import torch
 
 from .._native import native
 from ..errors import invalid
-from ._runtime import DTYPES as _DTYPES, define_op, kernel_args, stream_handle
+from ._runtime import DTYPES as _DTYPES, define_op, kernel_args, prepared, remember, stream_handle
 
 
 def validate(a: torch.Tensor, b: torch.Tensor, op: str = "gemm") -> None:
@@ -49,18 +49,15 @@ def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int =
                        sm_count=int(sm_count), max_swizzle=int(swizzle))
 
 
-# Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
-# first call after the full checks; a later call checks the addresses (16-byte alignment) and launches.
-_PREPARED: dict = {}
-_PREPARED_LIMIT = 1024
-
-
 def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
     """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
     tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse)."""
+    # Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
+    # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
+    # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
     try:
-        key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle)
-        hit = _PREPARED.get(key)
+        key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle)
+        hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
         key, hit = None, None
     if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
@@ -72,9 +69,7 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Te
         x = gemm_args(a, b, d, _sm_count(a.device), swizzle)
         hit = (x, max(native().kernels.workspace_size(x), 1))
         if key is not None:
-            if len(_PREPARED) >= _PREPARED_LIMIT:
-                _PREPARED.clear()
-            _PREPARED[key] = hit
+            remember(key, hit)
     else:
         d = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     x, ws_bytes = hit

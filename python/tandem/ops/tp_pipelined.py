@@ -104,7 +104,7 @@ def _peer_bases(comm, ws) -> list:
     return bases
 
 
-def _copy(K, dst: int, src: int, nbytes: int, stream, op, rank):
+def _copy(K, dst: int, src: int, nbytes: int, stream):
     if _COPY == "sm":
         K.stream_copy_sm(dst, src, nbytes, 16, stream.cuda_stream)
     else:
@@ -123,7 +123,6 @@ def gathered_view(ws, world: int, m_local: int, k: int, dtype) -> torch.Tensor:
 
 def ag_gemm(comm, ws, a_local, b):
     """(C, gathered) of all_gather(a_local) @ b; `ws` is this shape's workspace (ag_workspace_bytes, zeroed)."""
-    op = "ag_gemm"
     K = native().kernels
     world, rank = comm.world_size, comm.rank
     m_local, k = a_local.shape
@@ -150,10 +149,10 @@ def ag_gemm(comm, ws, a_local, b):
         for q in to:
             # only q's own "free" guards q's gathered buffer: the push to q need not wait for the other peers
             K.stream_wait(comm.native, [base + _flag(_FREE, q)], [q], counter, -1, side.cuda_stream)
-            _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
+            _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side)
             K.stream_signal(comm.native, base + _flag(_ARRIVED, rank), [q], counter, 0, side.cuda_stream)
         if base + CTL_BYTES + rank * slice_bytes != src:  # not already in place (gathered_buffer)
-            _copy(K, base + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
+            _copy(K, base + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side)
     torch.matmul(a_local, b, out=c[rows(rank)])
     for i in range(1, world):
         src_rank = (rank + i) % world
@@ -176,7 +175,6 @@ def _pieces(rows: int, splits: int) -> list:
 
 def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
     """reduce_scatter(a @ b) into `out` (M/W x N), or all_reduce into `out` (M x N) when all_reduce."""
-    op = "gemm_ar" if all_reduce else "gemm_rs"
     K = native().kernels
     world, rank = comm.world_size, comm.rank
     m, _ = a.shape
@@ -230,7 +228,7 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
                 dst = src
             side.wait_stream(s)
             with torch.cuda.stream(side):
-                _copy(K, at(left, recv[step], r0), dst.data_ptr(), (r1 - r0) * row_bytes, side, op, rank)
+                _copy(K, at(left, recv[step], r0), dst.data_ptr(), (r1 - r0) * row_bytes, side)
                 K.stream_signal(comm.native, base + _flag(_RECVD, step * len(pieces) + j), [left], counter, 0,
                                     side.cuda_stream)
     s.wait_stream(side)
@@ -241,6 +239,6 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
         out[rank * mr:(rank + 1) * mr].copy_(own)
         for q in others:
             K.stream_wait(comm.native, [base + _flag(_READY, q)], [q], counter, 0, s.cuda_stream)
-            _copy(K, out[q * mr:(q + 1) * mr].data_ptr(), at(q, own), mr * row_bytes, s, op, rank)
+            _copy(K, out[q * mr:(q + 1) * mr].data_ptr(), at(q, own), mr * row_bytes, s)
         K.stream_signal(comm.native, base + _flag(_PULLED, rank), others, counter, 0, s.cuda_stream)
     return out
