@@ -22,7 +22,7 @@ def build_consumer(build_dir: str) -> str:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    for name in ("allgather_epilogue", "host_selftest"):
+    for name in ("allgather_epilogue", "allgather_epilogue_roles", "host_selftest"):
         if not os.path.exists(os.path.join(build_dir, name)):
             raise RuntimeError(f"{name} was not built")
     return os.path.join(build_dir, "allgather_epilogue")

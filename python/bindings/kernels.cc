@@ -1,5 +1,12 @@
-// Bindings of the kernels layer (raw pointers + stream; validation happens in tandem.ops before launch).
+// Bindings of the kernels layer, typed: each op's Args struct is bound once as a Python class with the C++
+// adapter's own fields (device addresses as ints, the nested plan and shape structs as objects), one Mode enum says
+// what to launch, and a launch that does not run throws tandem::Error, which reaches Python as the TandemError of
+// its real status (module.cc's translator). can_implement answers '' or the reason: it is a question, not a
+// failure. Validation has one place per layer: tandem.ops checks the user's tensors and names the argument; the
+// C++ adapter's can_implement is the last guard before a launch.
 #include <cuda_runtime_api.h>
+
+#include <type_traits>
 
 #include <pybind11/stl.h>
 
@@ -15,113 +22,209 @@
 
 namespace tandem_py {
 
+namespace {
+
+namespace g = tandem::kernels::gemm;
+namespace tp = tandem::kernels::tp;
+namespace moe = tandem::kernels::moe;
+namespace attn = tandem::kernels::attention;
+namespace ss = tandem::kernels::stream_sync;
+using tandem::Status;
+
+// What a launch runs. Not every op takes every mode: an op given one it does not take throws INVALID_ARGUMENT.
+enum class Mode {
+  kFused,    // the op's persistent kernel (SM roles): TP fused, MoE fused dispatch + GEMM, combine, ring attention
+  kUnfused,  // the op's kernels one after another (TP: tandem's GEMM then the collective; MoE: dispatch then GEMM)
+  kGather,   // AG+GEMM: the all-gather alone (the caller multiplies the gathered A)
+  kWait,     // GEMM+RS/AR: until every peer has read this rank's partial of the previous launch
+  kReduce,   // GEMM+RS/AR: the reduction (and AR's gather) alone, over the workspace's partial buffer
+};
+
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::kFused: return "FUSED";
+    case Mode::kUnfused: return "UNFUSED";
+    case Mode::kGather: return "GATHER";
+    case Mode::kWait: return "WAIT";
+    case Mode::kReduce: return "REDUCE";
+  }
+  return "?";
+}
+
+// Throw the adapter's failure as tandem::Error (status kept, the reason as the detail).
+void check(Status s, const std::string& why, const char* op, int rank) {
+  if (s != Status::kOk) throw tandem::Error(s, op, rank, -1, why.empty() ? std::string("failed") : why);
+}
+
+void check_cuda(cudaError_t e, const char* op) {
+  if (e != cudaSuccess) throw tandem::Error(Status::kCudaError, op, -1, -1, cudaGetErrorString(e));
+}
+
+[[noreturn]] void wrong_mode(Mode m, const char* op, int rank) {
+  throw tandem::Error(Status::kInvalidArgument, op, rank, -1, std::string("mode ") + mode_name(m) + " does not apply");
+}
+
+std::string reason(Status s, const std::string& why) { return s == Status::kOk ? std::string() : (why.empty() ? "failed" : why); }
+
+// A device address field, as an int in Python.
+template <class C, class T>
+void def_address(py::class_<C>& cls, const char* name, T* C::*field) {
+  cls.def_property(
+      name, [field](const C& c) { return reinterpret_cast<uintptr_t>(c.*field); },
+      [field](C& c, uintptr_t p) { c.*field = reinterpret_cast<T*>(p); });
+}
+
+// The element type as the ops' integer code (tandem.ops._runtime.DTYPES: 0 bf16, 1 fp16).
+template <class C>
+void def_dtype(py::class_<C>& cls) {
+  cls.def_property(
+      "dtype", [](const C& c) { return static_cast<int>(c.dtype); },
+      [](C& c, int d) {
+        if (d != 0 && d != 1) throw tandem::Error(Status::kInvalidArgument, "dtype", -1, -1, "0 (bf16) or 1 (fp16)");
+        c.dtype = static_cast<g::DType>(d);
+      });
+}
+
+// The communicator's part of an Args: its device state, the SMs when the caller left them 0, and (TP) how the
+// ranks group into nodes. Launches go to the communicator's GPU (ScopedDevice in each binding).
+template <class A>
+A with_comm(const tandem::Communicator& c, A a) {
+  a.comm = c.device_comm();
+  if (a.plan.sm_count <= 0) a.plan.sm_count = c.sm_count();
+  if constexpr (std::is_base_of_v<tp::AgGemmArgs, A> || std::is_base_of_v<tp::GemmRsArgs, A>)
+    a.ranks_per_node = c.uniform_ranks_per_node();
+  return a;
+}
+
+template <class A>
+void def_comm_queries(py::module_& k, const char* what) {
+  k.def(
+      "can_implement",
+      [](const tandem::Communicator& c, const A& a) {
+        tandem::ScopedDevice device_scope(c.device());
+        std::string why;
+        const Status s = [&] {
+          if constexpr (std::is_same_v<A, moe::DispatchArgs> || std::is_same_v<A, moe::CombineArgs>)
+            return moe::can_implement(with_comm(c, a), &why);
+          else if constexpr (std::is_same_v<A, attn::RingArgs>)
+            return attn::can_implement(with_comm(c, a), &why);
+          else
+            return tp::can_implement(with_comm(c, a), &why);
+        }();
+        return reason(s, why);
+      },
+      py::arg("comm"), py::arg("args"), (std::string("'' if the adapter can run ") + what + ", else the reason").c_str());
+  k.def(
+      "workspace_size",
+      [](const tandem::Communicator& c, const A& a) {
+        tandem::ScopedDevice device_scope(c.device());
+        if constexpr (std::is_same_v<A, moe::DispatchArgs> || std::is_same_v<A, moe::CombineArgs>)
+          return moe::workspace_size(with_comm(c, a));
+        else if constexpr (std::is_same_v<A, attn::RingArgs>)
+          return attn::workspace_size(with_comm(c, a));
+        else
+          return tp::workspace_size(with_comm(c, a));
+      },
+      py::arg("comm"), py::arg("args"),
+      (std::string("Bytes of the symmetric workspace of ") + what + " (its shape, dtype, plan and the world)").c_str());
+}
+
+template <class A>
+py::class_<A> bind_tp_args(py::module_& k, const char* name) {
+  py::class_<A> cls(k, name);
+  cls.def(py::init<>());
+  def_dtype(cls);
+  cls.def_readwrite("plan", &A::plan);
+  return cls;
+}
+
+}  // namespace
+
 void bind_kernels(py::module_& m) {
-  namespace g = tandem::kernels::gemm;
-  py::module_ k = m.def_submodule("kernels", "tandem kernels (host adapters)");
-  auto args = [](int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb, uintptr_t d,
-                 int64_t ldd, float alpha, int sm_count) {
-    g::GemmArgs x;
-    x.m = m_;
-    x.n = n;
-    x.k = k_;
-    x.dtype = static_cast<g::DType>(dtype);
-    x.a = reinterpret_cast<const void*>(a);
-    x.lda = lda;
-    x.b = reinterpret_cast<const void*>(b);
-    x.ldb = ldb;
-    x.d = reinterpret_cast<void*>(d);
-    x.ldd = ldd;
-    x.alpha = alpha;
-    x.sm_count = sm_count;
-    return x;
-  };
-  k.def("gemm_workspace_size",
-        [args](int m_, int n, int k_, int dtype) {
-          return g::workspace_size(args(m_, n, k_, dtype, 16, k_, 16, n, 16, n, 1.0f, 0));
-        });
+  py::module_ k = m.def_submodule("kernels", "tandem kernels (host adapters): typed Args, Mode, launches");
+
+  py::enum_<Mode>(k, "Mode", "What a launch runs (not every op takes every mode)")
+      .value("FUSED", Mode::kFused)
+      .value("UNFUSED", Mode::kUnfused)
+      .value("GATHER", Mode::kGather)
+      .value("WAIT", Mode::kWait)
+      .value("REDUCE", Mode::kReduce);
+
+  // ---- the GEMM core ----------------------------------------------------------------------------------------------
+  {
+    py::class_<g::GemmArgs> cls(k, "GemmArgs", "D = alpha A @ B (+ beta C), gemm.h");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("m", &g::GemmArgs::m).def_readwrite("n", &g::GemmArgs::n).def_readwrite("k", &g::GemmArgs::k);
+    def_address(cls, "a", &g::GemmArgs::a);
+    def_address(cls, "b", &g::GemmArgs::b);
+    def_address(cls, "d", &g::GemmArgs::d);
+    def_address(cls, "c", &g::GemmArgs::c);
+    cls.def_readwrite("lda", &g::GemmArgs::lda)
+        .def_readwrite("ldb", &g::GemmArgs::ldb)
+        .def_readwrite("ldd", &g::GemmArgs::ldd)
+        .def_readwrite("ldc", &g::GemmArgs::ldc)
+        .def_readwrite("alpha", &g::GemmArgs::alpha)
+        .def_readwrite("beta", &g::GemmArgs::beta)
+        .def_readwrite("sm_count", &g::GemmArgs::sm_count)
+        .def_readwrite("max_swizzle", &g::GemmArgs::max_swizzle);
+  }
+  k.def("can_implement", [](const g::GemmArgs& a) {
+    std::string why;
+    return reason(g::can_implement(a, &why), why);
+  }, py::arg("args"));
+  k.def("workspace_size", [](const g::GemmArgs& a) { return g::workspace_size(a); }, py::arg("args"),
+        "Bytes of the GEMM's (non-symmetric) workspace.");
   k.def(
       "gemm",
-      [args](int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb, uintptr_t d,
-             int64_t ldd, float alpha, int sm_count, uintptr_t workspace, uintptr_t stream, int swizzle) {
+      [](const g::GemmArgs& a, uintptr_t workspace, uintptr_t stream) {
         std::string why;
-        auto x = args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, alpha, sm_count);
-        x.max_swizzle = swizzle;
-        const auto s = g::run(x, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why);
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        check(g::run(a, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why), why,
+              "gemm", -1);
       },
-      py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype"), py::arg("a"), py::arg("lda"), py::arg("b"),
-      py::arg("ldb"), py::arg("d"), py::arg("ldd"), py::arg("alpha"), py::arg("sm_count"), py::arg("workspace"),
-      py::arg("stream"), py::arg("swizzle") = 1,
-      "Launch; returns '' or the reason it did not run. swizzle: the persistent scheduler's (1, 2, 4, 8).");
-  // Stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode. Each returns '' or the reason.
-  namespace ss = tandem::kernels::stream_sync;
-  auto result = [](tandem::Status s, const std::string& why) {
-    return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
-  };
-  k.def("stream_advance", [result](uintptr_t counter, uintptr_t stream) {
-    std::string why;
-    return result(ss::advance(reinterpret_cast<uint64_t*>(counter), reinterpret_cast<cudaStream_t>(stream), &why), why);
-  }, "*counter += 1 on the stream.");
+      py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the GEMM core; throws if it does not run.");
+  k.def("preload_gemm_kernels", [] { check_cuda(g::preload_kernels(), "gemm.preload"); });
   k.def(
-      "stream_signal",
-      [result](const tandem::Communicator& c, uintptr_t flag, const std::vector<int>& peers, uintptr_t counter,
-               int64_t offset, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
+      "gemm_with_arrivals",
+      [](const tandem::Communicator& c, g::GemmArgs a, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
+         int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
+        g::ArrivalSchedule s;
+        s.comm = c.device_comm();
+        s.flags = reinterpret_cast<const uint64_t*>(flags);
+        s.epoch = epoch;
+        s.chunk_rows = chunk_rows;
+        s.chunks = chunks;
+        s.first_chunk = first_chunk;
+        s.source_of_chunk0 = source_of_chunk0;
+        if (a.sm_count <= 0) a.sm_count = c.sm_count();
         std::string why;
-        return result(ss::signal(c.device_comm(), reinterpret_cast<uint64_t*>(flag), peers.data(),
-                                 static_cast<int>(peers.size()), reinterpret_cast<const uint64_t*>(counter), offset,
-                                 reinterpret_cast<cudaStream_t>(stream), &why), why);
+        check(g::run_with_arrivals(a, s, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream),
+                                   &why),
+              why, "gemm_with_arrivals", c.rank());
       },
-      "Each peer's copy of symmetric flag `flag` := *counter + offset, after the stream's earlier work.");
-  k.def("stream_copy", [result](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
-    std::string why;
-    return result(ss::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
-                           reinterpret_cast<cudaStream_t>(stream), &why), why);
-  }, "cudaMemcpyAsync(cudaMemcpyDefault) on raw addresses (peer mappings included).");
-  k.def("stream_copy_sm", [result](uintptr_t dst, uintptr_t src, size_t bytes, int blocks, uintptr_t stream) {
-    std::string why;
-    return result(ss::copy_on_sms(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, blocks,
-                                  reinterpret_cast<cudaStream_t>(stream), &why), why);
-  }, "The same copy by a grid-stride kernel of `blocks` blocks (SMs, not the copy engines).");
-  k.def("stream_sync_preload_kernels", [] {
-    const cudaError_t e = ss::preload_kernels();
-    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
-  }, "Load the stream-sync kernels now; '' or the CUDA error.");
-  k.def(
-      "stream_wait",
-      [result](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,
-               uintptr_t counter, int64_t offset, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        std::string why;
-        if (flags.size() != writers.size()) return std::string("flags and writers differ in length");
-        std::vector<uint64_t*> f(flags.size());
-        for (size_t i = 0; i < flags.size(); ++i) f[i] = reinterpret_cast<uint64_t*>(flags[i]);
-        return result(ss::wait(c.device_comm(), f.data(), writers.data(), static_cast<int>(f.size()),
-                               reinterpret_cast<const uint64_t*>(counter), offset,
-                               reinterpret_cast<cudaStream_t>(stream), &why), why);
-      },
-      "Wait (bounded) until every flag >= *counter + offset; a timeout is recorded for comm.check().");
+      py::arg("comm"), py::arg("args"), py::arg("flags"), py::arg("epoch"), py::arg("chunk_rows"), py::arg("chunks"),
+      py::arg("first_chunk"), py::arg("source_of_chunk0"), py::arg("workspace"), py::arg("stream"),
+      "The GEMM core with the arrival-aware tile scheduler (the AG+GEMM mainloop's contract); throws if it does not "
+      "run. Timed-out waits are recorded in the communicator.");
   // Measurement only (tools/diag/gemm_mps.py): other configurations of the GEMM core, their occupancy, and a
-  // residency probe (gemm_variants.h).
+  // residency probe (gemm_variants.h). They answer '' or the reason, as a diagnostic reports and goes on.
   k.def("gemm_variant_names", [] { return g::variants::names(); });
   k.def(
       "gemm_variant",
-      [args](const std::string& name, int m_, int n, int k_, uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb,
-             uintptr_t d, int64_t ldd, int sm_count, uintptr_t stream) {
+      [](const std::string& name, const g::GemmArgs& a, uintptr_t stream) {
         std::string why;
-        const auto s = g::variants::run(name, args(m_, n, k_, 0, a, lda, b, ldb, d, ldd, 1.0f, sm_count),
-                                        reinterpret_cast<cudaStream_t>(stream), &why);
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        return reason(g::variants::run(name, a, reinterpret_cast<cudaStream_t>(stream), &why), why);
       },
-      "bf16 D = A @ B with the named configuration; returns '' or the reason it did not run.");
+      "bf16 D = A @ B with the named configuration; '' or the reason it did not run.");
   k.def(
       "gemm_variant_occupancy",
-      [args](const std::string& name, int m_, int n, int k_, int sm_count) {
+      [](const std::string& name, const g::GemmArgs& a) {
         g::variants::Occupancy o;
         std::string why;
-        const auto s = g::variants::occupancy(name, args(m_, n, k_, 0, 16, k_, 16, n, 16, n, 1.0f, sm_count), &o, &why);
+        const auto s = g::variants::occupancy(name, a, &o, &why);
         py::dict r;
-        if (s != tandem::Status::kOk) {
+        if (s != Status::kOk) {
           r["error"] = why;
           return r;
         }
@@ -131,329 +234,276 @@ void bind_kernels(py::module_& m) {
         r["smem_bytes"] = o.smem_bytes;
         return r;
       },
-      "The persistent grid of a configuration at sm_count and what cudaOccupancyMaxActiveClusters says fits.");
+      "The persistent grid of a configuration at args.sm_count and what cudaOccupancyMaxActiveClusters says fits.");
   k.def(
       "residency_probe",
       [](int blocks, int cluster_x, int smem_bytes, int spin_us, uintptr_t timeline, uintptr_t stream) {
         std::string why;
-        const auto s = g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us,
-                                                    reinterpret_cast<int64_t*>(timeline),
-                                                    reinterpret_cast<cudaStream_t>(stream), &why);
-        return s == tandem::Status::kOk ? std::string() : why;
+        return reason(g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us,
+                                                   reinterpret_cast<int64_t*>(timeline),
+                                                   reinterpret_cast<cudaStream_t>(stream), &why),
+                      why);
       },
       "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; '' or the reason.");
-  k.def(
-      "gemm_with_arrivals",
-      [args](const tandem::Communicator& c, int m_, int n, int k_, int dtype, uintptr_t a, int64_t lda, uintptr_t b,
-             int64_t ldb, uintptr_t d, int64_t ldd, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
-             int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        g::ArrivalSchedule s;
-        s.comm = c.device_comm();
-        s.flags = reinterpret_cast<const uint64_t*>(flags);
-        s.epoch = epoch;
-        s.chunk_rows = chunk_rows;
-        s.chunks = chunks;
-        s.first_chunk = first_chunk;
-        s.source_of_chunk0 = source_of_chunk0;
-        std::string why;
-        const auto st = g::run_with_arrivals(args(m_, n, k_, dtype, a, lda, b, ldb, d, ldd, 1.0f, c.sm_count()), s,
-                                             reinterpret_cast<void*>(workspace),
-                                             reinterpret_cast<cudaStream_t>(stream), &why);
-        return st == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
-      },
-      "The GEMM core with the arrival-aware tile scheduler (the AG+GEMM mainloop's contract); returns '' or why "
-      "it did not run. Timed-out waits are recorded in the communicator.");
 
-  namespace tp = tandem::kernels::tp;
-  // The TP ops' mode dispatch: "check" (can_implement), "fused" (run), anything else `other`; '' or the reason.
-  const auto run_tp_mode = [](const auto& x, const std::string& mode, uintptr_t stream, auto other) {
-    auto st = reinterpret_cast<cudaStream_t>(stream);
+  // ---- stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode ------------------------------
+  k.def("stream_advance", [](uintptr_t counter, uintptr_t stream) {
     std::string why;
-    tandem::Status s;
-    if (mode == "check") {
-      s = tp::can_implement(x, &why);
-    } else if (mode == "fused") {
-      s = tp::run(x, st, &why);
-    } else {
-      s = other(x, st, &why);
-    }
-    return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
-  };
-  auto ag_args = [](const tandem::Communicator& c, int dtype, int m_local, int n, int k_, uintptr_t a, uintptr_t b,
-                    int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count, int comm_blocks) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    tp::AgGemmArgs x;
-    x.dtype = static_cast<g::DType>(dtype);
-    x.m_local = m_local;
-    x.n = n;
-    x.k = k_;
-    x.a_local = reinterpret_cast<const void*>(a);
-    x.b = reinterpret_cast<const void*>(b);
-    x.ldb = ldb;
-    x.c = reinterpret_cast<void*>(cc);
-    x.ldc = ldc;
-    x.workspace = reinterpret_cast<void*>(ws);
-    x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
-    x.plan.comm_blocks = comm_blocks;
-    x.comm = c.device_comm();
-    x.ranks_per_node = c.uniform_ranks_per_node();
-    return x;
-  };
-  k.def("ag_gemm_workspace_size", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    return tp::workspace_size(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
-  });
-  k.def("ag_gemm_gathered_offset", [ag_args](const tandem::Communicator& c, int m_local, int k_) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    return tp::gathered_offset(ag_args(c, 0, m_local, 8, k_, 0, 0, 8, 0, 8, 0, 0, 0));
-  });
-  k.def("preload_kernels", [] {
-    const cudaError_t e = tp::preload_kernels();
-    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
-  }, "Load every GEMM/TP kernel now (see tp_gemm.h); '' or the CUDA error.");
+    check(ss::advance(reinterpret_cast<uint64_t*>(counter), reinterpret_cast<cudaStream_t>(stream), &why), why,
+          "stream_advance", -1);
+  }, "*counter += 1 on the stream.");
+  k.def(
+      "stream_signal",
+      [](const tandem::Communicator& c, uintptr_t flag, const std::vector<int>& peers, uintptr_t counter,
+         int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
+        std::string why;
+        check(ss::signal(c.device_comm(), reinterpret_cast<uint64_t*>(flag), peers.data(),
+                         static_cast<int>(peers.size()), reinterpret_cast<const uint64_t*>(counter), offset,
+                         reinterpret_cast<cudaStream_t>(stream), &why),
+              why, "stream_signal", c.rank());
+      },
+      "Each peer's copy of symmetric flag `flag` := *counter + offset, after the stream's earlier work.");
+  k.def("stream_copy", [](uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t stream) {
+    std::string why;
+    check(ss::copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                   reinterpret_cast<cudaStream_t>(stream), &why),
+          why, "stream_copy", -1);
+  }, "cudaMemcpyAsync(cudaMemcpyDefault) on raw addresses (peer mappings included).");
+  k.def("stream_copy_sm", [](uintptr_t dst, uintptr_t src, size_t bytes, int blocks, uintptr_t stream) {
+    std::string why;
+    check(ss::copy_on_sms(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, blocks,
+                          reinterpret_cast<cudaStream_t>(stream), &why),
+          why, "stream_copy_sm", -1);
+  }, "The same copy by a grid-stride kernel of `blocks` blocks (SMs, not the copy engines).");
+  k.def("stream_sync_preload_kernels", [] { check_cuda(ss::preload_kernels(), "stream_sync.preload"); },
+        "Load the stream-sync kernels now.");
+  k.def(
+      "stream_wait",
+      [](const tandem::Communicator& c, const std::vector<uintptr_t>& flags, const std::vector<int>& writers,
+         uintptr_t counter, int64_t offset, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
+        if (flags.size() != writers.size())
+          throw tandem::Error(Status::kInvalidArgument, "stream_wait", c.rank(), -1, "flags and writers differ in length");
+        std::vector<uint64_t*> f(flags.size());
+        for (size_t i = 0; i < flags.size(); ++i) f[i] = reinterpret_cast<uint64_t*>(flags[i]);
+        std::string why;
+        check(ss::wait(c.device_comm(), f.data(), writers.data(), static_cast<int>(f.size()),
+                       reinterpret_cast<const uint64_t*>(counter), offset, reinterpret_cast<cudaStream_t>(stream),
+                       &why),
+              why, "stream_wait", c.rank());
+      },
+      "Wait (bounded) until every flag >= *counter + offset; a timeout is recorded for comm.check().");
+
+  // ---- TP: AG+GEMM, GEMM+RS, GEMM+AR (tp_gemm.h) -------------------------------------------------------------------
+  py::class_<tp::SmPlan>(k, "SmPlan", "SMs this rank has, and the comm/reduce blocks of a fused kernel (even)")
+      .def(py::init<>())
+      .def_readwrite("sm_count", &tp::SmPlan::sm_count)
+      .def_readwrite("comm_blocks", &tp::SmPlan::comm_blocks);
+  k.def("default_plan", &tp::default_plan, py::arg("sm_count"),
+        "The adapters' split when a call names none (a sixteenth of the SMs, even, at least 2).");
+  {
+    auto cls = bind_tp_args<tp::AgGemmArgs>(k, "AgGemmArgs");
+    cls.def_readwrite("m_local", &tp::AgGemmArgs::m_local)
+        .def_readwrite("n", &tp::AgGemmArgs::n)
+        .def_readwrite("k", &tp::AgGemmArgs::k)
+        .def_readwrite("ldb", &tp::AgGemmArgs::ldb)
+        .def_readwrite("ldc", &tp::AgGemmArgs::ldc);
+    def_address(cls, "a_local", &tp::AgGemmArgs::a_local);
+    def_address(cls, "b", &tp::AgGemmArgs::b);
+    def_address(cls, "c", &tp::AgGemmArgs::c);
+    def_address(cls, "workspace", &tp::AgGemmArgs::workspace);
+  }
+  {
+    auto cls = bind_tp_args<tp::GemmRsArgs>(k, "GemmRsArgs");
+    cls.def_readwrite("m", &tp::GemmRsArgs::m)
+        .def_readwrite("n", &tp::GemmRsArgs::n)
+        .def_readwrite("k", &tp::GemmRsArgs::k)
+        .def_readwrite("lda", &tp::GemmRsArgs::lda)
+        .def_readwrite("ldb", &tp::GemmRsArgs::ldb);
+    def_address(cls, "a", &tp::GemmRsArgs::a);
+    def_address(cls, "b", &tp::GemmRsArgs::b);
+    def_address(cls, "out", &tp::GemmRsArgs::out);
+    def_address(cls, "workspace", &tp::GemmRsArgs::workspace);
+  }
+  py::enum_<tp::ArAlgo>(k, "ArAlgo")
+      .value("AUTO", tp::ArAlgo::kAuto)
+      .value("ONE_SHOT", tp::ArAlgo::kOneShot)
+      .value("TWO_SHOT", tp::ArAlgo::kTwoShot);
+  py::class_<tp::GemmArArgs, tp::GemmRsArgs>(k, "GemmArArgs", "GemmRsArgs plus the all-reduce's algorithm; out is M x N")
+      .def(py::init<>())
+      .def_readwrite("algo", &tp::GemmArArgs::algo);
+  def_comm_queries<tp::AgGemmArgs>(k, "this AG+GEMM");
+  // GemmArArgs before its base: pybind11 takes the first overload that matches, and a GemmArArgs is a GemmRsArgs
+  def_comm_queries<tp::GemmArArgs>(k, "this GEMM+AR");
+  def_comm_queries<tp::GemmRsArgs>(k, "this GEMM+RS");
+  k.def("gathered_offset", [](const tandem::Communicator& c, const tp::AgGemmArgs& a) {
+    return tp::gathered_offset(with_comm(c, a));
+  }, "Byte offset of the gathered A (world m_local x k) in the AG+GEMM workspace.");
+  k.def("partial_offset", [](const tandem::Communicator& c, const tp::GemmRsArgs& a) {
+    return tp::partial_offset(with_comm(c, a));
+  }, "Byte offset of the M x N partial buffer in the GEMM+RS/AR workspace (the unfused path's GEMM output).");
+  k.def("preload_kernels", [] { check_cuda(tp::preload_kernels(), "tp.preload"); },
+        "Load every GEMM/TP kernel now (see tp_gemm.h).");
   k.def(
       "ag_gemm",
-      [ag_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_local, int n, int k_,
-                uintptr_t a, uintptr_t b, int64_t ldb, uintptr_t cc, int64_t ldc, uintptr_t ws, int sm_count,
-                int comm_blocks, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        auto x = ag_args(c, dtype, m_local, n, k_, a, b, ldb, cc, ldc, ws, sm_count, comm_blocks);
-        // any other mode ("gather"): the copy blocks alone (the caller runs the GEMM on the gathered A)
-        return run_tp_mode(x, mode, stream, [](const auto& y, cudaStream_t st, std::string* why) {
-          return tp::run_all_gather(y, st, why);
-        });
+      [](const tandem::Communicator& c, const tp::AgGemmArgs& args, Mode mode, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
+        const auto a = with_comm(c, args);
+        const auto st = reinterpret_cast<cudaStream_t>(stream);
+        std::string why;
+        if (mode == Mode::kFused) check(tp::run(a, st, &why), why, "ag_gemm", c.rank());
+        else if (mode == Mode::kGather) check(tp::run_all_gather(a, st, &why), why, "ag_gemm", c.rank());
+        else wrong_mode(mode, "ag_gemm", c.rank());
       },
-      "AllGather+GEMM: mode 'fused' (one kernel), 'gather' (all-gather only), 'check' (can_implement); returns '' "
-      "or the reason.");
-  auto rs_args = [](const tandem::Communicator& c, int dtype, int m_, int n, int k_, uintptr_t a, int64_t lda,
-                    uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    tp::GemmRsArgs x;
-    x.dtype = static_cast<g::DType>(dtype);
-    x.m = m_;
-    x.n = n;
-    x.k = k_;
-    x.a = reinterpret_cast<const void*>(a);
-    x.lda = lda;
-    x.b = reinterpret_cast<const void*>(b);
-    x.ldb = ldb;
-    x.out = reinterpret_cast<void*>(out);
-    x.workspace = reinterpret_cast<void*>(ws);
-    x.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
-    x.plan.comm_blocks = comm_blocks;
-    x.comm = c.device_comm();
-    x.ranks_per_node = c.uniform_ranks_per_node();
-    return x;
+      py::arg("comm"), py::arg("args"), py::arg("mode"), py::arg("stream"),
+      "AllGather+GEMM: FUSED (one kernel) or GATHER (the all-gather alone); throws if it does not run.");
+  const auto rs_like = [](const char* op) {
+    return [op](const tandem::Communicator& c, const auto& args, Mode mode, uintptr_t stream) {
+      tandem::ScopedDevice device_scope(c.device());
+      const auto a = with_comm(c, args);
+      const auto st = reinterpret_cast<cudaStream_t>(stream);
+      std::string why;
+      Status s = Status::kInternal;
+      switch (mode) {
+        case Mode::kFused: s = tp::run(a, st, &why); break;
+        case Mode::kUnfused: s = tp::run_unfused(a, st, &why); break;
+        case Mode::kWait: s = tp::run_wait_partial(a, st, &why); break;
+        case Mode::kReduce: s = tp::run_reduce_only(a, st, &why); break;
+        default: wrong_mode(mode, op, c.rank());
+      }
+      check(s, why, op, c.rank());
+    };
   };
-  k.def("gemm_rs_workspace_size", [rs_args](const tandem::Communicator& c, int m_, int n) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    return tp::workspace_size(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
-  });
   k.def(
       "gemm_rs",
-      [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
-                int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
-                uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        auto x = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
-        return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
-          if (mode == "wait") return tp::run_wait_partial(y, st, why);
-          return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
-        });
+      [f = rs_like("gemm_rs")](const tandem::Communicator& c, const tp::GemmRsArgs& a, Mode mode, uintptr_t stream) {
+        f(c, a, mode, stream);
       },
-      "GEMM+ReduceScatter: mode 'fused', 'unfused' (GEMM then reduction kernel), 'reduce' (the reduction kernel "
-      "alone, over the workspace's partial buffer: the collective's own time), 'wait' (until the partial buffer "
-      "is free: the caller's GEMM may write it next), 'check'; returns '' or the reason.");
-  k.def("gemm_rs_partial_offset", [rs_args](const tandem::Communicator& c, int m_, int n) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    return tp::partial_offset(rs_args(c, 0, m_, n, 8, 0, 8, 0, 8, 0, 0, 0, 0));
-  }, "Byte offset of the M x N partial buffer in the GEMM+RS/AR workspace (the unfused path's GEMM output).");
+      py::arg("comm"), py::arg("args"), py::arg("mode"), py::arg("stream"),
+      "GEMM+ReduceScatter: FUSED, UNFUSED (tandem's GEMM then the reduction kernel), WAIT (until the partial buffer "
+      "is free: the caller's GEMM may write it next), REDUCE (the reduction alone over the partial buffer); throws "
+      "if it does not run.");
   k.def(
       "gemm_ar",
-      [rs_args, run_tp_mode](const tandem::Communicator& c, const std::string& mode, int dtype, int m_, int n, int k_, uintptr_t a,
-                int64_t lda, uintptr_t b, int64_t ldb, uintptr_t out, uintptr_t ws, int sm_count, int comm_blocks,
-                uintptr_t stream, int algo) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        tp::GemmArArgs x;
-        static_cast<tp::GemmRsArgs&>(x) = rs_args(c, dtype, m_, n, k_, a, lda, b, ldb, out, ws, sm_count, comm_blocks);
-        x.algo = static_cast<tp::ArAlgo>(algo);
-        return run_tp_mode(x, mode, stream, [&mode](const auto& y, cudaStream_t st, std::string* why) {
-          if (mode == "wait") return tp::run_wait_partial(y, st, why);
-          return mode == "reduce" ? tp::run_reduce_only(y, st, why) : tp::run_unfused(y, st, why);
-        });
+      [f = rs_like("gemm_ar")](const tandem::Communicator& c, const tp::GemmArArgs& a, Mode mode, uintptr_t stream) {
+        f(c, a, mode, stream);
       },
-      "GEMM+AllReduce: mode 'fused', 'unfused', 'check'; algo 0 auto, 1 one-shot, 2 two-shot (reduce-scatter, then "
-      "all-gather of the reduced rows); returns '' or the reason. The workspace is gemm_rs_workspace_size's.",
-      py::arg("comm"), py::arg("mode"), py::arg("dtype"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("a"),
-      py::arg("lda"), py::arg("b"), py::arg("ldb"), py::arg("out"), py::arg("workspace"), py::arg("sm_count"),
-      py::arg("comm_blocks"), py::arg("stream"), py::arg("algo") = 0);
+      py::arg("comm"), py::arg("args"), py::arg("mode"), py::arg("stream"),
+      "GEMM+AllReduce: the modes of gemm_rs (REDUCE: the reduction and the gather of the reduced rows).");
 
-  // MoE (expert parallelism): dispatch + grouped GEMM, combine.
-  namespace moe = tandem::kernels::moe;
-  auto moe_shape = [](int tokens, int max_tokens, int hidden, int inter, int topk, int experts_per_rank) {
-    moe::MoeShape s;
-    s.tokens = tokens;
-    s.max_tokens = max_tokens;
-    s.hidden = hidden;
-    s.inter = inter;
-    s.topk = topk;
-    s.experts_per_rank = experts_per_rank;
-    return s;
-  };
-  k.def("moe_layout_index", [moe_shape](int world, int max_tokens, int topk, int experts_per_rank) {
-    const auto li = moe::layout_index(moe_shape(0, max_tokens, 8, 8, topk, experts_per_rank), world);
+  // ---- MoE: dispatch + grouped GEMM, combine (moe.h) ---------------------------------------------------------------
+  py::class_<moe::MoeShape>(k, "MoeShape")
+      .def(py::init<>())
+      .def_readwrite("tokens", &moe::MoeShape::tokens)
+      .def_readwrite("max_tokens", &moe::MoeShape::max_tokens)
+      .def_readwrite("hidden", &moe::MoeShape::hidden)
+      .def_readwrite("inter", &moe::MoeShape::inter)
+      .def_readwrite("topk", &moe::MoeShape::topk)
+      .def_readwrite("experts_per_rank", &moe::MoeShape::experts_per_rank);
+  k.def("moe_layout_index", [](const moe::MoeShape& s, int world) {
+    const auto li = moe::layout_index(s, world);
     return py::make_tuple(li.rows, li.offset, li.source, li.row_source, li.size);
-  }, "(rows, offset, source, row_source, size) of the dispatch layout array (moe.h)");
-  k.def("moe_receive_capacity", [moe_shape](int world, int max_tokens, int topk, int experts_per_rank) {
-    return moe::receive_capacity(moe_shape(0, max_tokens, 8, 8, topk, experts_per_rank), world);
-  });
-  auto dispatch_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int hidden,
-                                   int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
-                                   uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    moe::DispatchArgs a;
-    a.dtype = static_cast<g::DType>(dtype);
-    a.shape = moe_shape(tokens, max_tokens, hidden, inter, topk, epr);
-    a.x = reinterpret_cast<const void*>(x);
-    a.topk_ids = reinterpret_cast<const int32_t*>(ids);
-    a.w = reinterpret_cast<const void*>(w);
-    a.y = reinterpret_cast<void*>(y);
-    a.layout = reinterpret_cast<int32_t*>(layout);
-    a.workspace = reinterpret_cast<void*>(ws);
-    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
-    a.plan.comm_blocks = comm_blocks;
-    a.comm = c.device_comm();
-    return a;
-  };
-  k.def("moe_dispatch_workspace_size",
-        [dispatch_args](const tandem::Communicator& c, int max_tokens, int hidden, int inter, int topk, int epr) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-          return moe::workspace_size(dispatch_args(c, 0, 0, max_tokens, hidden, inter, topk, epr, 0, 0, 0, 0, 0, 0, 0, 0));
-        });
+  }, py::arg("shape"), py::arg("world"), "(rows, offset, source, row_source, size) of the dispatch layout array");
+  k.def("moe_receive_capacity", &moe::receive_capacity, py::arg("shape"), py::arg("world"));
+  {
+    py::class_<moe::DispatchArgs> cls(k, "DispatchArgs");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("shape", &moe::DispatchArgs::shape).def_readwrite("plan", &moe::DispatchArgs::plan);
+    def_address(cls, "x", &moe::DispatchArgs::x);
+    def_address(cls, "topk_ids", &moe::DispatchArgs::topk_ids);
+    def_address(cls, "w", &moe::DispatchArgs::w);
+    def_address(cls, "y", &moe::DispatchArgs::y);
+    def_address(cls, "layout", &moe::DispatchArgs::layout);
+    def_address(cls, "workspace", &moe::DispatchArgs::workspace);
+  }
+  {
+    py::class_<moe::CombineArgs> cls(k, "CombineArgs");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("shape", &moe::CombineArgs::shape)
+        .def_readwrite("plan", &moe::CombineArgs::plan)
+        .def_readwrite("dim", &moe::CombineArgs::dim);
+    def_address(cls, "z", &moe::CombineArgs::z);
+    def_address(cls, "topk_weights", &moe::CombineArgs::topk_weights);
+    def_address(cls, "topk_ids", &moe::CombineArgs::topk_ids);
+    def_address(cls, "out", &moe::CombineArgs::out);
+    def_address(cls, "layout", &moe::CombineArgs::layout);
+    def_address(cls, "workspace", &moe::CombineArgs::workspace);
+  }
+  def_comm_queries<moe::DispatchArgs>(k, "this MoE dispatch + grouped GEMM");
+  def_comm_queries<moe::CombineArgs>(k, "this MoE combine");
   k.def(
       "moe_dispatch_gemm",
-      [dispatch_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
-                      int hidden, int inter, int topk, int epr, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y,
-                      uintptr_t layout, uintptr_t ws, int sm_count, int comm_blocks, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        const auto a = dispatch_args(c, dtype, tokens, max_tokens, hidden, inter, topk, epr, x, ids, w, y, layout, ws,
-                                     sm_count, comm_blocks);
-        std::string why;
-        tandem::Status s;
+      [](const tandem::Communicator& c, const moe::DispatchArgs& args, Mode mode, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
+        const auto a = with_comm(c, args);
         const auto st = reinterpret_cast<cudaStream_t>(stream);
-        if (mode == "check") s = moe::can_implement(a, &why);
-        else if (mode == "fused") s = moe::run(a, st, &why);
-        else s = moe::run_unfused(a, st, &why);
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        std::string why;
+        if (mode == Mode::kFused) check(moe::run(a, st, &why), why, "moe_dispatch_gemm", c.rank());
+        else if (mode == Mode::kUnfused) check(moe::run_unfused(a, st, &why), why, "moe_dispatch_gemm", c.rank());
+        else wrong_mode(mode, "moe_dispatch_gemm", c.rank());
       },
-      "MoE dispatch + grouped GEMM: mode 'fused', 'unfused', 'check'; returns '' or the reason.");
-  auto combine_args = [moe_shape](const tandem::Communicator& c, int dtype, int tokens, int max_tokens, int topk,
-                                  int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
-                                  uintptr_t out, uintptr_t ws, int sm_count) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    moe::CombineArgs a;
-    a.dtype = static_cast<g::DType>(dtype);
-    a.shape = moe_shape(tokens, max_tokens, 8, 8, topk, epr);
-    a.dim = dim;
-    a.z = reinterpret_cast<const void*>(z);
-    a.topk_weights = reinterpret_cast<const float*>(weights);
-    a.topk_ids = reinterpret_cast<const int32_t*>(ids);
-    a.layout = reinterpret_cast<const int32_t*>(layout);
-    a.out = reinterpret_cast<void*>(out);
-    a.workspace = reinterpret_cast<void*>(ws);
-    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
-    a.comm = c.device_comm();
-    return a;
-  };
-  k.def("moe_combine_workspace_size",
-        [combine_args](const tandem::Communicator& c, int max_tokens, int topk, int epr, int dim) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-          return moe::workspace_size(combine_args(c, 0, 0, max_tokens, topk, epr, dim, 0, 0, 0, 0, 0, 0, 0));
-        });
+      py::arg("comm"), py::arg("args"), py::arg("mode"), py::arg("stream"),
+      "MoE dispatch + grouped GEMM: FUSED or UNFUSED; throws if it does not run.");
   k.def(
       "moe_combine",
-      [combine_args](const tandem::Communicator& c, const std::string& mode, int dtype, int tokens, int max_tokens,
-                     int topk, int epr, int dim, uintptr_t z, uintptr_t weights, uintptr_t ids, uintptr_t layout,
-                     uintptr_t out, uintptr_t ws, int sm_count, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        const auto a = combine_args(c, dtype, tokens, max_tokens, topk, epr, dim, z, weights, ids, layout, out, ws,
-                                    sm_count);
+      [](const tandem::Communicator& c, const moe::CombineArgs& args, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
         std::string why;
-        const tandem::Status s = mode == "check" ? moe::can_implement(a, &why)
-                                                 : moe::run(a, reinterpret_cast<cudaStream_t>(stream), &why);
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        check(moe::run(with_comm(c, args), reinterpret_cast<cudaStream_t>(stream), &why), why, "moe_combine", c.rank());
       },
-      "MoE combine: mode 'run' or 'check'; returns '' or the reason.");
+      py::arg("comm"), py::arg("args"), py::arg("stream"), "MoE combine; throws if it does not run.");
   k.def("moe_trace_snapshot", [] {
     std::vector<uint64_t> v;
-    const cudaError_t e = moe::trace_snapshot(&v);
-    if (e != cudaSuccess) throw std::runtime_error(cudaGetErrorString(e));
+    check_cuda(moe::trace_snapshot(&v), "moe_trace_snapshot");
     return v;
   }, "Diagnostic: 512 blocks x 8 globaltimer slots of the last dispatch launched with TANDEM_MOE_TRACE=1.");
-  k.def("moe_preload_kernels", [] {
-    const cudaError_t e = moe::preload_kernels();
-    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
-  });
+  k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
-  // Ring attention (sequence parallelism): one persistent kernel; K/V blocks travel around the ring of ranks.
-  namespace attn = tandem::kernels::attention;
-  auto ring_args = [](const tandem::Communicator& c, int dtype, int batch, int seq_local, int heads_q, int heads_kv,
-                      int head_dim, bool causal, float softmax_scale, uintptr_t q, uintptr_t k_, uintptr_t v,
-                      uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks, int kv_slots) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-    attn::RingArgs a;
-    a.dtype = static_cast<g::DType>(dtype);
-    a.shape.batch = batch;
-    a.shape.seq_local = seq_local;
-    a.shape.heads_q = heads_q;
-    a.shape.heads_kv = heads_kv;
-    a.shape.head_dim = head_dim;
-    a.shape.causal = causal;
-    a.shape.softmax_scale = softmax_scale;
-    a.q = reinterpret_cast<const void*>(q);
-    a.k = reinterpret_cast<const void*>(k_);
-    a.v = reinterpret_cast<const void*>(v);
-    a.o = reinterpret_cast<void*>(o);
-    a.lse = reinterpret_cast<float*>(lse);
-    a.workspace = reinterpret_cast<void*>(ws);
-    a.plan.sm_count = sm_count > 0 ? sm_count : c.sm_count();
-    a.plan.comm_blocks = comm_blocks;
-    a.plan.kv_slots = kv_slots;
-    a.comm = c.device_comm();
-    return a;
-  };
-  k.def(
-      "ring_attention_workspace_size",
-      [ring_args](const tandem::Communicator& c, int batch, int seq_local, int heads_q, int heads_kv, int head_dim,
-                  bool causal, int kv_slots) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        return attn::workspace_size(ring_args(c, 0, batch, seq_local, heads_q, heads_kv, head_dim, causal, 0.f, 0, 0,
-                                              0, 0, 0, 0, 0, 0, kv_slots));
-      },
-      "Bytes of the symmetric workspace for this shape, world and kv_slots (the same for bf16 and fp16).");
+  // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------
+  py::class_<attn::RingShape>(k, "RingShape")
+      .def(py::init<>())
+      .def_readwrite("batch", &attn::RingShape::batch)
+      .def_readwrite("seq_local", &attn::RingShape::seq_local)
+      .def_readwrite("heads_q", &attn::RingShape::heads_q)
+      .def_readwrite("heads_kv", &attn::RingShape::heads_kv)
+      .def_readwrite("head_dim", &attn::RingShape::head_dim)
+      .def_readwrite("causal", &attn::RingShape::causal)
+      .def_readwrite("softmax_scale", &attn::RingShape::softmax_scale);
+  py::class_<attn::RingPlan>(k, "RingPlan")
+      .def(py::init<>())
+      .def_readwrite("sm_count", &attn::RingPlan::sm_count)
+      .def_readwrite("comm_blocks", &attn::RingPlan::comm_blocks)
+      .def_readwrite("kv_slots", &attn::RingPlan::kv_slots);
+  {
+    py::class_<attn::RingArgs> cls(k, "RingArgs");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("shape", &attn::RingArgs::shape).def_readwrite("plan", &attn::RingArgs::plan);
+    def_address(cls, "q", &attn::RingArgs::q);
+    def_address(cls, "k", &attn::RingArgs::k);
+    def_address(cls, "v", &attn::RingArgs::v);
+    def_address(cls, "o", &attn::RingArgs::o);
+    def_address(cls, "lse", &attn::RingArgs::lse);
+    def_address(cls, "workspace", &attn::RingArgs::workspace);
+  }
+  def_comm_queries<attn::RingArgs>(k, "this ring attention");
   k.def(
       "ring_attention",
-      [ring_args](const tandem::Communicator& c, const std::string& mode, int dtype, int batch, int seq_local,
-                  int heads_q, int heads_kv, int head_dim, bool causal, float softmax_scale, uintptr_t q,
-                  uintptr_t k_, uintptr_t v, uintptr_t o, uintptr_t lse, uintptr_t ws, int sm_count, int comm_blocks,
-                  int kv_slots, uintptr_t stream) {
-        tandem::ScopedDevice device_scope(c.device());  // launches go to the communicator's GPU
-        const auto a = ring_args(c, dtype, batch, seq_local, heads_q, heads_kv, head_dim, causal, softmax_scale, q,
-                                 k_, v, o, lse, ws, sm_count, comm_blocks, kv_slots);
+      [](const tandem::Communicator& c, const attn::RingArgs& args, uintptr_t stream) {
+        tandem::ScopedDevice device_scope(c.device());
         std::string why;
-        const tandem::Status s = mode == "check" ? attn::can_implement(a, &why)
-                                                 : attn::run(a, reinterpret_cast<cudaStream_t>(stream), &why);
-        return s == tandem::Status::kOk ? std::string() : (why.empty() ? std::string("failed") : why);
+        check(attn::run(with_comm(c, args), reinterpret_cast<cudaStream_t>(stream), &why), why, "ring_attention",
+              c.rank());
       },
-      "Ring attention: mode 'run' or 'check' (can_implement); returns '' or the reason.");
+      py::arg("comm"), py::arg("args"), py::arg("stream"), "Ring attention; throws if it does not run.");
   k.def("ring_schedule_slot_of", &attn::schedule::slot_of, "The slot step i uses (ring_schedule.h).");
   k.def("ring_schedule_previous_use", &attn::schedule::previous_use,
         "(epoch, world, slots, step): the global step whose use of step's slot must be released first.");
-  k.def("ring_attention_preload_kernels", [] {
-    const cudaError_t e = attn::preload_kernels();
-    return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
-  }, "Load the ring-attention kernels now (see ring_attention.h); '' or the CUDA error.");
+  k.def("ring_attention_preload_kernels", [] { check_cuda(attn::preload_kernels(), "ring_attention.preload"); },
+        "Load the ring-attention kernels now (see ring_attention.h).");
 }
 
 }  // namespace tandem_py

@@ -14,11 +14,11 @@ tp_bench = pytest.importorskip("tandem.bench.tp")
 def test_stream_barrier_signals_own_slot_and_waits_for_every_peer(monkeypatch):
     calls = []
     kernels = types.SimpleNamespace(
-        stream_advance=lambda counter, s: calls.append(("advance", counter)) or "",
+        stream_advance=lambda counter, s: calls.append(("advance", counter)),
         stream_signal=lambda comm, flag, peers, counter, off, s: calls.append(("signal", flag, tuple(peers), counter,
-                                                                               off)) or "",
+                                                                               off)),
         stream_wait=lambda comm, flags, writers, counter, off, s: calls.append(("wait", tuple(flags), tuple(writers),
-                                                                             counter, off)) or "")
+                                                                             counter, off)))
     import tandem._native as nat
 
     monkeypatch.setattr(nat, "native", lambda: types.SimpleNamespace(kernels=kernels))
@@ -33,7 +33,13 @@ def test_stream_barrier_signals_own_slot_and_waits_for_every_peer(monkeypatch):
     base = ws.data_ptr()
     assert calls == [("advance", base), ("signal", base + 8 * 3, (0, 1, 3), base, 0),
                      ("wait", (base + 8, base + 16, base + 32), (0, 1, 3), base, 0)]
-    # a failed launch is an error, not a silent unsynchronized baseline
-    kernels.stream_wait = lambda *a: "launch failed: test"
-    with pytest.raises(RuntimeError, match="stream barrier: launch failed"):
+    # a failed launch is an error, not a silent unsynchronized baseline: the typed bindings raise, and the
+    # barrier lets it through
+    from tandem.errors import TandemError
+
+    def failed(*a):
+        raise TandemError("tandem: rank 2: stream_wait: launch failed: test", 5, "stream_wait", 2)
+
+    kernels.stream_wait = failed
+    with pytest.raises(TandemError, match="stream_wait: launch failed"):
         run()

@@ -9,7 +9,6 @@ import torch
 import tandem.ops  # noqa: F401  (registers the ops)
 from tandem.errors import INVALID_ARGUMENT, TandemError
 from tandem.ops import attention, tp
-from tests.conftest import native_kernels
 
 
 def global_row(seq_local, causal, world, rank, j):
@@ -122,22 +121,3 @@ def test_op_and_wrapper_reject_before_reaching_the_kernels():
         torch.ops.tandem.ring_attention(q, k, v, 10 ** 9)
 
 
-def _arg_kinds(fn):
-    """Argument kinds of a pybind11 function, from its signature line."""
-    first = fn.__doc__.splitlines()[0]
-    params = first[first.index("(") + 1:first.rindex(") ->")]
-    kinds = []
-    for p in filter(None, params.split(", ")):
-        annotation = p.split(": ", 1)[1]
-        kinds.append(next(k for k, word in (("comm", "Communicator"), ("str", "str"), ("bool", "bool"),
-                                            ("float", "Float"), ("int", "Int")) if word in annotation))
-    return kinds
-
-
-def test_native_bindings_take_the_arguments_the_op_passes():
-    K = native_kernels("ring_attention", "ring_attention_workspace_size")
-    assert _arg_kinds(K.ring_attention_workspace_size) == ["comm"] + ["int"] * 5 + ["bool", "int"]
-    # comm, mode, dtype, B, S_l, Hq, Hkv, d, causal, scale, q, k, v, o, lse, ws, sm_count, comm_blocks, kv_slots,
-    # stream
-    assert _arg_kinds(K.ring_attention) == ["comm", "str"] + ["int"] * 6 + ["bool", "float"] + ["int"] * 10
-    assert _arg_kinds(K.ring_attention_preload_kernels) == []

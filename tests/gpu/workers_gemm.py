@@ -147,6 +147,7 @@ def variants(shapes, sm_counts):
     """Every measurement configuration of the core (gemm_variants.h), bf16, structured and random data, at the
     given persistent-grid sizes."""
     from tandem._native import native
+    from tandem.ops.gemm import gemm_args
 
     K = native().kernels
     out = []
@@ -157,15 +158,15 @@ def variants(shapes, sm_counts):
                 a, b = _structured(m, n, k, torch.bfloat16)
                 ref = (a.float() @ b.float()).to(torch.bfloat16)
                 d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                err = K.gemm_variant(name, m, n, k, a.data_ptr(), k, b.data_ptr(), n, d.data_ptr(), n, sms, stream)
+                err = K.gemm_variant(name, gemm_args(a, b, d, sms), stream)
                 torch.cuda.synchronize()
                 wrong = int((d != ref).sum()) if not err else None
                 ra = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 rb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-                err2 = K.gemm_variant(name, m, n, k, ra.data_ptr(), k, rb.data_ptr(), n, d.data_ptr(), n, sms, stream)
+                err2 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream)
                 torch.cuda.synchronize()
                 r64 = ra.double() @ rb.double()
                 rel = float((d.double() - r64).norm() / r64.norm()) if not err2 else None
                 out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2, wrong=wrong, rel=rel))
-    bad = K.gemm_variant("no_such_variant", 128, 128, 64, 16, 64, 16, 128, 16, 128, 0, stream)
+    bad = K.gemm_variant("no_such_variant", gemm_args(a, b, d, 0), stream)
     return dict(rows=out, unknown=bad)

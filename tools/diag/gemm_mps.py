@@ -26,6 +26,7 @@ import torch
 
 import tandem._native as n
 from tandem.bench import common
+from tandem.ops.gemm import gemm_args
 from tandem.transport import Communicator
 
 ap = argparse.ArgumentParser()
@@ -94,10 +95,10 @@ for shape in args.shapes.split(","):
         r["cublas_kernels"] = [f"profiler failed: {e}"]
     r["variants"] = {}
     for name in K.gemm_variant_names():
-        occ = K.gemm_variant_occupancy(name, m, nn, k, sms)
+        occ = K.gemm_variant_occupancy(name, gemm_args(a, b, d, sms))
 
-        def run(name=name, count=sms):
-            err = K.gemm_variant(name, m, nn, k, a.data_ptr(), k, b.data_ptr(), nn, d.data_ptr(), nn, count, stream())
+        def run(name=name, x=gemm_args(a, b, d, sms)):  # the Args made once, outside the timed calls
+            err = K.gemm_variant(name, x, stream())
             if err:
                 raise RuntimeError(err)
 
@@ -113,9 +114,10 @@ for shape in args.shapes.split(","):
         except RuntimeError as e:
             v["error"] = str(e)
         r["variants"][name] = v
+    whole_args = gemm_args(a, b, d, device_sms)
+
     def whole_device():
-        err = K.gemm_variant("coop_128x256_c2", m, nn, k, a.data_ptr(), k, b.data_ptr(), nn, d.data_ptr(), nn,
-                             device_sms, stream())
+        err = K.gemm_variant("coop_128x256_c2", whole_args, stream())
         if err:
             raise RuntimeError(err)
 
@@ -125,7 +127,8 @@ for shape in args.shapes.split(","):
         r["core_whole_device_ms"] = str(e)
     rows.append(r)
 
-core_smem = K.gemm_variant_occupancy("coop_128x256_c2", 4096, 4096, 4096, sms).get("smem_bytes", 200 * 1024)
+_sq = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
+core_smem = K.gemm_variant_occupancy("coop_128x256_c2", gemm_args(_sq, _sq, _sq, sms)).get("smem_bytes", 200 * 1024)
 probe = [residency(sms - sms % 2, c, core_smem) for c in (1, 2)]
 probe.append(residency(device_sms - device_sms % 2, 2, core_smem))
 comm.check()

@@ -45,54 +45,53 @@ __global__ void __launch_bounds__(kThreads, 1) ring_attention_kernel(const __gri
   extern __shared__ __align__(1024) char smem_raw[];
   const uint64_t epoch = runtime::current_epoch(p.ctl);
   const Problem& pr = p.pr;
-  if (static_cast<int>(blockIdx.x) < pr.comm_blocks) {
-    comm_role(p, epoch);
-  } else {
-    // 128-byte swizzled TMA tiles need 1024-byte aligned shared memory (the launch reserves the slack)
-    const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-    auto& ss = *reinterpret_cast<typename T::SharedStorage*>(base);
-    const int warp = cutlass::canonical_warp_idx_sync();
-    const int warp_group = warp / 4;
-    const bool producer_thread = warp == 0 && cute::elect_one_sync();
-    typename T::PipelineQ::Params pq;
-    pq.transaction_bytes = T::kQBytes;
-    pq.role = warp_group == 0 ? T::PipelineQ::ThreadCategory::Producer : T::PipelineQ::ThreadCategory::Consumer;
-    pq.is_leader = producer_thread;
-    pq.num_consumers = kConsumerThreads;
-    typename T::PipelineKV::Params pkv;  // K and V alike
-    pkv.transaction_bytes = T::kKVTileBytes;
-    pkv.role = warp_group == 0 ? T::PipelineKV::ThreadCategory::Producer : T::PipelineKV::ThreadCategory::Consumer;
-    pkv.is_leader = producer_thread;
-    pkv.num_consumers = kConsumerThreads;
-    typename T::PipelineWork::Params pw;
-    pw.role = warp_group == 0 ? T::PipelineWork::ThreadCategory::Producer : T::PipelineWork::ThreadCategory::Consumer;
-    pw.producer_arv_count = 1;
-    pw.consumer_arv_count = kConsumerThreads;
-    typename T::PipelineWork pipe_work(ss.pipe_work, pw);
-    typename T::PipelineQ pipe_q(ss.pipe_q, pq, Shape<_1, _1, _1>{});
-    typename T::PipelineKV pipe_k(ss.pipe_k, pkv, Shape<_1, _1, _1>{});
-    typename T::PipelineKV pipe_v(ss.pipe_v, pkv, Shape<_1, _1, _1>{});
-    if (warp == 0 && cute::elect_one_sync()) {
-      cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_k_user.get_tma_descriptor());
-      cute::prefetch_tma_descriptor(p.tma_v_user.get_tma_descriptor());
-      if (pr.slots > 0) {
-        cute::prefetch_tma_descriptor(p.tma_k_slots.get_tma_descriptor());
-        cute::prefetch_tma_descriptor(p.tma_v_slots.get_tma_descriptor());
-      }
-    }
-    __syncthreads();  // barrier initialization visible to every thread
-    if (warp_group == 0) {
-      cutlass::arch::warpgroup_reg_dealloc<40>();
-      if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
-    } else {
-      cutlass::arch::warpgroup_reg_alloc<232>();
-      consume(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && last_of(&p.ctl->done_blocks, gridDim.x))
-    tandem::device::local_store(&p.ctl->epoch, epoch);
+  // comm blocks first (1-D grid), then the attention blocks: the runtime's roles (runtime::dispatch_roles)
+  runtime::dispatch_roles(
+      pr.comm_blocks, true, [&](int) { comm_role(p, epoch); },
+      [&] {
+        // 128-byte swizzled TMA tiles need 1024-byte aligned shared memory (the launch reserves the slack)
+        const uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+        auto& ss = *reinterpret_cast<typename T::SharedStorage*>(base);
+        const int warp = cutlass::canonical_warp_idx_sync();
+        const int warp_group = warp / 4;
+        const bool producer_thread = warp == 0 && cute::elect_one_sync();
+        typename T::PipelineQ::Params pq;
+        pq.transaction_bytes = T::kQBytes;
+        pq.role = warp_group == 0 ? T::PipelineQ::ThreadCategory::Producer : T::PipelineQ::ThreadCategory::Consumer;
+        pq.is_leader = producer_thread;
+        pq.num_consumers = kConsumerThreads;
+        typename T::PipelineKV::Params pkv;  // K and V alike
+        pkv.transaction_bytes = T::kKVTileBytes;
+        pkv.role = warp_group == 0 ? T::PipelineKV::ThreadCategory::Producer : T::PipelineKV::ThreadCategory::Consumer;
+        pkv.is_leader = producer_thread;
+        pkv.num_consumers = kConsumerThreads;
+        typename T::PipelineWork::Params pw;
+        pw.role = warp_group == 0 ? T::PipelineWork::ThreadCategory::Producer : T::PipelineWork::ThreadCategory::Consumer;
+        pw.producer_arv_count = 1;
+        pw.consumer_arv_count = kConsumerThreads;
+        typename T::PipelineWork pipe_work(ss.pipe_work, pw);
+        typename T::PipelineQ pipe_q(ss.pipe_q, pq, Shape<_1, _1, _1>{});
+        typename T::PipelineKV pipe_k(ss.pipe_k, pkv, Shape<_1, _1, _1>{});
+        typename T::PipelineKV pipe_v(ss.pipe_v, pkv, Shape<_1, _1, _1>{});
+        if (warp == 0 && cute::elect_one_sync()) {
+          cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+          cute::prefetch_tma_descriptor(p.tma_k_user.get_tma_descriptor());
+          cute::prefetch_tma_descriptor(p.tma_v_user.get_tma_descriptor());
+          if (pr.slots > 0) {
+            cute::prefetch_tma_descriptor(p.tma_k_slots.get_tma_descriptor());
+            cute::prefetch_tma_descriptor(p.tma_v_slots.get_tma_descriptor());
+          }
+        }
+        __syncthreads();  // barrier initialization visible to every thread
+        if (warp_group == 0) {
+          cutlass::arch::warpgroup_reg_dealloc<40>();
+          if (warp == 0 && cute::elect_one_sync()) produce(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
+        } else {
+          cutlass::arch::warpgroup_reg_alloc<232>();
+          consume(p, ss, pipe_q, pipe_k, pipe_v, pipe_work, epoch);
+        }
+      });
+  runtime::finish_block(p.ctl, gridDim.x, epoch, [] {});
 }
 
 // ---------------------------------------------------------------------------------------------------------------

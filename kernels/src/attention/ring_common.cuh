@@ -53,10 +53,7 @@ constexpr bool kPingPong = TANDEM_RING_ATTENTION_PINGPONG != 0;
 // ---------------------------------------------------------------------------------------------------------------
 // Flow-control state in the workspace.
 
-struct alignas(128) RingControl {
-  uint64_t epoch;
-  uint64_t done_blocks;
-  uint64_t pad0[14];
+struct alignas(128) RingControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t arrived[kMaxWorldRing][kMaxCommBlocks];  // [slot][c]: G of the step whose range c landed in the slot
   uint64_t released[kMaxWorldRing];                 // [slot]: G of the last step the successor finished with it
 };

@@ -10,6 +10,79 @@ namespace tandem::kernels::attention {
 
 namespace {
 
+// The step's partial, merged into the running result: O_i = acc / l and lse_i = max * scale + log2(l) (log2
+// units; -inf where nothing was seen), combined with (O_acc, lse_acc) of the earlier steps by their weights, stored
+// as O_acc / lse_acc between steps and as O / LSE (natural log) at the last one. o_rc / cO_rc: this thread's O
+// accumulator and its (row, col) coordinates; row_max / row_sum: its rows' online-softmax state.
+template <class T, int kRows, class TensorO, class TensorC>
+__device__ __forceinline__ void merge_step(const Params<T>& p, const WorkItem& w, int64_t row0, bool first, bool last,
+                                           float scale, const float (&row_max)[kRows], const float (&row_sum)[kRows],
+                                           TensorO& o_rc, const TensorC& cO_rc) {
+  using Element = typename T::Element;
+  const Problem& pr = p.pr;
+  // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
+  float lse_step[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    lse_step[r] = l > 0.f ? row_max[r] * scale + log2f(l) : -INFINITY;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+  }
+  // Merge with the running result and store (O_acc / lse_acc between steps; O / LSE at the last step). The
+  // four threads holding a row all read its old lse before the one that writes it does (__syncwarp).
+  float lse_old[kRows];
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + get<0>(cO_rc(r, 0));
+    lse_old[r] = -INFINITY;
+    // L2 reads (ld.cg): another SM may have written the accumulators (its L1 is not coherent with ours)
+    if (!first && row < pr.seq)
+      lse_old[r] = __ldcg(p.lse_acc + (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row);
+  }
+  __syncwarp();
+  CUTLASS_PRAGMA_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + get<0>(cO_rc(r, 0));
+    if (row >= pr.seq) continue;
+    const size_t o_row = ((static_cast<size_t>(w.b) * pr.seq + row) * pr.heads_q + w.h) * T::kHeadDim;
+    const size_t l_idx = (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row;
+    float w_old = 0.f, w_new = 1.f, lse_new = lse_step[r];
+    if (!first) {
+      const float mx = fmaxf(lse_old[r], lse_step[r]);
+      if (mx == -INFINITY) {
+        lse_new = -INFINITY, w_old = 0.f, w_new = 0.f;
+      } else {
+        lse_new = mx + log2f(exp2f(lse_old[r] - mx) + exp2f(lse_step[r] - mx));
+        w_old = exp2f(lse_old[r] - lse_new);
+        w_new = exp2f(lse_step[r] - lse_new);
+      }
+    }
+    const bool writes_lse = get<1>(cO_rc(r, 0)) == 0;  // one of the four threads holding the row
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < size<1>(o_rc); c += 2) {  // column pairs: 8-byte fp32 / 4-byte 16-bit accesses
+      const int col = get<1>(cO_rc(r, c));
+      float v0 = o_rc(r, c) * w_new, v1 = o_rc(r, c + 1) * w_new;
+      if (!first) {
+        const float2 old = __ldcg(reinterpret_cast<const float2*>(p.o_acc + o_row + col));
+        v0 += old.x * w_old;
+        v1 += old.y * w_old;
+      }
+      if (last) {
+        Element out[2] = {static_cast<Element>(v0), static_cast<Element>(v1)};
+        *reinterpret_cast<uint32_t*>(p.o + o_row + col) = *reinterpret_cast<const uint32_t*>(out);
+      } else {
+        *reinterpret_cast<float2*>(p.o_acc + o_row + col) = make_float2(v0, v1);
+      }
+    }
+    if (writes_lse) {
+      if (last) p.lse[l_idx] = lse_new * 0.69314718055994531f;  // log2 -> natural log
+      else p.lse_acc[l_idx] = lse_new;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Consumers: two warpgroups, 64 Q rows each.
 
@@ -181,88 +254,10 @@ __device__ void consume(const Params<T>& p, typename T::SharedStorage& ss, typen
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) = 0.f;
     }
-    // The item's previous step may have been merged by another block (items are claimed anew every step): wait
-    // for it. That block is running (it claimed the item), so the wait ends.
-    if (!first) {
-      if (tid == 0)
-        (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
-                                                 schedule::global_step(epoch, pr.world, step - 1), kMergePollNs,
-                                                 pr.rank);  // a timeout leaves the abort flag up
-      NamedBarrier::sync(kConsumerThreads, kItemBarrier);
-    }
+    if (!first) wait_for_previous_merge(p, t, step, epoch, tid);
     // An invisible block changes nothing before the last step; the last step writes O and LSE in any case.
-    if (n_end > 0 || last) {
-      // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
-      float lse_step[kRows];
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const float l = quad_sum(row_sum[r]);
-        lse_step[r] = l > 0.f ? row_max[r] * scale + log2f(l) : -INFINITY;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
-      }
-      // Merge with the running result and store (O_acc / lse_acc between steps; O / LSE at the last step). The
-      // four threads holding a row all read its old lse before the one that writes it does (__syncwarp).
-      float lse_old[kRows];
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = row0 + get<0>(cO_rc(r, 0));
-        lse_old[r] = -INFINITY;
-        // L2 reads (ld.cg): another SM may have written the accumulators (its L1 is not coherent with ours)
-        if (!first && row < pr.seq)
-          lse_old[r] = __ldcg(p.lse_acc + (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row);
-      }
-      __syncwarp();
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = row0 + get<0>(cO_rc(r, 0));
-        if (row >= pr.seq) continue;
-        const size_t o_row = ((static_cast<size_t>(w.b) * pr.seq + row) * pr.heads_q + w.h) * T::kHeadDim;
-        const size_t l_idx = (static_cast<size_t>(w.b) * pr.heads_q + w.h) * pr.seq + row;
-        float w_old = 0.f, w_new = 1.f, lse_new = lse_step[r];
-        if (!first) {
-          const float mx = fmaxf(lse_old[r], lse_step[r]);
-          if (mx == -INFINITY) {
-            lse_new = -INFINITY, w_old = 0.f, w_new = 0.f;
-          } else {
-            lse_new = mx + log2f(exp2f(lse_old[r] - mx) + exp2f(lse_step[r] - mx));
-            w_old = exp2f(lse_old[r] - lse_new);
-            w_new = exp2f(lse_step[r] - lse_new);
-          }
-        }
-        const bool writes_lse = get<1>(cO_rc(r, 0)) == 0;  // one of the four threads holding the row
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o_rc); c += 2) {  // column pairs: 8-byte fp32 / 4-byte 16-bit accesses
-          const int col = get<1>(cO_rc(r, c));
-          float v0 = o_rc(r, c) * w_new, v1 = o_rc(r, c + 1) * w_new;
-          if (!first) {
-            const float2 old = __ldcg(reinterpret_cast<const float2*>(p.o_acc + o_row + col));
-            v0 += old.x * w_old;
-            v1 += old.y * w_old;
-          }
-          if (last) {
-            Element out[2] = {static_cast<Element>(v0), static_cast<Element>(v1)};
-            *reinterpret_cast<uint32_t*>(p.o + o_row + col) = *reinterpret_cast<const uint32_t*>(out);
-          } else {
-            *reinterpret_cast<float2*>(p.o_acc + o_row + col) = make_float2(v0, v1);
-          }
-        }
-        if (writes_lse) {
-          if (last) p.lse[l_idx] = lse_new * 0.69314718055994531f;  // log2 -> natural log
-          else p.lse_acc[l_idx] = lse_new;
-        }
-      }
-    }  // merge
-    // Every consumer is done with the item: its K/V reads completed before they released the stages, its merge
-    // is stored. Publish the merge (for the block that takes the item's next step) and count the item among the
-    // step's parties; the last party releases the slot (release_if_last).
-    NamedBarrier::sync(kConsumerThreads, kItemBarrier);
-    if (tid == 0 && pr.world > 1) {
-      __threadfence();
-      tandem::device::local_publish(&p.merged[t], schedule::global_step(epoch, pr.world, step));
-      release_if_last(p, step, epoch);
-    }
+    if (n_end > 0 || last) merge_step<T>(p, w, row0, first, last, scale, row_max, row_sum, o_rc, cO_rc);
+    finish_item(p, t, step, epoch, tid);
   }
 }
 

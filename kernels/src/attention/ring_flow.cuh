@@ -26,6 +26,37 @@ __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// A work item between steps. Items are claimed anew every step, so step i of an item may run on another block than
+// step i - 1, whose merge of (O, lse) it builds on.
+
+// Before merging step `step` (> 0) of item t: wait until step - 1's merge is stored. That block is running (it
+// claimed the item), so the wait ends; a timeout leaves the abort flag up. All consumer threads leave together.
+template <class T>
+__device__ __forceinline__ void wait_for_previous_merge(const Params<T>& p, int t, int step, uint64_t epoch, int tid) {
+  using cutlass::arch::NamedBarrier;
+  const Problem& pr = p.pr;
+  if (tid == 0)
+    (void)tandem::device::wait_until_backoff(p.comm, &p.merged[t], tandem::device::Cmp::kGe,
+                                             schedule::global_step(epoch, pr.world, step - 1), kMergePollNs, pr.rank);
+  NamedBarrier::sync(kConsumerThreads, kItemBarrier);
+}
+
+// After the item's step: every consumer is done with it (its K/V reads completed before they released the stages,
+// its merge is stored). Publish the merge (for the block that takes the item's next step) and count the item among
+// the step's parties; the last party releases the slot (release_if_last).
+template <class T>
+__device__ __forceinline__ void finish_item(const Params<T>& p, int t, int step, uint64_t epoch, int tid) {
+  using cutlass::arch::NamedBarrier;
+  const Problem& pr = p.pr;
+  NamedBarrier::sync(kConsumerThreads, kItemBarrier);
+  if (tid == 0 && pr.world > 1) {
+    __threadfence();
+    tandem::device::local_publish(&p.merged[t], schedule::global_step(epoch, pr.world, step));
+    release_if_last(p, step, epoch);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Producer: one thread of warp 0 issues every TMA load of the block.
 
 template <class T>

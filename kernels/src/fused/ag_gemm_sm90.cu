@@ -117,14 +117,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     for (int q = 0; q < comm.world; ++q)
       if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e - 1, SignalOp::kSet, q);
   }
-  const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.copy_rows_y;
-  if (gemm_block) {
-    GemmKernel op;
-    op(p.gemm, smem);
-  } else {
-    const int cb = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
-    ag_copy_role(p, cb, e, smem);
-  }
+  dispatch_roles(
+      p.copy_rows_y * static_cast<int>(gridDim.x), p.gemm_role, [&](int cb) { ag_copy_role(p, cb, e, smem); },
+      [&] {
+        GemmKernel op;
+        op(p.gemm, smem);
+      });
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     // The proxy reads this rank's rows from the heap: they may be overwritten once every command is delivered.
     if (p.ranks_per_node < comm.world) (void)quiet(comm);

@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   if (p.mode == RsMode::kReduceOnly && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     for (int o = 0; o < world; ++o) announce_chunk(p, t, o, e);
   }
-  const bool gemm_block = p.mode == RsMode::kFused && static_cast<int>(blockIdx.y) >= p.reduce_rows_y;
-  if (gemm_block) {
+  // the runtime's roles over the grid (reduce rows first, then the GEMM's), with both bodies inline here
+  if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
     for (int s = 0; s < world; ++s) {
       const int o = rs_chunk_at(t, s);
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       }
     }
   } else {
-    const int rb = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
+    const int rb = runtime::grid_block_index();
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
     else rs_reduce_role<Element>(p, rb, e);
   }

@@ -1,7 +1,7 @@
 // tandem kernels (private) — what the fused TP kernels share: their workspace control block (Control), the
 // node topology and flags of the cross-node paths, the role constants and the adapters' common check. The epoch
 // protocol, the "last block" counters and the clustered launch are the persistent-kernel runtime's
-// (kernels/src/runtime/persistent.cuh), used here by the names below.
+// (kernels/include/tandem/kernels/runtime/persistent.cuh), used here by the names below.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,7 +10,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "../runtime/persistent.cuh"
+#include "tandem/kernels/runtime/persistent.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
 
@@ -30,11 +30,8 @@ constexpr uint32_t kRolePollNs = 500;
 constexpr int kMaxCollectiveBlocks = 16;
 
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
-struct alignas(128) Control {
-  uint64_t epoch;                  // last completed epoch (local)
+struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
-  uint64_t pad0[14];
-  uint64_t done_blocks;            // local: blocks of this launch that finished
   uint64_t pad1[15];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
@@ -84,12 +81,13 @@ struct NodeFlags {
 };
 constexpr size_t kNodeFlagBytes = sizeof(NodeFlags);
 
-// The generic persistent-kernel pieces live in the runtime (kernels/src/runtime/persistent.cuh); the TP kernels and
+// The generic persistent-kernel pieces live in the runtime (kernels/include/tandem/kernels/runtime/persistent.cuh); the TP kernels and
 // the others that grew up on this file use them by these names.
 using runtime::atom_add_acq_rel_gpu;
 using runtime::block_ok;
 using runtime::complete_bulk_stores;
 using runtime::current_epoch;
+using runtime::dispatch_roles;
 using runtime::fail;
 using runtime::finish_block;
 using runtime::last_of;

@@ -46,11 +46,9 @@ constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the la
 constexpr int kMaxWorldMoe = 64;
 using tp::detail::WorkspaceCarver;
 
-struct alignas(128) MoeControl {
-  uint64_t epoch;
-  uint64_t done_blocks;
+struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
-  uint64_t pad0[13];
+  uint64_t pad0[15];
   uint64_t counts_flag[kMaxWorldMoe];  // source s's count row landed
   uint64_t ready[kMaxWorldMoe];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorldMoe];         // combine: rank q sent every row of this rank's tokens

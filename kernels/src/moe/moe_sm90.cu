@@ -33,13 +33,7 @@
 
 namespace tandem::kernels::moe {
 
-namespace {
-
-using tp::detail::block_ok;
-using tp::detail::fail;
-using tp::detail::finish_block;
-using tp::detail::launch_clustered;
-using tp::detail::last_of;
+namespace {  // (the names it uses from tp::detail are brought in by moe_common.cuh)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host side.

@@ -133,10 +133,9 @@ def _stream_barrier(comm):
 
     def run():
         s = torch.cuda.current_stream().cuda_stream
-        for err in (K.stream_advance(base, s), K.stream_signal(comm.native, base + 8 * (1 + rank), others, base, 0, s),
-                    K.stream_wait(comm.native, flags, others, base, 0, s)):
-            if err:
-                raise RuntimeError(f"stream barrier: {err}")
+        K.stream_advance(base, s)  # each raises TandemError if it does not run
+        K.stream_signal(comm.native, base + 8 * (1 + rank), others, base, 0, s)
+        K.stream_wait(comm.native, flags, others, base, 0, s)
     return run, ws
 
 
@@ -207,6 +206,10 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         coll_torch, keep = (_nccl_collective if naive == "nccl" else _torch_collective)(comm, op, m, n, k)
         gemm_out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
         r = dict(op=op, m=m, n=n, k=k, world=world, label=label, sm_count=comm.sm_count, naive_collective=naive)
+        # what auto and fused (comm_blocks=0) run at this shape: the rank's problem (RS/AR: K / world)
+        k_rank = k if op == "ag_gemm" else k // world
+        r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
+        r["fused_comm_blocks"] = comm_blocks or tp._fused_split(comm, op, m, n, k_rank, 0)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))

@@ -110,9 +110,11 @@ def preload(op, rank, loaders):
     # (tp_gemm.h, moe.h, ring_attention.h: preload_kernels), each called once per process.
     for name in loaders:
         if name not in _LOADED:
-            err = getattr(native().kernels, name)()
-            if err:
-                raise TandemError(f"tandem: {op}: loading the kernels failed: {err}", 5, op, rank)
+            try:
+                getattr(native().kernels, name)()
+            except TandemError as e:  # e names the loader; say which op needed it
+                raise TandemError(f"tandem: rank {rank}: {op}: loading its kernels failed ({e})", e.status, op,
+                                  rank) from None
             _LOADED.add(name)
 
 
@@ -296,7 +298,8 @@ def release_workspaces(comm=None):
 
 
 def prepared(key: tuple):
-    """The launcher remembered for signature `key` ((op, token, ...)), or None."""
+    """The launcher remembered for signature `key` ((op, token, ...); token None for an op without a
+    communicator), or None."""
     return _PREPARED.get(key)
 
 
@@ -334,6 +337,25 @@ def define_op(name: str, schema: str, impl, fake):
 
 
 DTYPES = {torch.bfloat16: 0, torch.float16: 1}  # the ops' element types -> the kernels' dtype codes
+
+
+def kernel_args(name: str, plan: dict | None = None, shape: dict | None = None, **fields):
+    """One of the kernels layer's typed Args (tandem._C.kernels.<name>: GemmArgs, AgGemmArgs, GemmRsArgs,
+    GemmArArgs, DispatchArgs, CombineArgs, RingArgs), its fields set by name (device addresses as ints, dtype as
+    a DTYPES code); `plan` and `shape` set the fields of the nested structs of the same names."""
+    x = getattr(native().kernels, name)()
+    for k, v in fields.items():
+        setattr(x, k, v)
+    for k, v in (plan or {}).items():
+        setattr(x.plan, k, v)
+    for k, v in (shape or {}).items():
+        setattr(x.shape, k, v)
+    return x
+
+
+def mode(name: str):
+    """The kernels layer's Mode (FUSED, UNFUSED, GATHER, WAIT, REDUCE)."""
+    return getattr(native().kernels.Mode, name)
 
 
 def check_on_device(comm, t, name: str, op: str):

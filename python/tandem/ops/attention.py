@@ -26,7 +26,7 @@ import math
 import torch
 
 from .._native import native
-from ..errors import TandemError, invalid
+from ..errors import invalid
 from . import _runtime as rt
 from ._runtime import DTYPES as _DTYPES, op_key, register
 
@@ -93,18 +93,19 @@ def _ring(comm, q, k, v, causal, softmax_scale, comm_blocks, sm_count, kv_slots)
     key = (OP, rt.token(comm), b, s_l, hq, hkv, d, bool(causal), int(kv_slots), q.dtype)
     agree = op_key(OP, batch=b, seq_local=s_l, heads_q=hq, heads_kv=hkv, head_dim=d, causal=bool(causal),
                    kv_slots=int(kv_slots), dtype=q.dtype, comm_blocks=int(comm_blocks))
-    ws = _op_workspace(comm, key, K.ring_attention_workspace_size(comm.native, b, s_l, hq, hkv, d, bool(causal),
-                                                               int(kv_slots)), agree)
+    a = rt.kernel_args("RingArgs", dtype=_DTYPES[q.dtype],
+                       shape=dict(batch=b, seq_local=s_l, heads_q=hq, heads_kv=hkv, head_dim=d, causal=bool(causal),
+                                  softmax_scale=float(softmax_scale)),
+                       plan=dict(sm_count=int(sm_count), comm_blocks=int(comm_blocks), kv_slots=int(kv_slots)))
+    ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
     o = torch.empty_like(q)
     lse = torch.empty((b, hq, s_l), dtype=torch.float32, device=q.device)
-    args = (_DTYPES[q.dtype], b, s_l, hq, hkv, d, bool(causal), float(softmax_scale), q.data_ptr(), k.data_ptr(),
-            v.data_ptr(), o.data_ptr(), lse.data_ptr(), ws.data_ptr(), int(sm_count), int(comm_blocks), int(kv_slots))
-    why = K.ring_attention(comm.native, "check", *args, 0)
+    a.q, a.k, a.v, a.o, a.lse, a.workspace = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                                              ws.data_ptr())
+    why = K.can_implement(comm.native, a)
     if why:
         raise invalid(f"cannot run this problem: {why}", OP, rank)
-    err = K.ring_attention(comm.native, "run", *args, rt.stream_handle(q.device))
-    if err:
-        raise TandemError(f"tandem: {OP}: {err}", 5, OP, rank)
+    K.ring_attention(comm.native, a, rt.stream_handle(q.device))  # raises TandemError (its status) if it does not run
     return o, lse
 
 

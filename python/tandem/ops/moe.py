@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .._native import native
-from ..errors import TandemError, invalid
+from ..errors import invalid
 from . import _runtime as rt
 from ._runtime import DTYPES as _DTYPES, op_key, register
 
@@ -85,9 +85,18 @@ def _check_rows(comm, t, name, op, dims=2):
         raise invalid(f"{name} must be contiguous and 16-byte aligned", op, comm.rank)
 
 
+def _shape(tokens, max_tokens, hidden, inter, topk, experts_per_rank):
+    """moe.h's MoeShape (tandem._C.kernels.MoeShape)."""
+    s = native().kernels.MoeShape()
+    s.tokens, s.max_tokens, s.hidden, s.inter, s.topk, s.experts_per_rank = (int(tokens), int(max_tokens), int(hidden),
+                                                                            int(inter), int(topk),
+                                                                            int(experts_per_rank))
+    return s
+
+
 def layout_index(world, max_tokens, topk, experts_per_rank):
     """(rows, offset, source, row_source, size): where each part of the layout array starts."""
-    return tuple(native().kernels.moe_layout_index(world, max_tokens, topk, experts_per_rank))
+    return tuple(native().kernels.moe_layout_index(_shape(0, max_tokens, 8, 8, topk, experts_per_rank), world))
 
 
 def layout_view(comm, layout, experts_per_rank, max_tokens, topk):
@@ -136,20 +145,23 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     key = (op, rt.token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
     agree = op_key(op, max_tokens=max_tokens, hidden=hidden, inter=inter, k=k, experts_per_rank=epr, dtype=x.dtype,
                    mode=mode, comm_blocks=int(comm_blocks))
-    ws = _op_workspace(comm, key, K.moe_dispatch_workspace_size(comm.native, max_tokens, hidden, inter, k, epr), agree)
-    cap = K.moe_receive_capacity(world, max_tokens, k, epr)
+    shape = _shape(tokens, max_tokens, hidden, inter, k, epr)
+    a = rt.kernel_args("DispatchArgs", dtype=_DTYPES[x.dtype], plan=dict(sm_count=int(sm_count),
+                                                                        comm_blocks=int(comm_blocks)))
+    a.shape = shape
+    ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
+    cap = K.moe_receive_capacity(shape, world)
     size = layout_index(world, max_tokens, k, epr)[4]
     y = torch.empty((cap, inter), dtype=x.dtype, device=x.device)
     layout = torch.zeros(size, dtype=torch.int32, device=x.device)
-    args = (_DTYPES[x.dtype], tokens, max_tokens, hidden, inter, k, epr, x.data_ptr(), ids.data_ptr(), w.data_ptr(),
-            y.data_ptr(), layout.data_ptr(), ws.data_ptr(), int(sm_count), int(comm_blocks))
-    why = K.moe_dispatch_gemm(comm.native, "check", *args, 0)
+    a.x, a.topk_ids, a.w, a.y, a.layout, a.workspace = (x.data_ptr(), ids.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                                         layout.data_ptr(), ws.data_ptr())
+    why = K.can_implement(comm.native, a)
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    err = K.moe_dispatch_gemm(comm.native, "fused" if _use_fused(mode, world) else "unfused", *args,
-                              rt.stream_handle(x.device))
-    if err:
-        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
+    # raises TandemError (its status) if it does not run
+    K.moe_dispatch_gemm(comm.native, a, rt.mode("FUSED" if _use_fused(mode, world) else "UNFUSED"),
+                        rt.stream_handle(x.device))
     return y, layout
 
 
@@ -178,7 +190,7 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
         raise invalid("layout is not a dispatch layout of this communicator, max_tokens and k (pass the "
                       "dispatch's max_tokens)", op, comm.rank)
     ids, _ = _ids(comm, topk_ids, tokens, epr * world, op, check_ids)
-    cap = K.moe_receive_capacity(world, max_tokens, k, epr)
+    cap = K.moe_receive_capacity(_shape(tokens, max_tokens, 8, 8, k, epr), world)
     if z.shape[0] != cap:
         raise invalid(f"z must have the dispatch's {cap} rows (the receive capacity), got {z.shape[0]}", op, comm.rank)
     dim = z.shape[1]
@@ -187,16 +199,17 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
     weights = topk_weights.to(torch.float32).contiguous()
     key = (op, rt.token(comm), max_tokens, k, epr, dim, z.dtype)
     agree = op_key(op, max_tokens=max_tokens, k=k, experts_per_rank=epr, dim=dim, dtype=z.dtype)
-    ws = _op_workspace(comm, key, K.moe_combine_workspace_size(comm.native, max_tokens, k, epr, dim), agree)
+    a = rt.kernel_args("CombineArgs", dtype=_DTYPES[z.dtype], dim=dim, plan=dict(sm_count=int(sm_count)))
+    a.shape = _shape(tokens, max_tokens, 8, 8, k, epr)
+    ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
     out = torch.empty((tokens, dim), dtype=z.dtype, device=z.device)
-    args = (_DTYPES[z.dtype], tokens, max_tokens, k, epr, dim, z.data_ptr(), weights.data_ptr(), ids.data_ptr(),
-            layout.data_ptr(), out.data_ptr(), ws.data_ptr(), int(sm_count))
-    why = K.moe_combine(comm.native, "check", *args, 0)
+    a.z, a.topk_weights, a.topk_ids, a.layout, a.out, a.workspace = (z.data_ptr(), weights.data_ptr(),
+                                                                     ids.data_ptr(), layout.data_ptr(),
+                                                                     out.data_ptr(), ws.data_ptr())
+    why = K.can_implement(comm.native, a)
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    err = K.moe_combine(comm.native, "run", *args, rt.stream_handle(z.device))
-    if err:
-        raise TandemError(f"tandem: {op}: {err}", 5, op, comm.rank)
+    K.moe_combine(comm.native, a, rt.stream_handle(z.device))  # raises TandemError (its status) if it does not run
     return out
 
 
@@ -209,7 +222,7 @@ def _dispatch_fake(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=
     c = rt.comm_from_handle(comm, "moe_dispatch_gemm")
     mt = int(max_tokens) or x.shape[0]
     k, epr = topk_ids.shape[1], w.shape[0]
-    cap = native().kernels.moe_receive_capacity(c.world_size, mt, k, epr)
+    cap = native().kernels.moe_receive_capacity(_shape(0, mt, 8, 8, k, epr), c.world_size)
     size = layout_index(c.world_size, mt, k, epr)[4]
     return x.new_empty((cap, w.shape[2])), x.new_empty((size,), dtype=torch.int32)
 

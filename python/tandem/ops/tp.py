@@ -102,9 +102,10 @@ def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
     after the ranks agree on `agree`), cached per communicator, shape and dtype."""
     K = native().kernels
-    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype),
-                    K.ag_gemm_workspace_size(comm.native, m_local, k), agree=agree)
-    off = K.ag_gemm_gathered_offset(comm.native, m_local, k)
+    x = rt.kernel_args("AgGemmArgs", m_local=m_local, n=8, k=k, ldb=8, ldc=8)  # the workspace: world, m_local, k
+    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype), K.workspace_size(comm.native, x),
+                      agree=agree)
+    off = K.gathered_offset(comm.native, x)
     rows = comm.world_size * m_local
     esize = torch.empty((), dtype=dtype).element_size()
     return ws, ws[off:off + rows * k * esize].view(dtype).view(rows, k)
@@ -124,7 +125,13 @@ def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> 
 def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
     """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
     return rt.workspace(comm, (op, rt.token(comm), m, n, dtype),
-                      native().kernels.gemm_rs_workspace_size(comm.native, m, n), agree=agree)
+                        native().kernels.workspace_size(comm.native, _rs_shape_args(m, n)), agree=agree)
+
+
+def _rs_shape_args(m: int, n: int, k: int = 8):
+    """GemmRsArgs with the fields the workspace layout depends on (M, N; the world and SMs are the
+    communicator's)."""
+    return rt.kernel_args("GemmRsArgs", m=m, n=n, k=k, lda=k, ldb=n)
 
 
 def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
@@ -150,26 +157,29 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
         pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
-        return lambda c, a, bb: tp_pipelined.ag_gemm(c, pws, a, bb)
+        return lambda c, a, bb: _in_op(op, c.rank, tp_pipelined.ag_gemm, c, pws, a, bb)
     ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    dt, ws_ptr, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), b.stride(0), int(sm_count), int(comm_blocks)
+    sms, blocks = int(sm_count), int(comm_blocks)
     rows = world * m_local
+    # the call's typed arguments, made once per signature; each call sets the addresses
+    x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[dtype], m_local=m_local, n=n, k=k, ldb=b.stride(0), ldc=n,
+                       workspace=ws.data_ptr(), plan=dict(sm_count=sms, comm_blocks=blocks))
     if mode in ("auto", "fused"):
-        c = torch.empty((1, n), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
-        why = K.ag_gemm(comm.native, "check", dt, m_local, n, k, a_local.data_ptr(), b.data_ptr(), ldb, c.data_ptr(),
-                        n, ws_ptr, sms, blocks, 0)
+        probe = torch.empty((1, n), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
+        x.a_local, x.b, x.c = a_local.data_ptr(), b.data_ptr(), probe.data_ptr()
+        why = K.can_implement(comm.native, x)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         if not why:
+            fused_mode = rt.mode("FUSED")
+
             def fused(cm, a, bb):
                 out = torch.empty((rows, n), dtype=dtype, device=device)
-                err = K.ag_gemm(cm.native, "fused", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb,
-                                out.data_ptr(), n, ws_ptr, sms, blocks, rt.stream_handle(device))
-                if err:
-                    raise TandemError(f"tandem: ag_gemm: {err}", 5, op, cm.rank)
+                x.a_local, x.b, x.c = a.data_ptr(), bb.data_ptr(), out.data_ptr()
+                K.ag_gemm(cm.native, x, fused_mode, rt.stream_handle(device))  # raises if it does not run
                 return out, gathered
             return fused
     # cuBLAS on the gathered A: under MPS it ran at about twice the rate of tandem's persistent GEMM core on a
@@ -179,8 +189,10 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     # proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out. tandem's
     # GEMM kernels are loaded before the first launch (_runtime.preload).
     cublas = _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1
-    gws_bytes = max(K.gemm_workspace_size(rows, n, k, dt), 1)
-    gemm_sms = sms or comm.sm_count
+    g = rt.kernel_args("GemmArgs", m=rows, n=n, k=k, dtype=_DTYPES[dtype], a=gathered.data_ptr(), lda=k,
+                       ldb=b.stride(0), ldd=n, sm_count=sms or comm.sm_count)
+    gws_bytes = max(K.workspace_size(g), 1)
+    gather_mode = rt.mode("GATHER")
 
     def unfused(cm, a, bb):
         out = torch.empty((rows, n), dtype=dtype, device=device)
@@ -188,22 +200,18 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
         # the device meanwhile
         gws = None if cublas else torch.empty(gws_bytes, dtype=torch.uint8, device=device)
         stream = rt.stream_handle(device)
-        err = K.ag_gemm(cm.native, "gather", dt, m_local, n, k, a.data_ptr(), bb.data_ptr(), ldb, out.data_ptr(), n,
-                        ws_ptr, sms, blocks, stream)
-        if err:
-            raise TandemError(f"tandem: ag_gemm (all-gather): {err}", 5, op, cm.rank)
+        x.a_local, x.b, x.c = a.data_ptr(), bb.data_ptr(), out.data_ptr()
+        K.ag_gemm(cm.native, x, gather_mode, stream)
         if cublas:
             torch.matmul(gathered, bb, out=out)
             return out, gathered
-        err = K.gemm(rows, n, k, dt, gathered.data_ptr(), k, bb.data_ptr(), ldb, out.data_ptr(), n, 1.0, gemm_sms,
-                     gws.data_ptr(), stream)
-        if err:
-            raise TandemError(f"tandem: ag_gemm (GEMM): {err}", 5, op, cm.rank)
+        g.b, g.d = bb.data_ptr(), out.data_ptr()
+        K.gemm(g, gws.data_ptr(), stream)
         return out, gathered
     return unfused
 
 
-_AR_ALGOS = {"auto": 0, "one_shot": 1, "two_shot": 2}
+_AR_ALGOS = {"auto": "AUTO", "one_shot": "ONE_SHOT", "two_shot": "TWO_SHOT"}  # -> tandem._C.kernels.ArAlgo
 
 # The GEMM of the unfused path: "cublas" (torch.matmul, the default) or "tandem" (the CUTLASS core; also used
 # whenever the caller restricts sm_count, which cuBLAS cannot honour). TANDEM_UNFUSED_GEMM overrides.
@@ -245,54 +253,50 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
 
         def pipelined_launch(cm, x, bb):
             out = torch.empty((out_rows, n), dtype=dtype, device=device)
-            return tp_pipelined.gemm_rs(cm, pws, x, bb, out, all_reduce, splits)
+            return _in_op(op, cm.rank, tp_pipelined.gemm_rs, cm, pws, x, bb, out, all_reduce, splits)
         return pipelined_launch
     ws = _rs_workspace(comm, op, m, n, dtype, agree)
-    if all_reduce:  # algo was checked by the op
-        ar_algo = _AR_ALGOS[algo]
-
-        def run(*xs):
-            return K.gemm_ar(*xs, ar_algo)
-    else:
-        run = K.gemm_rs
+    run = K.gemm_ar if all_reduce else K.gemm_rs
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    dt, ws_ptr, lda, ldb, sms, blocks = _DTYPES[dtype], ws.data_ptr(), a.stride(0), b.stride(0), int(sm_count), \
-        int(comm_blocks)
-    chosen = "unfused" if mode == "unfused" else "fused"
+    sms, blocks = int(sm_count), int(comm_blocks)
+    # the call's typed arguments, made once per signature; each call sets the addresses
+    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=_DTYPES[dtype], m=m, n=n, k=k,
+                       lda=a.stride(0), ldb=b.stride(0), workspace=ws.data_ptr(),
+                       plan=dict(sm_count=sms, comm_blocks=blocks))
+    if all_reduce:  # algo was checked by the op
+        x.algo = getattr(K.ArAlgo, _AR_ALGOS[algo])
+    chosen = "UNFUSED" if mode == "unfused" else "FUSED"
     if mode in ("auto", "fused"):
         probe = torch.empty((1, 8), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
-        why = run(comm.native, "check", dt, m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb, probe.data_ptr(), ws_ptr,
-                  sms, blocks, 0)
+        x.a, x.b, x.out = a.data_ptr(), b.data_ptr(), probe.data_ptr()
+        why = K.can_implement(comm.native, x)
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
-        chosen = "unfused" if why else "fused"
-    if chosen == "unfused" and _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1:
+        chosen = "UNFUSED" if why else "FUSED"
+    if chosen == "UNFUSED" and _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1:
         # The unfused path with cuBLAS for the GEMM (see _prepare_ag): wait until every rank read this rank's
         # partial of the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
-        off = K.gemm_rs_partial_offset(comm.native, m, n)
+        off = K.partial_offset(comm.native, x)
         partial = ws[off:off + m * n * a.element_size()].view(dtype).view(m, n)
+        wait, reduce = rt.mode("WAIT"), rt.mode("REDUCE")
 
-        def unfused_cublas(cm, x, bb):
+        def unfused_cublas(cm, aa, bb):
             out = torch.empty((out_rows, n), dtype=dtype, device=device)
             stream = rt.stream_handle(device)
-            args = (dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms, blocks, stream)
-            err = run(cm.native, "wait", *args)
-            if not err:
-                torch.matmul(x, bb, out=partial)
-                err = run(cm.native, "reduce", *args)
-            if err:
-                raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+            x.a, x.b, x.out = aa.data_ptr(), bb.data_ptr(), out.data_ptr()
+            run(cm.native, x, wait, stream)  # each raises TandemError if it does not run
+            torch.matmul(aa, bb, out=partial)
+            run(cm.native, x, reduce, stream)
             return out
         return unfused_cublas
+    launch_mode = rt.mode(chosen)
 
-    def launch(cm, x, bb):
+    def launch(cm, aa, bb):
         out = torch.empty((out_rows, n), dtype=dtype, device=device)
-        err = run(cm.native, chosen, dt, m, n, k, x.data_ptr(), lda, bb.data_ptr(), ldb, out.data_ptr(), ws_ptr, sms,
-                  blocks, rt.stream_handle(device))
-        if err:
-            raise TandemError(f"tandem: {op}: {err}", 5, op, cm.rank)
+        x.a, x.b, x.out = aa.data_ptr(), bb.data_ptr(), out.data_ptr()
+        run(cm.native, x, launch_mode, rt.stream_handle(device))
         return out
     return launch
 
@@ -308,9 +312,19 @@ def _world_of_one(comm, a, b, op, mode, comm_blocks):
     return lambda cm, x, bb: _plain_gemm(x, bb)
 
 
+def _in_op(op, rank, fn, *args):
+    """fn(*args), its TandemError (a stream-sync launch names only itself) re-raised naming the op and rank."""
+    try:
+        return fn(*args)
+    except TandemError as e:
+        raise TandemError(f"tandem: rank {rank}: {op} (pipelined): {e}", e.status, op, rank, e.peer) from None
+
+
 def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
     """One call of a TP op: the launcher prepared for this call's signature (made on its first call: _prepare_*),
-    after the checks the signature does not cover (the communicator is alive; the inputs' addresses)."""
+    after the checks the signature does not cover (the communicator is alive; the inputs' addresses). A launcher
+    sets its addresses in one shared Args object and launches: calls of one communicator come from one thread at
+    a time (as the collectives require anyway: every rank must call them in one order)."""
     comm = rt.comm_from_handle(handle, op)
     try:
         key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
@@ -421,9 +435,10 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
         ws, _ = _ag_workspace(comm, m_local, k, a.dtype, op_key(op, collective_alone=True, m_local=m_local, k=k,
                                                                  dtype=a.dtype))
         c = torch.empty((1, n), dtype=a.dtype, device=a.device)  # not written by the gather
-        err = K.ag_gemm(comm.native, "gather", _DTYPES[a.dtype], m_local, n, k, a.data_ptr(), b.data_ptr(),
-                        b.stride(0), c.data_ptr(), c.stride(0), ws.data_ptr(), int(sm_count), 0,
-                        rt.stream_handle(a.device))
+        x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[a.dtype], m_local=m_local, n=n, k=k, a_local=a.data_ptr(),
+                           b=b.data_ptr(), ldb=b.stride(0), c=c.data_ptr(), ldc=c.stride(0), workspace=ws.data_ptr(),
+                           plan=dict(sm_count=int(sm_count)))
+        K.ag_gemm(comm.native, x, rt.mode("GATHER"), rt.stream_handle(a.device))  # raises if it does not run
     else:
         m, k = a.shape
         n = b.shape[1]
@@ -431,8 +446,9 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
             raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
         ws = _rs_workspace(comm, op, m, n, a.dtype, op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
         out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
-        args = (comm.native, "reduce", _DTYPES[a.dtype], m, n, k, a.data_ptr(), a.stride(0), b.data_ptr(),
-                b.stride(0), out.data_ptr(), ws.data_ptr(), int(sm_count), 0, rt.stream_handle(a.device))
-        err = K.gemm_ar(*args, _AR_ALGOS["two_shot"]) if op == "gemm_ar" else K.gemm_rs(*args)
-    if err:
-        raise TandemError(f"tandem: {op} (collective alone): {err}", 5, op, comm.rank)
+        x = rt.kernel_args("GemmArArgs" if op == "gemm_ar" else "GemmRsArgs", dtype=_DTYPES[a.dtype], m=m, n=n, k=k,
+                           a=a.data_ptr(), lda=a.stride(0), b=b.data_ptr(), ldb=b.stride(0), out=out.data_ptr(),
+                           workspace=ws.data_ptr(), plan=dict(sm_count=int(sm_count)))
+        if op == "gemm_ar":
+            x.algo = K.ArAlgo.TWO_SHOT
+        (K.gemm_ar if op == "gemm_ar" else K.gemm_rs)(comm.native, x, rt.mode("REDUCE"), rt.stream_handle(a.device))

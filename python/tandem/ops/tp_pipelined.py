@@ -104,16 +104,11 @@ def _peer_bases(comm, ws) -> list:
     return bases
 
 
-def _copy(K, dst: int, src: int, nbytes: int, stream, op, rank):
+def _copy(K, dst: int, src: int, nbytes: int, stream):
     if _COPY == "sm":
-        _ok(K.stream_copy_sm(dst, src, nbytes, 16, stream.cuda_stream), "copy", op, rank)
+        K.stream_copy_sm(dst, src, nbytes, 16, stream.cuda_stream)
     else:
-        _ok(K.stream_copy(dst, src, nbytes, stream.cuda_stream), "copy", op, rank)
-
-
-def _ok(err, what, op, rank):
-    if err:
-        raise TandemError(f"tandem: {op}: {what}: {err}", 5, op, rank)
+        K.stream_copy(dst, src, nbytes, stream.cuda_stream)
 
 
 def ag_workspace_bytes(world: int, m_local: int, k: int, esize: int) -> int:
@@ -128,7 +123,6 @@ def gathered_view(ws, world: int, m_local: int, k: int, dtype) -> torch.Tensor:
 
 def ag_gemm(comm, ws, a_local, b):
     """(C, gathered) of all_gather(a_local) @ b; `ws` is this shape's workspace (ag_workspace_bytes, zeroed)."""
-    op = "ag_gemm"
     K = native().kernels
     world, rank = comm.world_size, comm.rank
     m_local, k = a_local.shape
@@ -145,28 +139,24 @@ def ag_gemm(comm, ws, a_local, b):
     side = _side_stream(dev)
     rows = lambda q: slice(q * m_local, (q + 1) * m_local)  # noqa: E731
     to = [(rank - i) % world for i in range(1, world)]  # r-1 first: its GEMM takes our rows second
-    _ok(K.stream_advance(counter, s.cuda_stream), "advance", op, rank)
+    K.stream_advance(counter, s.cuda_stream)
     # Call e-1 of this rank, and its caller's reads of the gathered view it returned, are behind us on this stream:
     # the sources may write their rows of call e into our `gathered` now.
-    _ok(K.stream_signal(comm.native, base + _flag(_FREE, rank), to, counter, -1, s.cuda_stream), "signal free",
-        op, rank)
+    K.stream_signal(comm.native, base + _flag(_FREE, rank), to, counter, -1, s.cuda_stream)
     side.wait_stream(s)
     with torch.cuda.stream(side):
         src = a_local.data_ptr()
         for q in to:
             # only q's own "free" guards q's gathered buffer: the push to q need not wait for the other peers
-            _ok(K.stream_wait(comm.native, [base + _flag(_FREE, q)], [q], counter, -1, side.cuda_stream),
-                "wait free", op, rank)
-            _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
-            _ok(K.stream_signal(comm.native, base + _flag(_ARRIVED, rank), [q], counter, 0, side.cuda_stream),
-                "signal arrived", op, rank)
+            K.stream_wait(comm.native, [base + _flag(_FREE, q)], [q], counter, -1, side.cuda_stream)
+            _copy(K, bases[q] + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side)
+            K.stream_signal(comm.native, base + _flag(_ARRIVED, rank), [q], counter, 0, side.cuda_stream)
         if base + CTL_BYTES + rank * slice_bytes != src:  # not already in place (gathered_buffer)
-            _copy(K, base + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side, op, rank)
+            _copy(K, base + CTL_BYTES + rank * slice_bytes, src, slice_bytes, side)
     torch.matmul(a_local, b, out=c[rows(rank)])
     for i in range(1, world):
         src_rank = (rank + i) % world
-        _ok(K.stream_wait(comm.native, [base + _flag(_ARRIVED, src_rank)], [src_rank], counter, 0, s.cuda_stream),
-            "wait arrived", op, rank)
+        K.stream_wait(comm.native, [base + _flag(_ARRIVED, src_rank)], [src_rank], counter, 0, s.cuda_stream)
         torch.matmul(gathered[rows(src_rank)], b, out=c[rows(src_rank)])
     s.wait_stream(side)  # the op ends when its copies have: a_local may be reused after it
     return c, gathered
@@ -185,7 +175,6 @@ def _pieces(rows: int, splits: int) -> list:
 
 def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
     """reduce_scatter(a @ b) into `out` (M/W x N), or all_reduce into `out` (M x N) when all_reduce."""
-    op = "gemm_ar" if all_reduce else "gemm_rs"
     K = native().kernels
     world, rank = comm.world_size, comm.rank
     m, _ = a.shape
@@ -213,26 +202,24 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
     pieces = _pieces(mr, splits)
     s = torch.cuda.current_stream(dev)
     side = _side_stream(dev)
-    _ok(K.stream_advance(counter, s.cuda_stream), "advance", op, rank)
+    K.stream_advance(counter, s.cuda_stream)
     side.wait_stream(s)
     with torch.cuda.stream(side):  # left no longer uses its receive buffers of the previous call
-        _ok(K.stream_wait(comm.native, [base + _flag(_FREE, 0)], [left], counter, -1, side.cuda_stream),
-            "wait free", op, rank)
+        K.stream_wait(comm.native, [base + _flag(_FREE, 0)], [left], counter, -1, side.cuda_stream)
     for step in range(world):
         c = (rank + step + 1) % world
         a_c = a[c * mr:(c + 1) * mr]
         last = step == world - 1
         if last and all_reduce:  # the peers have copied our rows of the previous call
-            _ok(K.stream_wait(comm.native, [base + _flag(_PULLED, q) for q in others], others, counter, -1,
-                              s.cuda_stream), "wait pulled", op, rank)
+            K.stream_wait(comm.native, [base + _flag(_PULLED, q) for q in others], others, counter, -1,
+                              s.cuda_stream)
         for j, (r0, r1) in enumerate(pieces):
             if step == 0:
                 dst = acc[r0:r1]
                 torch.matmul(a_c[r0:r1], b, out=dst)
             else:
                 flag = (step - 1) * len(pieces) + j
-                _ok(K.stream_wait(comm.native, [base + _flag(_RECVD, flag)], [right], counter, 0, s.cuda_stream),
-                    "wait received", op, rank)
+                K.stream_wait(comm.native, [base + _flag(_RECVD, flag)], [right], counter, 0, s.cuda_stream)
                 src = recv[step - 1][r0:r1]
                 if last:
                     torch.addmm(src, a_c[r0:r1], b, out=(own if all_reduce else out)[r0:r1])
@@ -241,21 +228,17 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
                 dst = src
             side.wait_stream(s)
             with torch.cuda.stream(side):
-                _copy(K, at(left, recv[step], r0), dst.data_ptr(), (r1 - r0) * row_bytes, side, op, rank)
-                _ok(K.stream_signal(comm.native, base + _flag(_RECVD, step * len(pieces) + j), [left], counter, 0,
-                                    side.cuda_stream), "signal received", op, rank)
+                _copy(K, at(left, recv[step], r0), dst.data_ptr(), (r1 - r0) * row_bytes, side)
+                K.stream_signal(comm.native, base + _flag(_RECVD, step * len(pieces) + j), [left], counter, 0,
+                                    side.cuda_stream)
     s.wait_stream(side)
     # our receive buffers (written by right) and acc are free again: right may push into them next call
-    _ok(K.stream_signal(comm.native, base + _flag(_FREE, 0), [right], counter, 0, s.cuda_stream), "signal free",
-        op, rank)
+    K.stream_signal(comm.native, base + _flag(_FREE, 0), [right], counter, 0, s.cuda_stream)
     if all_reduce:
-        _ok(K.stream_signal(comm.native, base + _flag(_READY, rank), others, counter, 0, s.cuda_stream),
-            "signal ready", op, rank)
+        K.stream_signal(comm.native, base + _flag(_READY, rank), others, counter, 0, s.cuda_stream)
         out[rank * mr:(rank + 1) * mr].copy_(own)
         for q in others:
-            _ok(K.stream_wait(comm.native, [base + _flag(_READY, q)], [q], counter, 0, s.cuda_stream), "wait ready",
-                op, rank)
-            _copy(K, out[q * mr:(q + 1) * mr].data_ptr(), at(q, own), mr * row_bytes, s, op, rank)
-        _ok(K.stream_signal(comm.native, base + _flag(_PULLED, rank), others, counter, 0, s.cuda_stream),
-            "signal pulled", op, rank)
+            K.stream_wait(comm.native, [base + _flag(_READY, q)], [q], counter, 0, s.cuda_stream)
+            _copy(K, out[q * mr:(q + 1) * mr].data_ptr(), at(q, own), mr * row_bytes, s)
+        K.stream_signal(comm.native, base + _flag(_PULLED, rank), others, counter, 0, s.cuda_stream)
     return out

@@ -110,19 +110,23 @@ def gemm_flops(op: str, world: int, m: int, n: int, k: int) -> float:
     return 2.0 * m * n * k
 
 
-def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None, nodes: int = 1,
-          pipelined: bool = True):
-    """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused and pipelined (which is a
-    candidate on one node only)."""
-    ranks_on_gpu = ranks_on_gpu or world
+def _terms(op: str, world: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None):
+    """The model's quantities for one problem: (t_gemm(s): the GEMM's seconds on s SMs, the collective's bytes,
+    a comm SM's role rate and a rank's share of the memory rate, both in bytes/s)."""
     flops = gemm_flops(op, world, m, n, k)
-    nbytes = collective_bytes(op, world, m, n, k)
-    role = ROLE_GBS_PER_SM[op] * 1e9
-    mem = MEMORY_GBS * 1e9 / ranks_on_gpu
 
     def t_gemm(s):
         return flops / (s * GEMM_TFLOPS_PER_SM * 1e12)
 
+    return (t_gemm, collective_bytes(op, world, m, n, k), ROLE_GBS_PER_SM[op] * 1e9,
+            MEMORY_GBS * 1e9 / (ranks_on_gpu or world))
+
+
+def model(op: str, world: int, sms: int, m: int, n: int, k: int, ranks_on_gpu: int | None = None, nodes: int = 1,
+          pipelined: bool = True):
+    """(mode, comm_blocks, predicted ms) of the cost model; comm_blocks 0 for unfused and pipelined (which is a
+    candidate on one node only)."""
+    t_gemm, nbytes, role, mem = _terms(op, world, m, n, k, ranks_on_gpu)
     best = ("unfused", 0, t_gemm(sms) + nbytes / min(sms * role, mem))
     if world > 1 and nodes == 1 and pipelined and PIPELINED_IN_MODEL:
         piece = m // world * n * 2 / PIPELINE_SPLITS  # bytes of one ring piece (RS/AR)
@@ -165,9 +169,7 @@ def fused_split(op: str, world: int, sms: int, m: int, n: int, k: int) -> int:
     hit = lookup(op, world, sms, m, n, k)
     if hit is not None and hit[0] == "fused" and hit[1] > 0:
         return int(hit[1])
-    flops = gemm_flops(op, world, m, n, k)
-    c, _ = _best_fused(lambda s: flops / (s * GEMM_TFLOPS_PER_SM * 1e12), collective_bytes(op, world, m, n, k),
-                       ROLE_GBS_PER_SM[op] * 1e9, MEMORY_GBS * 1e9 / world, sms, world)
+    c, _ = _best_fused(*_terms(op, world, m, n, k), sms, world)
     return c
 
 

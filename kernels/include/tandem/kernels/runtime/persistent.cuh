@@ -1,9 +1,11 @@
-// tandem kernels (private) — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built
-// on: the epoch protocol over a control block at the start of the op's workspace, the "last of N blocks"
-// counters, workspace carving and the checks every adapter makes, the launch beside clusters.
+// tandem kernels — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built on: the
+// epoch protocol over a control block at the start of the op's workspace, the "last of N blocks" counters, roles
+// over grid rows, workspace carving and the checks every adapter makes, the launch beside clusters. Public and
+// installed: it needs the CUDA toolkit and tandem's device API only (tests/cpu/test_installed_headers.py).
 //
-// Control blocks. Each kernel family has its own (tp::detail::Control, MoeControl, RingControl); the runtime needs
-// only their first two words, `uint64_t epoch` and `uint64_t done_blocks`, which every one of them starts with.
+// Control blocks. Every kernel's control block (at the start of its workspace) derives from ControlHeader below:
+// the runtime's two words, then the family's own flags (tp::detail::Control, MoeControl, RingControl; a new
+// kernel's likewise). The runtime's functions take any of them.
 //
 // Epochs. Every launch on a workspace is epoch e = control.epoch + 1 (current_epoch, read by each block when it
 // starts); the last block to finish stores e (finish_block), so launches on one stream, and the replays of a
@@ -16,10 +18,22 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "tandem/device.cuh"
 
 namespace tandem::kernels::runtime {
+
+// The epoch protocol's words, first in every control block; one 128-byte line of its own, so the family's
+// counters and flags that follow do not share it.
+struct alignas(128) ControlHeader {
+  uint64_t epoch;        // last completed epoch (local)
+  uint64_t done_blocks;  // local: blocks of this launch that finished (reset by the last one)
+};
+static_assert(sizeof(ControlHeader) == 128, "the header is one line");
+
+template <class ControlBlock>
+constexpr bool is_control_block = std::is_base_of_v<ControlHeader, ControlBlock>;
 
 __device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
   uint64_t old;
@@ -38,17 +52,49 @@ __device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
 // This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
 template <class ControlBlock>
 __device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {
+  static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
   return tandem::device::local_load(&ctl->epoch) + 1;
 }
 
 // Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
 template <class ControlBlock, class F>
 __device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
+  static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
   __syncthreads();
   if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
     on_last();
     tandem::device::local_store(&ctl->epoch, epoch);
   }
+}
+
+// Roles over the grid. A fused kernel's blocks, numbered b = y * gridDim.x + x, take two roles: blocks [0,
+// comm_blocks) are the communication role's (comm_role(b)), the blocks after them the compute role's
+// (compute_role(): a persistent CUTLASS GEMM or an attention mainloop, which finds its tiles from its own grid
+// coordinates). The TP and MoE kernels' grids are (2, rows) -- 2-block clusters along x, the GEMM core's cluster
+// shape -- so their comm role is whole rows (comm_blocks = 2 x comm rows); ring attention's is 1-D. Without a
+// compute role (has_compute_role false: the unfused launches, which give the GEMM its own kernel) every block is a
+// comm block. The comm blocks come first so that, launched in order, they get SMs before the compute blocks;
+// still, a comm block must never wait for a compute block (nor the reverse) unless the adapter checked that the
+// whole grid is resident at once: MPS does not promise co-residency.
+//
+// dispatch_roles runs the two bodies as callables (AG+GEMM, ring attention: the same registers, stack and spills
+// as before, ptxas of nvcc 13.0). A kernel whose register allocation a callable around its compute body changes
+// keeps both bodies inline and asks is_compute_block / grid_block_index instead (GEMM+RS: a lambda around its
+// GEMM role raised its stack frame from 688 to 720 bytes; inline, it compiles as before). The MoE dispatch kernel
+// still tests its rows itself: either form moved its spills (576 -> 584-608 bytes of stack), left for a GPU run.
+__device__ __forceinline__ int grid_block_index() { return static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x); }
+
+__device__ __forceinline__ bool is_compute_block(int comm_blocks, bool has_compute_role) {
+  return has_compute_role && grid_block_index() >= comm_blocks;
+}
+
+template <class CommRole, class ComputeRole>
+__device__ __forceinline__ void dispatch_roles(int comm_blocks, bool has_compute_role, CommRole&& comm_role,
+                                               ComputeRole&& compute_role) {
+  if (is_compute_block(comm_blocks, has_compute_role))
+    compute_role();
+  else
+    comm_role(grid_block_index());
 }
 
 // The TMA bulk stores of CUTLASS's epilogue are waited for with .read only (the shared source may be reused);
