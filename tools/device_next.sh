@@ -53,6 +53,19 @@ elif [ "$part" = f ]; then
       --out "$OUT/diag/overhead_w$n" 2>&1 | grep -v "^|---" | tail -40
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
+elif [ "$part" = t ]; then
+  # fused TP kernels' timelines and variants (tools/diag/tp_trace.py): worlds 4 and 2
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  V="base;TANDEM_RS_REDUCE=onepass;TANDEM_RS_ORDER=common,TANDEM_RS_REDUCE=onepass;TANDEM_TP_SWIZZLE=4;TANDEM_TP_RASTER=m;TANDEM_TP_SWIZZLE=2,TANDEM_RS_REDUCE=onepass"
+  for n in 4 2; do
+    t=$(( $(left) - 20 )); [ "$t" -gt 200 ] && t=200
+    [ "$t" -lt 40 ] && continue
+    timeout -s INT -k 10 $t python3 -m tandem.launch -n $n -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,16384x8192x28672,8192x4096x8192 --ops gemm_rs,gemm_ar,ag_gemm --comm-blocks 6,2 \
+      --variants "$V" --out "$OUT/diag/trace_w$n" 2>&1 | tail -150
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 else
-  echo "unknown part '$part' (n1, n2, n3, f)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t)"; exit 2
 fi

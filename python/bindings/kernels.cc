@@ -460,6 +460,13 @@ void bind_kernels(py::module_& m) {
     check_cuda(moe::trace_snapshot(&v), "moe_trace_snapshot");
     return v;
   }, "Diagnostic: 512 blocks x 8 globaltimer slots of the last dispatch launched with TANDEM_MOE_TRACE=1.");
+  k.def("tp_timeline_snapshot", [] {
+    std::vector<uint64_t> v;
+    check_cuda(tp::timeline_snapshot(&v), "tp_timeline_snapshot");
+    return v;
+  }, "Diagnostic: the last TP launch's per-block timeline (TANDEM_TP_TRACE=1): blocks x slots globaltimer "
+     "stamps, the last slot SM id + 1 (tandem/kernels/runtime/trace.cuh); empty when tracing is off.");
+  k.def("tp_timeline_slots", &tp::timeline_slots, "Diagnostic: slots per block in tp_timeline_snapshot().");
   k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
   // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------

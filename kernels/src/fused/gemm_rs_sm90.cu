@@ -43,6 +43,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
 #include "../gemm/sm90_config.hpp"
 #include "tandem/kernels/roles/stream.cuh"
 #include "tp_common.cuh"
@@ -75,11 +79,20 @@ struct RsParams {
   int ranks_per_node;   // L; world / L nodes
   char* recv;           // symmetric, N > 1: node partials of my rows, slot n = node n's (N x chunk)
   NodeFlags* node_flags;
+  bool common_order;    // diagnostic (TANDEM_RS_ORDER=common): chunks 0, 1, ... on every rank
+  bool fused_one_pass;  // diagnostic (TANDEM_RS_REDUCE=onepass): the fused reduction waits for all, one pass
+  runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
 };
+
+// Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
+// computed, 3+3s its stores complete. Reduce blocks: 0 start; source s acquired 1+2s, added 2+2s (one pass:
+// 1 all acquired, 2 reduced); AR gather 40 start, 41 end. Every block: 46 before the end-of-launch protocol.
+constexpr int kSlotGatherStart = 40, kSlotGatherEnd = 41, kSlotEnd = 46;
 
 // The chunk the GEMM computes at step s: other nodes first (node n+1, ...; local index 0 .. L-1), then this node's
 // chunks l+1, l+2, ..., l (one node: r+1, r+2, ..., r).
-__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s) {
+__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
+  if (common_order && t.N == 1) return s;
   const int remote = (t.N - 1) * t.L;
   if (s < remote) return t.rank_of(t.node_at(1 + s / t.L), s % t.L);
   return t.rank_of(t.node, t.local_at(1 + s - remote));
@@ -114,14 +127,16 @@ struct CudaType<cutlass::half_t> {
 // into out and out2). source(s) waits for source s (thread 0) and returns its slice base, or null to stop.
 template <class Element, class Source>
 __device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi, float* acc, char* out, char* out2,
-                                              Source&& source) {
+                                              const runtime::Timeline& tl, Source&& source) {
   using T = typename CudaType<Element>::type;
   for (int s = 0; s < steps; ++s) {
     const uint4* src = source(s);
     if (src == nullptr) return false;
+    tl.stamp(1 + 2 * s);
     roles::accumulate_vectors<T>(src, lo, hi, reinterpret_cast<float4*>(acc), s == 0, s + 1 == steps,
                                  reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
     __syncthreads();
+    tl.stamp(2 + 2 * s);
   }
   return true;
 }
@@ -151,6 +166,7 @@ __device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, c
     }
   }
   if (!block_ok(st)) return false;
+  p.timeline.stamp(1);
   // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
   // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
   const uint4* src[kMaxFusedRsWorld];
@@ -158,7 +174,11 @@ __device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, c
     src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
     if (src[s] == nullptr) return false;  // refused on the host (load/store peers only)
   }
-  return roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+  const bool ok =
+      roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+  __syncthreads();
+  p.timeline.stamp(2);
+  return ok;
 }
 
 template <class Element, class P>
@@ -180,7 +200,7 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     const int n_o = t.node_at(d), o = t.rank_of(n_o, t.local);
     char* chunk = const_cast<char*>(p.partial) + static_cast<size_t>(o) * chunk_bytes;
     if (t.L > 1) {
-      const bool ok = reduce_stream<Element>(t.L, lo, hi, p.acc, chunk, nullptr, [&](int j) -> const uint4* {
+      const bool ok = reduce_stream<Element>(t.L, lo, hi, p.acc, chunk, nullptr, runtime::Timeline{}, [&](int j) -> const uint4* {
         const int q = t.rank_of(t.node, j);
         if (threadIdx.x == 0) st = wait_until(comm, &ctl->node_arrive[n_o * t.L + j], Cmp::kGe, e, q);
         if (!block_ok(st)) return nullptr;
@@ -198,9 +218,10 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   }
   // 2. This rank's rows: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
   //    One node after the plain GEMM (unfused): every partial is complete, so one pass in registers.
-  const bool one_pass = t.N == 1 && p.mode == RsMode::kReduceOnly;
+  const bool one_pass = t.N == 1 && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
   const bool ok = one_pass ? reduce_one_pass<Element>(p, lo, hi, p.out, own_out, e) :
-                  reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, [&](int s) -> const uint4* {
+                  reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, p.timeline,
+                                         [&](int s) -> const uint4* {
     if (s < t.N - 1) {
       const int n = t.node_at(-1 - s);
       if (threadIdx.x == 0)
@@ -214,6 +235,7 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     return reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));  // null: refused on the host
   });
   if (!ok || p.gather_out == nullptr) return;
+  p.timeline.stamp(kSlotGatherStart);
   // AR: publish this rank's reduced rows (its partial chunk, p.out): to this node by a flag, to the other nodes'
   // representatives of this chunk by puts of each slice; then gather every chunk (same slicing on every rank).
   {
@@ -257,6 +279,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
       copy_slice(reinterpret_cast<uint4*>(p.gather_out + off), src, lo, hi);
     }
   }
+  __syncthreads();
+  p.timeline.stamp(kSlotGatherEnd);
 }
 
 // AR one-shot: wait for every rank's whole partial, then reduce every row in registers, in the order its owner c
@@ -296,6 +320,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
   const uint64_t e = current_epoch(ctl);
+  p.timeline.stamp(0);
   if (p.mode == RsMode::kWaitReady) {  // before the unfused GEMM overwrites the partial buffer
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
       Status st = Status::kOk;
@@ -311,7 +336,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
     for (int s = 0; s < world; ++s) {
-      const int o = rs_chunk_at(t, s);
+      const int o = rs_chunk_at(t, s, p.common_order);
       if (threadIdx.x == 0 && st == Status::kOk)
         st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
       // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
@@ -324,10 +349,13 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       }
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
       __syncthreads();
+      p.timeline.stamp(1 + 3 * s);
       GemmKernel op;
       op(p.gemm[o], smem);
+      p.timeline.stamp(2 + 3 * s);
       complete_bulk_stores();
       __syncthreads();
+      p.timeline.stamp(3 + 3 * s);
       if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
         if (!p.one_shot) {
           announce_chunk(p, t, o, e);
@@ -341,6 +369,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
     else rs_reduce_role<Element>(p, rb, e);
   }
+  p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
@@ -383,6 +412,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.ranks_per_node = topology_of(a).L;
   p.recv = ws + recv_offset(a);
   p.node_flags = reinterpret_cast<NodeFlags*>(ws + kControlBytes);
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.common_order = knobs.common_order;
+  p.fused_one_pass = knobs.one_pass;
+  p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
     p.gather_out = static_cast<char*>(a.out);
     p.out = ws + kPartialOffset + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
@@ -432,14 +465,19 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   dim3 gg{};
   for (int o = 0; o < world; ++o) {
     auto args = G::arguments(chunk_args(o, plan.sm_count - plan.comm_blocks));
-    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = knobs.raster_m ? Raster::AlongM : Raster::AlongN;
+    args.scheduler.max_swizzle_size = knobs.swizzle;
     args.scheduler.arrival.chunks = 1;  // no waits: flags stay null; only the grid is pinned below
     args.scheduler.arrival.chunk_rows = mr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (o == 0) {
+      // The scheduler's persistent grid: (2, clusters) along N, (2 x clusters, 1) along M. Either way it is
+      // launched as (2, clusters) below the role rows; the scheduler numbers the blocks cluster-minor first.
       gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
-      if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      if (gg.z != 1 || (gg.x != 2 && gg.y != 1) || (gg.x * gg.y) % 2) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(2, gg.x * gg.y / 2, 1);
     }
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
@@ -452,6 +490,50 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
 }
 
 }  // namespace
+
+namespace detail {
+
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first traced launch
+}  // namespace
+
+uint64_t* timeline_for_launch(cudaStream_t stream) {
+  if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
+  const size_t bytes = sizeof(uint64_t) * runtime::kTimelineBlocks * runtime::kTimelineSlots;
+  if (g_timeline == nullptr && cudaMalloc(&g_timeline, bytes) != cudaSuccess) {
+    g_timeline = nullptr;
+    return nullptr;
+  }
+  return cudaMemsetAsync(g_timeline, 0, bytes, stream) == cudaSuccess ? g_timeline : nullptr;
+}
+
+FusedKnobs FusedKnobs::from_env() {
+  FusedKnobs k;
+  if (const char* v = std::getenv("TANDEM_TP_SWIZZLE")) {
+    const int s = std::atoi(v);
+    k.swizzle = s == 2 || s == 4 || s == 8 ? s : 1;
+  }
+  k.raster_m = env_is("TANDEM_TP_RASTER", "m");
+  k.common_order = env_is("TANDEM_RS_ORDER", "common");
+  k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
+  return k;
+}
+
+}  // namespace detail
+
+cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
+  out->clear();
+  if (detail::g_timeline == nullptr) return cudaSuccess;
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
+  out->assign(static_cast<size_t>(runtime::kTimelineBlocks) * runtime::kTimelineSlots, 0);
+  return cudaMemcpy(out->data(), detail::g_timeline, sizeof(uint64_t) * out->size(), cudaMemcpyDeviceToHost);
+}
+
+int timeline_slots() { return runtime::kTimelineSlots; }
 
 cudaError_t preload_rs_kernels() {
   using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;

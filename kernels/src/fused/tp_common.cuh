@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tandem/kernels/runtime/persistent.cuh"
+#include "tandem/kernels/runtime/trace.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
 
@@ -95,6 +96,24 @@ using runtime::launch_clustered;
 using runtime::split16;
 using runtime::workspace_in_heap;
 using runtime::WorkspaceCarver;
+
+// Diagnostics (tools/diag/tp_trace.py; none of these is read unless its variable is set, and the defaults are the
+// kernels' own choices):
+//   TANDEM_TP_TRACE=1     the TP kernels record their per-block timeline (runtime::Timeline) into one device
+//                         buffer, zeroed before each launch and read back by tp::timeline_snapshot()
+//   TANDEM_TP_SWIZZLE=s   the fused GEMM roles' tile-scheduler swizzle (1, 2, 4, 8; default 1)
+//   TANDEM_TP_RASTER=m    the fused GEMM+RS chunks walk their tiles along M (default: along N)
+//   TANDEM_RS_ORDER=common  every rank computes the chunks in the same order 0, 1, ... (default: owner r+1 first)
+//   TANDEM_RS_REDUCE=onepass  the fused reduction waits for every partial, then one pass in registers (default:
+//                         one step per partial as it lands, fp32 accumulator in memory)
+uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
+struct FusedKnobs {
+  int swizzle = 1;
+  bool raster_m = false;
+  bool common_order = false;
+  bool one_pass = false;
+  static FusedKnobs from_env();
+};
 
 // What every TP op checks besides its shapes: the world size; operands and workspace non-null and 16-byte
 // aligned (TMA rows; `names` says which they are, for the message); the workspace inside the symmetric heap;

@@ -65,7 +65,9 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     const uint64_t gx = arrival_.gemm_grid_x > 0 ? uint64_t(arrival_.gemm_grid_x) : uint64_t(gridDim.x);
     const uint64_t gy = arrival_.gemm_grid_y > 0 ? uint64_t(arrival_.gemm_grid_y) : uint64_t(gridDim.y);
     const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_.gemm_block_y0);
-    if (p.raster_order_ == RasterOrder::AlongN) {
+    // A pinned grid (the fused kernels: (2, clusters) below the role rows) is numbered cluster-minor first in
+    // either raster order: the base takes the low bit of the index as the block's place in its 2x1 cluster.
+    if (p.raster_order_ == RasterOrder::AlongN || arrival_.gemm_grid_x > 0) {
       linear_ = uint64_t(blockIdx.x) + by * gx;
     } else {
       linear_ = uint64_t(blockIdx.x) * gy + by;
