@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import torch
@@ -101,6 +102,29 @@ def _ar_case(comm, mr, n, k, dtype, mode, algo):
     rel = float((out.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))
     return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, algo=algo, wrong=int((out != ref).sum()), rel=rel,
                 rows=out.shape[0], digest=_digest(out))
+
+
+def rs_pieces(rs_shapes, dtypes, pieces, repeats):
+    """The fused GEMM+RS and two-shot GEMM+AR computed in pieces (TANDEM_RS_PIECES, read by the kernels' host side
+    at every launch), each case `repeats` times in a row (the piece flags of consecutive epochs), against the same
+    bit-exact references as the whole-chunk kernel."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    os.environ["TANDEM_RS_PIECES"] = str(pieces)
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    out = dict(rs=[], ar=[])
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for (mr, n, k) in rs_shapes:
+                for _ in range(repeats):
+                    out["rs"].append(_rs_case(comm, mr, n, k, dtype, "fused"))
+                    out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", "two_shot"))
+    finally:
+        os.environ.pop("TANDEM_RS_PIECES", None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
 
 
 def correctness(ag_shapes, rs_shapes, dtypes, modes):

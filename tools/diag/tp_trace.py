@@ -82,7 +82,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize(op, rows, c):
+def summarize(op, rows, c, variant):
     """Per-role medians in microseconds (blocks below c are the comm role: the role rows come first)."""
     if not rows:
         return {}
@@ -98,6 +98,16 @@ def summarize(op, rows, c):
         out["gemm_us"] = med([(s[1] - s[0]) / 1e3 for s in gemm if 1 in s and 0 in s])
         out["copy_steps_us"] = [med([(s[i] - s[0]) / 1e3 for s in comm_rows if i in s and 0 in s])
                                 for i in range(1, world + 1)]
+        return out
+    if "PIECES" in variant:  # GEMM blocks stamp slot 1 + s when step s (piece s // W of chunk s % W) is stored
+        out["gemm_done_at_us"] = [med([(s[i] - t0) / 1e3 for s in gemm if i in s]) for i in range(1, 40)
+                                  if any(i in s for s in gemm)]
+        out["reduce_pieces"] = [dict(acquired_at_us=med([(s[1 + 2 * j] - t0) / 1e3 for s in comm_rows if 1 + 2 * j in s]),
+                                     add_us=med([(s[2 + 2 * j] - s[1 + 2 * j]) / 1e3 for s in comm_rows
+                                                 if 1 + 2 * j in s and 2 + 2 * j in s]))
+                                for j in range(19) if any(1 + 2 * j in s for s in comm_rows)]
+        out["gather_us"] = med([(s[41] - s[40]) / 1e3 for s in comm_rows if 40 in s and 41 in s])
+        out["reduce_end_us"] = med([(s[46] - t0) / 1e3 for s in comm_rows if 46 in s])
         return out
     steps = []
     for st in range(world):
@@ -147,7 +157,7 @@ for shape in args.shapes.split(","):
                     r["differs_from_first"] = int((got != base_out).sum())
                     r["fused_ms"] = timed(call)
                     rows = timeline(call)
-                    r.update(summarize(op, rows, c))
+                    r.update(summarize(op, rows, c, v))
                     r["raw"] = {str(blk): [sm, {str(s): t for s, t in st.items()}] for blk, (sm, st) in rows.items()}
                 except Exception as e:  # noqa: BLE001 - report, go on
                     r["error"] = str(e).splitlines()[0][:200]
@@ -171,6 +181,12 @@ if rank == 0:
               f"{r['blocks']} blocks > 20 us late, {r['distinct_sms']} SMs)")
         if r["op"] == "ag_gemm":
             print(f"  GEMM blocks {f(r['gemm_us'])}; copy steps done at {[f(x) for x in r['copy_steps_us']]}")
+            continue
+        if "gemm_done_at_us" in r:
+            print("  GEMM steps done at: " + ", ".join(f(x) for x in r["gemm_done_at_us"]))
+            print("  reduce pieces (acquired at, add): " + "; ".join(
+                f"@{f(s['acquired_at_us'])} +{f(s['add_us'])}" for s in r["reduce_pieces"])
+                  + f"; gather {f(r['gather_us'])}; reduce blocks end @{f(r['reduce_end_us'])}")
             continue
         print("  GEMM steps (wait/compute/stores, done at): " + "; ".join(
             f"{f(s['wait_us'])}/{f(s['compute_us'])}/{f(s['stores_us'])} @{f(s['done_at_us'])}" for s in r["gemm_steps"]))

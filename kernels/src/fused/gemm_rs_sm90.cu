@@ -71,6 +71,7 @@ struct RsParams {
   char* out;            // (M / W) x N: RS the user's output; AR this rank's chunk of the partial buffer
   char* gather_out;     // AR: the user's M x N output (rows of chunk c at c * chunk_elems); RS: null
   int64_t chunk_elems;  // (M / W) * N
+  int64_t chunk_rows;   // M / W
   int reduce_rows_y;  // blocks with blockIdx.y below this reduce; the GEMM's follow (fused)
   int gemm_blocks;
   int reduce_blocks;
@@ -82,6 +83,12 @@ struct RsParams {
   bool common_order;    // diagnostic (TANDEM_RS_ORDER=common): chunks 0, 1, ... on every rank
   bool fused_one_pass;  // diagnostic (TANDEM_RS_REDUCE=onepass): the fused reduction waits for all, one pass
   runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
+  // Pieces (one node, two-shot; 1 = whole chunks): every chunk's GEMM in `pieces` pieces of piece_rows rows (the
+  // scheduler's piece_len), computed by every rank in the order piece 0 of chunks 0, 1, ..., then piece 1, ...;
+  // piece j of chunk o is announced by piece_arrive[r] = piece_flag(e, j) on o, and o reduces it in one pass.
+  int pieces;
+  int piece_rows;
+  int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
@@ -146,27 +153,26 @@ __device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t
   roles::copy_vectors<8>(dst, src, lo, hi);
 }
 
-// One node, every partial of this rank's rows complete or about to be (the unfused path: the GEMMs ran before
-// this kernel): wait for all sources, then one pass in registers in the fixed order q = r-1, r-2, ..., r (the
-// same fp32 adds as the step-by-step path: the same bits). No fp32 accumulator in memory: W reads and one
-// write per element instead of about 5 W.
 template <class Element, class P>
-__device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, char* out2, uint64_t e) {
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e);
+
+// One node, one pass in registers over every rank's partial of this rank's rows, in the fixed order q = r-1,
+// r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
+// instead of about 5 W through an fp32 accumulator in memory. The rows go in `pieces` pieces of piece_rows rows,
+// split over the reduce blocks like the whole chunk would be: piece j once every rank announced it
+// (piece_arrive[q] >= piece_flag(e, j): the fused kernel in pieces), or with one piece once every partial is
+// complete (arrive[q] >= e: the unfused path, whose GEMMs ran before this kernel, and the fused one-pass knob).
+// One code path for all of them: a second copy of the unrolled reduction spills more of the fused kernel's
+// registers.
+template <class Element, bool kPieceFlags, class P>
+__device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows, char* out, char* out2, uint64_t e) {
   using namespace tandem::device;
   using T = typename CudaType<Element>::type;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
   const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
-  Status st = Status::kOk;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < world && st == Status::kOk; ++s) {
-      const int q = ((rank - 1 - s) % world + world) % world;
-      st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
-    }
-  }
-  if (!block_ok(st)) return false;
-  p.timeline.stamp(1);
+  const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
   // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
   // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
   const uint4* src[kMaxFusedRsWorld];
@@ -174,14 +180,32 @@ __device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, c
     src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
     if (src[s] == nullptr) return false;  // refused on the host (load/store peers only)
   }
-  const bool ok =
-      roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
-  __syncthreads();
-  p.timeline.stamp(2);
-  return ok;
+  for (int j = 0; j < pieces; ++j) {
+    const int64_t r0 = static_cast<int64_t>(j) * piece_rows;
+    const int64_t r1 = r0 + piece_rows < p.chunk_rows ? r0 + piece_rows : p.chunk_rows;
+    if (r0 >= r1) break;
+    Status st = Status::kOk;
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < world && st == Status::kOk; ++s) {
+        const int q = ((rank - 1 - s) % world + world) % world;
+        if constexpr (kPieceFlags)
+          st = wait_until_backoff(comm, &p.ctl->piece_arrive[q], Cmp::kGe, piece_flag(e, j), kRolePollNs, q);
+        else
+          st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
+      }
+    }
+    if (!block_ok(st)) return false;
+    p.timeline.stamp(1 + 2 * j);
+    const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row;
+    const int64_t lo = v0 + nv * rb / p.reduce_blocks, hi = v0 + nv * (rb + 1) / p.reduce_blocks;
+    roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+    __syncthreads();
+    p.timeline.stamp(2 + 2 * j);
+  }
+  return true;
 }
 
-template <class Element, class P>
+template <class Element, bool kPieces, class P>
 __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   using namespace tandem::device;
   const DeviceComm& comm = p.comm;
@@ -216,10 +240,17 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
                                    bytes, &p.node_flags->partial_in[t.node][rb], e, SignalOp::kSet, o);
     if (!block_ok(st)) return;
   }
-  // 2. This rank's rows: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
-  //    One node after the plain GEMM (unfused): every partial is complete, so one pass in registers.
+  // 2. This rank's rows. The fused kernel in pieces (one node): piece by piece in one pass as every rank
+  //    announces it. Otherwise, one node: in one pass (reduce_pieces, one piece) after the plain GEMM (unfused:
+  //    every partial is complete) or after every partial (the fused one-pass knob); else step by step as the
+  //    partials land: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
+  if constexpr (kPieces) {
+    if (reduce_pieces<Element, true>(p, rb, p.pieces, p.piece_rows, p.out, own_out, e))
+      gather_reduced<Element>(p, t, rb, lo, hi, e);
+    return;
+  }
   const bool one_pass = t.N == 1 && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
-  const bool ok = one_pass ? reduce_one_pass<Element>(p, lo, hi, p.out, own_out, e) :
+  const bool ok = one_pass ? reduce_pieces<Element, false>(p, rb, 1, p.chunk_rows, p.out, own_out, e) :
                   reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, p.timeline,
                                          [&](int s) -> const uint4* {
     if (s < t.N - 1) {
@@ -234,7 +265,20 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     if (!block_ok(st)) return nullptr;
     return reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));  // null: refused on the host
   });
-  if (!ok || p.gather_out == nullptr) return;
+  if (!ok) return;
+  gather_reduced<Element>(p, t, rb, lo, hi, e);
+}
+
+// AR (p.gather_out set): publish this rank's reduced rows and gather every owner's; RS: nothing.
+template <class Element, class P>
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e) {
+  using namespace tandem::device;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank;
+  Control* ctl = p.ctl;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  Status st = Status::kOk;
+  if (p.gather_out == nullptr) return;
   p.timeline.stamp(kSlotGatherStart);
   // AR: publish this rank's reduced rows (its partial chunk, p.out): to this node by a flag, to the other nodes'
   // representatives of this chunk by puts of each slice; then gather every chunk (same slicing on every rank).
@@ -311,7 +355,9 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   }
 }
 
-template <class Element, class GemmKernel>
+// kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
+// whole-chunk kernel's registers stay as they were.
+template <class Element, class GemmKernel, bool kPieces>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
@@ -335,28 +381,38 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   // the runtime's roles over the grid (reduce rows first, then the GEMM's), with both bodies inline here
   if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
-    for (int s = 0; s < world; ++s) {
-      const int o = rs_chunk_at(t, s, p.common_order);
-      if (threadIdx.x == 0 && st == Status::kOk)
-        st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
-      // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
-      // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
-      // done with this rank's partial of e - 1.
-      const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
-      if (wait_all && threadIdx.x == 0) {
-        for (int q = 0; q < world && st == Status::kOk; ++q)
-          st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+    // Pieces: steps (o, j) = piece j of chunk o in the order j-major, o = 0, 1, ... (the same on every rank);
+    // else chunk by chunk, owner r+1 first.
+    for (int s = 0; s < world * (kPieces ? p.pieces : 1); ++s) {
+      const int j = kPieces ? s / world : 0;
+      const int o = kPieces ? s % world : rs_chunk_at(t, s, p.common_order);
+      if (j == 0) {
+        if (threadIdx.x == 0 && st == Status::kOk)
+          st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
+        // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
+        // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
+        // done with this rank's partial of e - 1.
+        const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
+        if (wait_all && threadIdx.x == 0) {
+          for (int q = 0; q < world && st == Status::kOk; ++q)
+            st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+        }
       }
+      // The scheduler reads this call's piece (after the barrier below).
+      if (kPieces && threadIdx.x == 0) p.piece_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x] = j;
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
       __syncthreads();
-      p.timeline.stamp(1 + 3 * s);
+      if (!kPieces) p.timeline.stamp(1 + 3 * s);
       GemmKernel op;
       op(p.gemm[o], smem);
-      p.timeline.stamp(2 + 3 * s);
+      if (!kPieces) p.timeline.stamp(2 + 3 * s);
       complete_bulk_stores();
       __syncthreads();
-      p.timeline.stamp(3 + 3 * s);
-      if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
+      p.timeline.stamp(!kPieces ? 3 + 3 * s : (1 + s < kSlotGatherStart ? 1 + s : kSlotGatherStart - 1));
+      if constexpr (kPieces) {
+        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks))
+          (void)signal(comm, &ctl->piece_arrive[rank], piece_flag(e, j), SignalOp::kSet, o);
+      } else if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
         if (!p.one_shot) {
           announce_chunk(p, t, o, e);
         } else if (s + 1 == world) {  // one-shot: the whole partial is complete (every block's every chunk)
@@ -367,7 +423,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   } else {
     const int rb = runtime::grid_block_index();
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
-    else rs_reduce_role<Element>(p, rb, e);
+    else rs_reduce_role<Element, kPieces>(p, rb, e);
   }
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
@@ -379,9 +435,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
-// Workspace: control block | node flags | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
+// Workspace: control block | node flags | piece table | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
 constexpr size_t round256(size_t b) { return (b + 255) & ~size_t(255); }
-constexpr size_t kPartialOffset = kControlBytes + round256(kNodeFlagBytes);
+constexpr size_t kPieceTableOffset = kControlBytes + round256(kNodeFlagBytes);
+constexpr size_t kPartialOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
 Topology topology_of(const GemmRsArgs& a) { return Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node); }
 size_t recv_offset(const GemmRsArgs& a) { return kPartialOffset + round256(static_cast<size_t>(a.m) * a.n * 2); }
 size_t acc_offset(const GemmRsArgs& a) {
@@ -394,10 +451,39 @@ size_t acc_offset(const GemmRsArgs& a) {
 // goes between the wait and the reduction).
 enum class Stages { kAll, kReduceOnly, kWaitOnly };
 
-template <class Element>
+// The fused GEMM+RS/AR in pieces (TANDEM_RS_PIECES; one node, two-shot, the scheduler's plain order): pieces of
+// whole rows of 2x1 clusters (256 rows); "auto": at least about four waves of the GEMM's grid each, at most
+// kMaxPieces a chunk; a number S: S pieces (or fewer, of whole cluster rows). 1 = whole chunks.
+struct PiecePlan {
+  int pieces = 1;
+  int rows = 0;  // rows of a piece (the last may be shorter)
+  int len = 0;   // the scheduler's linear indices of a piece
+};
+PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, const FusedKnobs& knobs) {
+  PiecePlan pp;
+  if (knobs.pieces == 0 || topology_of(a).N != 1 || one_shot || knobs.raster_m || knobs.swizzle != 1) return pp;
+  const int mr = a.m / a.comm.world;
+  const int tiles_n = (a.n + 255) / 256, m_clusters = ((mr + 127) / 128 + 1) / 2;
+  const int gemm_sms = plan.sm_count - plan.comm_blocks;
+  // auto: at least ~4 waves a piece, at most kMaxPieces; S: as close to S pieces as whole cluster rows allow
+  const int want = knobs.pieces > 0 && knobs.pieces < kMaxPieces ? knobs.pieces : kMaxPieces;
+  int per = knobs.pieces < 0 ? (4 * gemm_sms + 2 * tiles_n - 1) / (2 * tiles_n) : 1;
+  per = per < 1 ? 1 : per;
+  per = per < (m_clusters + want - 1) / want ? (m_clusters + want - 1) / want : per;
+  const int pieces = (m_clusters + per - 1) / per;
+  if (pieces > 1) {
+    pp.pieces = pieces;
+    pp.rows = per * 256;
+    pp.len = per * 2 * tiles_n;
+  }
+  return pp;
+}
+
+template <class Element, bool kPieces = false>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
                  std::string* why, Stages stages = Stages::kAll) {
-  using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
+  using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kPieces, gemm::ArrivalPiecesSchedulerTag,
+                                                                gemm::ArrivalSchedulerTag>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -422,7 +508,14 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     p.one_shot = one_shot;
   }
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.chunk_rows = mr;
   p.reduce_blocks = plan.comm_blocks;
+  p.pieces = 1;
+  p.piece_of_block = reinterpret_cast<int32_t*>(ws + kPieceTableOffset);
+  const PiecePlan pieces = kPieces ? piece_plan(a, plan, one_shot, knobs) : PiecePlan{};
+  if (kPieces && (!fused || pieces.pieces <= 1)) return fail(why, "no pieces for this launch", Status::kInternal);
+  p.pieces = pieces.pieces;
+  p.piece_rows = pieces.rows;
   auto chunk_args = [&](int o, int sm_count) {
     gemm::GemmArgs g;
     g.m = mr;
@@ -439,8 +532,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     return g;
   };
   const auto launch = [&](dim3 grid, int smem) {
-    const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel>, grid, Kernel::MaxThreadsPerBlock, smem,
-                                             stream, p);
+    const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel, kPieces>, grid,
+                                             Kernel::MaxThreadsPerBlock, smem, stream, p);
     return err == cudaSuccess ? Status::kOk
                               : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
   };
@@ -470,6 +563,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.max_swizzle_size = knobs.swizzle;
     args.scheduler.arrival.chunks = 1;  // no waits: flags stay null; only the grid is pinned below
     args.scheduler.arrival.chunk_rows = mr;
+    args.scheduler.arrival.piece_len = pieces.len;
+    args.scheduler.arrival.piece_of_block = kPieces ? p.piece_of_block : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (o == 0) {
@@ -486,6 +581,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   }
   p.reduce_rows_y = plan.comm_blocks / 2;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  if (p.pieces > 1 && p.gemm_blocks > kMaxGemmBlocks) return fail(why, "too many GEMM blocks for the piece table", Status::kInternal);
   return launch(dim3(2, gg.y + plan.comm_blocks / 2, 1), Kernel::SharedStorageSize);
 }
 
@@ -520,6 +616,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.raster_m = env_is("TANDEM_TP_RASTER", "m");
   k.common_order = env_is("TANDEM_RS_ORDER", "common");
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
+  if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
   return k;
 }
 
@@ -538,10 +635,16 @@ int timeline_slots() { return runtime::kTimelineSlots; }
 cudaError_t preload_rs_kernels() {
   using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
   using H = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel;
+  using BP = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
+  using HP = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
   cudaFuncAttributes attr{};
-  const cudaError_t a = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B>);
-  const cudaError_t b = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H>);
-  return a != cudaSuccess ? a : b;
+  const cudaError_t e[] = {cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B, false>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H, false>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, BP, true>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, HP, true>)};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
 }
 
 cudaError_t preload_kernels() {
@@ -583,9 +686,14 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
+  // The fused kernel in pieces is its own instantiation (TANDEM_RS_PIECES; see piece_plan).
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
+  const bool pieces = fused && piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces > 1;
   if (a.dtype == DType::kFP16)
-    return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
-  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+    return pieces ? run_typed<cutlass::half_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                  : run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  return pieces ? run_typed<cutlass::bfloat16_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                : run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {

@@ -45,9 +45,17 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t node_arrive[kMaxWorld]; // RS/AR at a representative: [n_o * L + j] = local rank j's partial of chunk
                                    // (n_o, my local index) is complete
   uint64_t forward_count[kMaxWorld]; // local: AG blocks done republishing chunk c to this node's ranks
+  uint64_t piece_arrive[kMaxWorld];  // RS/AR in pieces, one node: rank r's partial of piece j of my rows is
+                                     // complete once piece_arrive[r] >= piece_flag(e, j)
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
+// Piece flags: e * kPieceStride + j + 1 for piece j of epoch e; monotonic across pieces and epochs.
+constexpr int kMaxPieces = 8;
+constexpr uint64_t kPieceStride = 64;
+__host__ __device__ constexpr uint64_t piece_flag(uint64_t e, int j) { return e * kPieceStride + uint64_t(j) + 1; }
+// The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
+constexpr int kMaxGemmBlocks = 256;
 
 // Node layout of a TP op: W ranks in N = W / L nodes of L consecutive ranks (rank = node * L + local). One node
 // (L = W) is the load/store case; with N > 1 peers of other nodes are reached through the proxy, and every
@@ -106,12 +114,16 @@ using runtime::WorkspaceCarver;
 //   TANDEM_RS_ORDER=common  every rank computes the chunks in the same order 0, 1, ... (default: owner r+1 first)
 //   TANDEM_RS_REDUCE=onepass  the fused reduction waits for every partial, then one pass in registers (default:
 //                         one step per partial as it lands, fp32 accumulator in memory)
+//   TANDEM_RS_PIECES=auto|S  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
+//                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
+//                         and the owner reduces each piece in one pass as soon as every rank has it
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
 struct FusedKnobs {
   int swizzle = 1;
   bool raster_m = false;
   bool common_order = false;
   bool one_pass = false;
+  int pieces = 0;  // TANDEM_RS_PIECES: 0 = whole chunks (default), -1 = auto, else at most this many a chunk
   static FusedKnobs from_env();
 };
 

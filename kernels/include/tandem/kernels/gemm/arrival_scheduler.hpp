@@ -18,13 +18,17 @@
 
 namespace tandem::kernels::gemm {
 
-// Tag for GemmUniversal's scheduler slot.
+// Tags for GemmUniversal's scheduler slot: the arrival-aware scheduler, and the same one computing one piece of
+// the problem per call (ArrivalSchedule::piece_len; the fused GEMM+RS in pieces). Two types so that the kernels
+// without pieces carry none of the pieces' state through their mainloop.
 struct ArrivalSchedulerTag {};
+struct ArrivalPiecesSchedulerTag {};
 
 }  // namespace tandem::kernels::gemm
 
 namespace cutlass::gemm::kernel::detail {
 
+template <bool kPieces>
 class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   using Base = PersistentTileSchedulerSm90;
 
@@ -73,6 +77,13 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       linear_ = uint64_t(blockIdx.x) * gy + by;
     }
     stride_ = gx * gy * uint64_t(gridDim.z);
+    if constexpr (kPieces) {
+      // This call's piece: written by the block's thread 0 before the call (a block barrier orders it).
+      const int32_t piece = *static_cast<const volatile int32_t*>(arrival_.piece_of_block + linear_);
+      const uint64_t begin = uint64_t(piece) * uint64_t(arrival_.piece_len);
+      linear_ += begin;
+      end_ = begin + uint64_t(arrival_.piece_len);
+    }
     if (arrival_.epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
       arrival_.epoch = tandem::device::local_load(arrival_.epoch_counter) + 1;
@@ -112,6 +123,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   // Chunks need not be tile multiples (any chunk_rows a multiple of 8): a tile whose rows straddle chunks waits
   // for each of them, and the M blocks past the last row (padding up to the cluster) wait for none.
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
+    if (kPieces && linear >= end_) return WorkTileInfo::invalid_work_tile();  // past this call's piece
     WorkTileInfo w = Base::get_current_work_for_linear_idx(linear);
     if (!w.is_valid() || arrival_.flags == nullptr) return w;
     const int64_t rows = int64_t(arrival_.chunk_rows) * arrival_.chunks;
@@ -151,12 +163,18 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   tandem::kernels::gemm::ArrivalSchedule arrival_{};
   uint64_t linear_ = 0;
   uint64_t stride_ = 1;
+  uint64_t end_ = ~uint64_t(0);  // the end of this call's piece (pieces), else unbounded
 };
 
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler;
+  using Scheduler = TandemArrivalScheduler<false>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesSchedulerTag, ArchTag, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = TandemArrivalScheduler<true>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail
