@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The next session's device calls (written 2026-12-04 19:45, branch tp-trace: the fused TP kernels' timeline and
-# diagnostic knobs, and the fused GEMM+RS/AR in pieces behind TANDEM_RS_PIECES; none of it run on a GPU yet).
-# Check the branch out first: a device call sends the session's checkout. Each call under 590 s:
+# The next session's device calls (written 2026-12-04 20:10, branch next2 = tp-trace + issue23-fp8; none of it
+# run on a GPU yet): the fused TP kernels' timeline and diagnostic knobs, the fused GEMM+RS/AR in pieces behind
+# TANDEM_RS_PIECES, and the FP8 GEMM (torch.ops.tandem.scaled_gemm). Check the branch out first: a device call
+# sends the session's checkout. One build serves every part while the machine stays warm. Each call under 590 s:
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh t1", carry=[".whl"])
-# t1: test_tp (the whole-chunk kernels with the timeline stamps, and the new pieces test at worlds 2-4).
+# t1: test_tp (the whole-chunk kernels with the timeline stamps, and the pieces test at worlds 2-4).
+# g:  test_gemm (the FP8 tests with the core's) and bench gemm (issue 23's 24 shapes, bf16 and FP8).
 # t:  tools/diag/tp_trace.py at worlds 4 and 2: where the fused kernels' time goes, and the variants (pieces auto
 #     and 4, one-pass, swizzle 4, raster along M) against the kernels' own choices, outputs compared bit for bit.
 # m:  MoE fused at world 2: tools/diag/moe_fused.py at the deepseek config (timeline), and bench moe again (the
 #     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
-# Merge tp-trace into main only after t1 passes (and the rest of the GPU suite: n2 of the 19:00 run's parts).
+# n2: the rest of the GPU suite (as on 2026-12-04 19:00).
+# Merge next2 into main only after t1, g and n2 pass.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
@@ -55,6 +58,12 @@ elif [ "$part" = f ]; then
   done
 elif [ "$part" = t1 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+elif [ "$part" = g ]; then
+  timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --out "$OUT/diag" 2>&1 | tail -40
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = m ]; then
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   mkdir -p "$OUT/diag"
@@ -77,5 +86,5 @@ elif [ "$part" = t ]; then
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, t, m)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, m)"; exit 2
 fi
