@@ -506,6 +506,8 @@ void bind_kernels(py::module_& m) {
   }, "Diagnostic: the last TP launch's per-block timeline (TANDEM_TP_TRACE=1): blocks x slots globaltimer "
      "stamps, the last slot SM id + 1 (tandem/kernels/runtime/trace.cuh); empty when tracing is off.");
   k.def("tp_timeline_slots", &tp::timeline_slots, "Diagnostic: slots per block in tp_timeline_snapshot().");
+  k.def("tp_last_fused_rs_pieces", &tp::last_fused_rs_pieces,
+        "Diagnostic: pieces a chunk took in the last fused GEMM+RS/AR launch (1: whole chunks; TANDEM_RS_PIECES).");
   k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
   // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------

@@ -47,6 +47,10 @@ def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
             assert c["wrong"] == 0 and c["rel"] < 1e-2, c
         for c in r["ar"]:
             assert c["wrong"] == 0 and c["rel"] < 1e-2 and c["rows"] == c["shape"][0], c
+        # the pieces kernel ran (not the whole-chunk fallback): 2, 2 and 3 pieces a chunk at these shapes
+        expected = {1000: 2, 300: 2, 2048: 3}
+        for c in r["rs"] + r["ar"]:
+            assert c["pieces"] == expected[c["shape"][0] // world], c
     for i in range(len(res[0]["ar"])):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
 

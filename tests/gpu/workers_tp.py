@@ -110,6 +110,9 @@ def rs_pieces(rs_shapes, dtypes, pieces, repeats):
     bit-exact references as the whole-chunk kernel."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    from tandem._native import native
+
+    K = native().kernels
     os.environ["TANDEM_RS_PIECES"] = str(pieces)
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     out = dict(rs=[], ar=[])
@@ -119,7 +122,9 @@ def rs_pieces(rs_shapes, dtypes, pieces, repeats):
             for (mr, n, k) in rs_shapes:
                 for _ in range(repeats):
                     out["rs"].append(_rs_case(comm, mr, n, k, dtype, "fused"))
+                    out["rs"][-1]["pieces"] = K.tp_last_fused_rs_pieces()  # the pieces kernel ran, not a fallback
                     out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", "two_shot"))
+                    out["ar"][-1]["pieces"] = K.tp_last_fused_rs_pieces()
     finally:
         os.environ.pop("TANDEM_RS_PIECES", None)
     tp.release_workspaces(comm)

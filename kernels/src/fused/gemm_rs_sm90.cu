@@ -85,7 +85,8 @@ struct RsParams {
   runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
   // Pieces (one node, two-shot; 1 = whole chunks): every chunk's GEMM in `pieces` pieces of piece_rows rows (the
   // scheduler's piece_len), computed by every rank in the order piece 0 of chunks 0, 1, ..., then piece 1, ...;
-  // piece j of chunk o is announced by piece_arrive[r] = piece_flag(e, j) on o, and o reduces it in one pass.
+  // piece j of chunk o is announced by piece_arrive[r] = rows_flag(e, its last row + 1) on o (the last piece also
+  // by arrive[r] = e, as a whole chunk is), and o reduces it in one pass.
   int pieces;
   int piece_rows;
   int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
@@ -139,11 +140,11 @@ __device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi,
   for (int s = 0; s < steps; ++s) {
     const uint4* src = source(s);
     if (src == nullptr) return false;
-    tl.stamp(1 + 2 * s);
+    if (2 + 2 * s < kSlotGatherStart) tl.stamp(1 + 2 * s);  // (slots 40 and up are the gather's and the end's)
     roles::accumulate_vectors<T>(src, lo, hi, reinterpret_cast<float4*>(acc), s == 0, s + 1 == steps,
                                  reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
     __syncthreads();
-    tl.stamp(2 + 2 * s);
+    if (2 + 2 * s < kSlotGatherStart) tl.stamp(2 + 2 * s);
   }
   return true;
 }
@@ -160,7 +161,7 @@ __device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo
 // r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
 // instead of about 5 W through an fp32 accumulator in memory. The rows go in `pieces` pieces of piece_rows rows,
 // split over the reduce blocks like the whole chunk would be: piece j once every rank announced it
-// (piece_arrive[q] >= piece_flag(e, j): the fused kernel in pieces), or with one piece once every partial is
+// (piece_arrive[q] >= rows_flag(e, its end): the fused kernel in pieces), or with one piece once every partial is
 // complete (arrive[q] >= e: the unfused path, whose GEMMs ran before this kernel, and the fused one-pass knob).
 // One code path for all of them: a second copy of the unrolled reduction spills more of the fused kernel's
 // registers.
@@ -189,18 +190,20 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
       for (int s = 0; s < world && st == Status::kOk; ++s) {
         const int q = ((rank - 1 - s) % world + world) % world;
         if constexpr (kPieceFlags)
-          st = wait_until_backoff(comm, &p.ctl->piece_arrive[q], Cmp::kGe, piece_flag(e, j), kRolePollNs, q);
+          st = wait_until_backoff(comm, &p.ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, r1), kRolePollNs, q);
         else
           st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
       }
     }
     if (!block_ok(st)) return false;
-    p.timeline.stamp(1 + 2 * j);
+    if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(1 + 2 * j);
     const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row;
     const int64_t lo = v0 + nv * rb / p.reduce_blocks, hi = v0 + nv * (rb + 1) / p.reduce_blocks;
-    roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+    const bool ok =
+        roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
     __syncthreads();
-    p.timeline.stamp(2 + 2 * j);
+    if (!ok) return false;  // more sources than the one-pass reduction takes (refused by its callers)
+    if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(2 + 2 * j);
   }
   return true;
 }
@@ -249,7 +252,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
       gather_reduced<Element>(p, t, rb, lo, hi, e);
     return;
   }
-  const bool one_pass = t.N == 1 && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
+  // (one pass holds a source pointer per rank in registers: at most kMaxFusedRsWorld ranks; more go step by step)
+  const bool one_pass = t.N == 1 && world <= kMaxFusedRsWorld && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
   const bool ok = one_pass ? reduce_pieces<Element, false>(p, rb, 1, p.chunk_rows, p.out, own_out, e) :
                   reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, p.timeline,
                                          [&](int s) -> const uint4* {
@@ -410,10 +414,16 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       __syncthreads();
       p.timeline.stamp(!kPieces ? 3 + 3 * s : (1 + s < kSlotGatherStart ? 1 + s : kSlotGatherStart - 1));
       if constexpr (kPieces) {
-        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks))
-          (void)signal(comm, &ctl->piece_arrive[rank], piece_flag(e, j), SignalOp::kSet, o);
+        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks)) {
+          const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
+          const bool last = rows >= p.chunk_rows;
+          (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+          if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+        }
       } else if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
         if (!p.one_shot) {
+          // an owner reducing in pieces waits for the rows (one node)
+          if (t.N == 1) (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, p.chunk_rows), SignalOp::kSet, o);
           announce_chunk(p, t, o, e);
         } else if (s + 1 == world) {  // one-shot: the whole partial is complete (every block's every chunk)
           for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
@@ -596,10 +606,14 @@ bool env_is(const char* name, const char* value) {
 }
 uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first traced launch
 }  // namespace
+int g_last_fused_pieces = 0;
 
 uint64_t* timeline_for_launch(cudaStream_t stream) {
   if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
   const size_t bytes = sizeof(uint64_t) * runtime::kTimelineBlocks * runtime::kTimelineSlots;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+    return nullptr;  // no allocation (nor a memset node) inside a capture: graph replays are not traced
   if (g_timeline == nullptr && cudaMalloc(&g_timeline, bytes) != cudaSuccess) {
     g_timeline = nullptr;
     return nullptr;
@@ -631,6 +645,7 @@ cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
 }
 
 int timeline_slots() { return runtime::kTimelineSlots; }
+int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
 
 cudaError_t preload_rs_kernels() {
   using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
@@ -688,7 +703,9 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   // The fused kernel in pieces is its own instantiation (TANDEM_RS_PIECES; see piece_plan).
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
-  const bool pieces = fused && piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces > 1;
+  const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
+  const bool pieces = piece_count > 1;
+  if (fused) detail::g_last_fused_pieces = piece_count;
   if (a.dtype == DType::kFP16)
     return pieces ? run_typed<cutlass::half_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
                   : run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);

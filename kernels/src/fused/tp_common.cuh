@@ -45,15 +45,20 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t node_arrive[kMaxWorld]; // RS/AR at a representative: [n_o * L + j] = local rank j's partial of chunk
                                    // (n_o, my local index) is complete
   uint64_t forward_count[kMaxWorld]; // local: AG blocks done republishing chunk c to this node's ranks
-  uint64_t piece_arrive[kMaxWorld];  // RS/AR in pieces, one node: rank r's partial of piece j of my rows is
-                                     // complete once piece_arrive[r] >= piece_flag(e, j)
+  uint64_t piece_arrive[kMaxWorld];  // RS/AR, one node: rows_flag(e, rows) = rank r's partial of my rows is
+                                     // complete up to row `rows` (pieces: after each piece; whole chunks: at
+                                     // the end of the chunk)
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
-// Piece flags: e * kPieceStride + j + 1 for piece j of epoch e; monotonic across pieces and epochs.
+// Piece flags count rows: epoch e, the partial complete up to row `rows` of the chunk (rows < 2^32). Monotonic
+// within a launch (rows grow) and across launches (e dominates), and independent of how a rank cut its chunk
+// into pieces: an owner that cut its rows otherwise (another TANDEM_RS_PIECES, another SM count) waits for the
+// rows it reads, never for a piece number.
 constexpr int kMaxPieces = 8;
-constexpr uint64_t kPieceStride = 64;
-__host__ __device__ constexpr uint64_t piece_flag(uint64_t e, int j) { return e * kPieceStride + uint64_t(j) + 1; }
+__host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
+  return (e << 32) | static_cast<uint64_t>(rows);
+}
 // The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
 constexpr int kMaxGemmBlocks = 256;
 
@@ -118,6 +123,7 @@ using runtime::WorkspaceCarver;
 //                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
 //                         and the owner reduces each piece in one pass as soon as every rank has it
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
+extern int g_last_fused_pieces;  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
 struct FusedKnobs {
   int swizzle = 1;
   bool raster_m = false;

@@ -100,6 +100,9 @@ cudaError_t preload_kernels();
 // Synchronizes the device. A diagnostic (tools/diag/tp_trace.py).
 cudaError_t timeline_snapshot(std::vector<uint64_t>* out);
 int timeline_slots();  // stamps per block in the snapshot (rows of blocks in grid row-major order)
+// Diagnostic: how many pieces a chunk took in this process's last fused GEMM+RS/AR launch (1: whole chunks;
+// TANDEM_RS_PIECES), so that a test of the pieces schedule knows it ran.
+int last_fused_rs_pieces();
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 

@@ -130,6 +130,9 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     const int32_t tm = arrival_.tile_m;
     const int32_t m_tiles = int32_t((rows + tm - 1) / tm);
     const int32_t m_blocks = (m_tiles + 1) & ~1;  // the base rounds M up to whole clusters
+    // With a swizzle the base pads M further (to whole swizzle groups): such M blocks lie past the last row (no
+    // rotation, no wait; the kernel's bounds make them write nothing).
+    if (w.M_idx >= m_blocks) return w;
     const int32_t first = int32_t(int64_t(arrival_.first_chunk) * arrival_.chunk_rows / tm) & ~1;
     const int32_t rotated = int32_t((int64_t(w.M_idx) + first) % m_blocks);
     w.M_idx = rotated;
