@@ -6,7 +6,9 @@ multiples of 128). CUDA events, warm-ups, median; three input sets rotate so tha
 
 Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3fn), scaling (none / tensor / row),
 tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8), baseline (its name), and the accuracy of tandem's
-result against the baseline's (rel_err, and for FP8 the elements that differ at all)."""
+result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
+core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
+the data a per-shape choice of configuration is to be built from (issue 23, part 1)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,37 @@ def _fp8_inputs(m, n, k, scaling):
     return a, b, sa, sb
 
 
-def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row")):
+def _variants_ms(sets, pick, reps):
+    """ms of each of the core's CUTLASS configurations on the whole GPU (None where one cannot run the shape)."""
+    import torch
+
+    from .._native import native
+    from ..ops._runtime import stream_handle
+    from ..ops.gemm import gemm_args
+    from . import common
+
+    K = native().kernels
+    a, b = sets[0]
+    d = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16)
+    out = {}
+    for name in K.gemm_variant_names():
+        args = [gemm_args(x, y, d) for x, y in sets]  # the Args made once, outside the timed calls
+        i = [0]
+
+        def call(name=name, args=args):
+            i[0] = (i[0] + 1) % len(args)
+            err = K.gemm_variant(name, args[i[0]], stream_handle(a.device))
+            if err:
+                raise RuntimeError(err)
+
+        try:
+            out[name] = common.time_launches(call, warmup=3, reps=reps) * 1e3
+        except RuntimeError:
+            out[name] = None
+    return out
+
+
+def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
     from .. import ops  # noqa: F401
@@ -66,6 +98,8 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 got, ref = ours(sets[0]).float(), base(sets[0]).float()
                 d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
                 d["differ"] = int((got != ref).sum())
+                if kind == "bfloat16" and variants:
+                    d["variants_ms"] = _variants_ms(sets, pick, reps)
             except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
                 d["error"] = str(e).splitlines()[0][:200]
             data.append(d)
@@ -103,7 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the 24 of issue 23)")
     ap.add_argument("--dtypes", default="bfloat16,fp8_tensor,fp8_row",
                     help="which of bfloat16, fp8_tensor, fp8_row to run")
+    ap.add_argument("--no-variants", action="store_true", help="skip timing the core's other configurations")
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")))
+    run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")),
+        variants=not a.no_variants)
     return 0
