@@ -70,3 +70,12 @@ def test_scaled_gemm_is_deterministic_and_graph_capturable(run_ranks):
 def test_scaled_gemm_rejects_bad_input_before_launch(run_ranks):
     (r,) = run_ranks(f"{W}:scaled_rejects", 1)
     assert all(v == 3 for v in r.values()), r  # INVALID_ARGUMENT, not a launch
+
+
+def test_gemm_op_runs_every_configuration_it_may_choose(run_ranks):
+    shapes = [(1000, 1024, 1000), (257, 520, 1032), (4096, 2048, 1024)]
+    (r,) = run_ranks(f"{W}:op_variants", 1, shapes=shapes)
+    assert len(r["rows"]) == (5 + 1) * len(shapes)
+    for row in r["rows"]:
+        assert row["wrong"] == 0 and row["same"], row
+    assert r["refused"] == {"unknown": 3, "fp16 variant": 3}, r

@@ -269,3 +269,33 @@ def scaled_rejects():
         except TandemError as e:
             out[name] = e.status
     return out
+
+
+def op_variants(shapes):
+    """torch.ops.tandem.gemm's configurations through the op (gemm_with(variant=...), the path gemm_plan.choose's
+    pick takes): exact on structured data, and an unknown name or fp16 with a variant refused before launch."""
+    from tandem.ops import gemm_plan
+    from tandem.ops.gemm import gemm_with
+
+    out = dict(rows=[], refused={})
+    for m, n, k in shapes:
+        a, b = _structured(m, n, k, torch.bfloat16)
+        ref = (a.float() @ b.float()).to(torch.bfloat16)
+        for name in gemm_plan.CONFIGS:
+            got = gemm_with(a, b, variant=name)
+            again = gemm_with(a, b, variant=name)  # the prepared call
+            torch.cuda.synchronize()
+            out["rows"].append(dict(shape=[m, n, k], variant=name, wrong=int((got != ref).sum()),
+                                    same=bool(torch.equal(got, again))))
+        out["rows"].append(dict(shape=[m, n, k], variant="op", wrong=int((torch.ops.tandem.gemm(a, b) != ref).sum()),
+                                same=True, chose=gemm_plan.choose(m, n, k, torch.cuda.get_device_properties(0)
+                                                                  .multi_processor_count)))
+    a, b = _structured(256, 256, 256, torch.float16)
+    for name, call in (("unknown", lambda: gemm_with(a.bfloat16(), b.bfloat16(), variant="nope")),
+                       ("fp16 variant", lambda: gemm_with(a, b, variant="pingpong_128x128_c1"))):
+        try:
+            call()
+            out["refused"][name] = None
+        except TandemError as e:
+            out["refused"][name] = e.status
+    return out

@@ -91,7 +91,12 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 i[0] = (i[0] + 1) % len(sets)
                 return sets[i[0]]
 
-            d = dict(m=m, n=n, k=k, dtype=dtype, scaling=scaling, baseline=base_name)
+            d = dict(m=m, n=n, k=k, dtype=dtype, scaling=scaling, baseline=base_name,
+                     sm_count=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+            if kind == "bfloat16":
+                from ..ops import gemm_plan
+
+                d["variant"] = gemm_plan.choose(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._native import native
-from ..errors import invalid
+from ..errors import TandemError, invalid
 from ._runtime import DTYPES as _DTYPES, define_op, kernel_args, prepared, remember, stream_handle
 
 
@@ -49,14 +49,17 @@ def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int =
                        sm_count=int(sm_count), max_swizzle=int(swizzle))
 
 
-def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
+def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: str | None = None) -> torch.Tensor:
     """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
-    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse)."""
+    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse); variant names the CUTLASS configuration
+    (tandem.ops.gemm_plan.CONFIGS; bf16 only). None: gemm_plan.choose's for the shape (bf16, swizzle 1), else the
+    core."""
     # Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
     # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
     # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
     try:
-        key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle)
+        key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle,
+               variant)
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
         key, hit = None, None
@@ -65,15 +68,31 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Te
             raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
         validate(a, b)
         m, n = a.shape[0], b.shape[1]
+        from . import gemm_plan
+
+        if variant is not None and variant not in gemm_plan.CONFIGS:
+            raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
+        if variant is not None and variant != gemm_plan.CORE and (a.dtype != torch.bfloat16 or swizzle != 1):
+            raise invalid(f"variant {variant!r} takes bf16 and swizzle 1 (got {a.dtype}, swizzle {swizzle})", "gemm")
+        sms = _sm_count(a.device)
+        if variant is None:
+            variant = gemm_plan.choose(m, n, a.shape[1], sms, a.dtype == torch.bfloat16 and swizzle == 1)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        x = gemm_args(a, b, d, _sm_count(a.device), swizzle)
-        hit = (x, max(native().kernels.workspace_size(x), 1))
+        x = gemm_args(a, b, d, sms, swizzle)
+        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher
+        hit = (x, max(native().kernels.workspace_size(x), 1), None if variant == gemm_plan.CORE else variant)
         if key is not None:
             remember(key, hit)
     else:
         d = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    x, ws_bytes = hit
+    x, ws_bytes, variant = hit
     x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
+    if variant is not None:
+        why = native().kernels.gemm_variant(variant, x, stream_handle(a.device))
+        if why:
+            # the variant launcher answers a reason (tandem._C.kernels.gemm_variant): a CUDA failure (5)
+            raise TandemError(f"tandem: gemm: {variant}: {why}", 5, "gemm", -1)
+        return d
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
     native().kernels.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it fails
     return d
