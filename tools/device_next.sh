@@ -11,7 +11,9 @@
 # m:  MoE fused at world 2: tools/diag/moe_fused.py at the deepseek config (timeline), and bench moe again (the
 #     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
 # n2: the rest of the GPU suite (as on 2026-12-04 19:00).
-# Merge next2 into main only after t1, g and n2 pass.
+# Merge next2 into main only after t1, g and n2 pass. After g: `python -m tandem tune gemm --from-bench
+# <diag>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json` ships the per-shape configuration table (here,
+# no GPU needed), and docs/results/gemm_w1.* take the run.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
