@@ -55,6 +55,22 @@ def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_fp8_gemm_rs_and_ar_match_the_fixed_order_sum(run_ranks, world):
+    # FP8 e4m3 operands with tensor-wise and row-wise scales (issue 23, part 3; the unfused path): exact against
+    # the owners' fixed-order fp32 sum of the bf16-rounded partials, on ragged shapes; AR identical on every rank
+    shapes = [(256, 512, 512), (300, 520, 1040), (1000, 1024, 2048)]
+    res = run_ranks(f"{W}:scaled_rs_ar", world, rs_shapes=shapes, timeout_s=300)
+    for r in res:
+        assert len(r["rs"]) == 2 * len(shapes) and len(r["ar"]) == 4 * len(shapes)
+        for c in r["rs"] + r["ar"]:
+            assert c["wrong"] == 0, c
+        assert r["refused"] == {"bf16 a": 3, "mixed scales": 3,
+                                "M not a multiple of the world": 3 if world > 1 else None}, r["refused"]
+    for i in range(len(res[0]["ar"])):
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_1000_launches_identical_and_cuda_graph_replay(run_ranks, world):
     res = run_ranks(f"{W}:repeat_and_graph", world, launches=1000, m_local=256, n=512, k=512, timeout_s=300)

@@ -183,28 +183,37 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
                   f"(1, {n}), contiguous (row-wise); got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}", op)
 
 
-def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0) -> torch.Tensor:
+def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
     """D (bf16, M x N) = scale_a * (scale_b * (a @ b)): a (M x K) e4m3 row-major, b (K x N) e4m3 column-major,
-    fp32 accumulation, scales tensor-wise or row-wise as torch._scaled_mm takes them (scaling_of)."""
+    fp32 accumulation, scales tensor-wise or row-wise as torch._scaled_mm takes them (scaling_of). `out`: a bf16
+    M x N tensor with contiguous, 16-byte aligned rows to write D into (else a new one)."""
     op = "scaled_gemm"
     try:
         key = (op, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
-               scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device, b.dtype, b.device, sm_count)
+               scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device, b.dtype, b.device, sm_count,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors: the full checks say so
         key, hit = None, None
-    addresses = (a.data_ptr() | b.data_ptr() | scale_a.data_ptr() | scale_b.data_ptr()) if hit is not None else 0
+    addresses = (a.data_ptr() | b.data_ptr() | scale_a.data_ptr() | scale_b.data_ptr()
+                 | (0 if out is None else out.data_ptr())) if hit is not None else 0
     if hit is None or addresses & 15:
         scaling = scaling_of(a, b, scale_a, scale_b, op)
-        for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
-            if t.data_ptr() % 16:
-                raise invalid(f"{name} must be 16-byte aligned (address {t.data_ptr():#x})", op)
         m, k = a.shape
         n = b.shape[1]
+        if out is not None:
+            if (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.device != a.device
+                    or tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.stride(0) % 8):
+                raise invalid(f"out must be a bf16 ({m}, {n}) tensor on {a.device} with contiguous rows (row stride a "
+                              f"multiple of 8)", op)
+        for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)) + \
+                ((("out", out),) if out is not None else ()):
+            if t.data_ptr() % 16:
+                raise invalid(f"{name} must be 16-byte aligned (address {t.data_ptr():#x})", op)
         K = native().kernels
-        x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=n,
+        d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+        x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
                         scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count))
-        d = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
         x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
             scale_b.data_ptr()
         why = K.can_implement(x)
@@ -214,7 +223,7 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0) -> torch.Tens
         if key is not None:
             remember(key, hit)
     else:
-        d = torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
+        d = out if out is not None else torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
     x, ws_bytes = hit
     x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
         scale_b.data_ptr()
