@@ -4,7 +4,7 @@
 # TANDEM_RS_PIECES, and the FP8 GEMM (torch.ops.tandem.scaled_gemm). Check the branch out first: a device call
 # sends the session's checkout. One build serves every part while the machine stays warm. Each call under 590 s:
 #   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh t1", carry=[".whl"])
-# t1: test_tp (the whole-chunk kernels with the timeline stamps, and the pieces test at worlds 2-4).
+# t1: test_tp (the whole-chunk kernels with the timeline stamps, the pieces test at worlds 2-4, the FP8 RS/AR test).
 # g:  test_gemm (the FP8 tests with the core's) and bench gemm (issue 23's 24 shapes, bf16 and FP8).
 # t:  tools/diag/tp_trace.py at worlds 4 and 2: where the fused kernels' time goes, and the variants (pieces auto
 #     and 4, one-pass, swizzle 4, raster along M) against the kernels' own choices, outputs compared bit for bit.
