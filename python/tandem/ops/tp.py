@@ -212,6 +212,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
 
 
 _AR_ALGOS = {"auto": "AUTO", "one_shot": "ONE_SHOT", "two_shot": "TWO_SHOT"}  # -> tandem._C.kernels.ArAlgo
+_MAX_ONE_NODE_RS_WORLD = 8
 
 # The GEMM of the unfused path: "cublas" (torch.matmul, the default) or "tandem" (the CUTLASS core; also used
 # whenever the caller restricts sm_count, which cuBLAS cannot honour). TANDEM_UNFUSED_GEMM overrides.
@@ -229,6 +230,11 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     if m % world:
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
     _check_nodes(comm, op)
+    if world > _MAX_ONE_NODE_RS_WORLD and comm.native.num_nodes == 1:
+        # The one-node reduction holds one source pointer per rank in an 8-entry table (gemm_rs_sm90.cu,
+        # kMaxFusedRsWorld); more ranks would write past it. Refused until the step-by-step fallback for more than
+        # 8 ranks (branch next2) has run on a GPU.
+        raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op, comm.rank)
     if op == "gemm_ar" and algo == "one_shot" and comm.native.num_nodes > 1:
         raise invalid("the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)",
                       op, comm.rank)
@@ -444,6 +450,9 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
         n = b.shape[1]
         if m % world:
             raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
+        if world > _MAX_ONE_NODE_RS_WORLD and comm.native.num_nodes == 1:  # as _prepare_rs
+            raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op,
+                          comm.rank)
         ws = _rs_workspace(comm, op, m, n, a.dtype, op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
         out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
         x = rt.kernel_args("GemmArArgs" if op == "gemm_ar" else "GemmRsArgs", dtype=_DTYPES[a.dtype], m=m, n=n, k=k,
