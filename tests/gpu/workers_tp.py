@@ -567,9 +567,9 @@ def _fp8_rank_operands(m, n, k, q, scaling):
     power-of-two scales, so every rank's partial is exact in fp32 before its one rounding to bf16."""
     i = torch.arange(m, device="cuda").view(-1, 1)
     kk = torch.arange(k, device="cuda").view(1, -1)
-    a = ((((i * 7 + kk * 3 + q * 5) % 9) - 4).float() / 4).to(torch.float8_e4m3fn)
+    a = ((((i * 7 + kk * 3 + (i * kk) % 5 + q * 5) % 9) - 4).float() / 4).to(torch.float8_e4m3fn)
     j = torch.arange(n, device="cuda").view(-1, 1)
-    b = ((((j * 5 + kk * 11 + q * 3) % 7) - 3).float() / 4).to(torch.float8_e4m3fn).t()
+    b = ((((j * 5 + kk * 11 + q * 3) % 7) - 2).float() / 4).to(torch.float8_e4m3fn).t()
     if scaling == "tensor":
         return a, b, torch.tensor(2.0 ** (q % 3 - 1), device="cuda"), torch.tensor(2.0 ** (q % 2), device="cuda")
     sa = torch.pow(2.0, ((torch.arange(m, device="cuda") + q) % 5 - 2).float()).view(m, 1).contiguous()

@@ -189,8 +189,9 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
     M x N tensor with contiguous, 16-byte aligned rows to write D into (else a new one)."""
     op = "scaled_gemm"
     try:
-        key = (op, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
-               scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device, b.dtype, b.device, sm_count,
+        key = (op, None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
+               scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device,
+               b.dtype, b.device, sm_count,
                None if out is None else (out.shape, out.stride(), out.dtype, out.device))
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors: the full checks say so

@@ -484,6 +484,8 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     if world == 1:
         return scaled_gemm_with(a, b, scale_a, scale_b)
     _check_nodes(comm, op)
+    if world > _MAX_ONE_NODE_RS_WORLD:  # as _prepare_rs
+        raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op, rank)
     if comm.native.num_nodes > 1:
         raise invalid("the FP8 ops run on one node so far (the unfused path's partial buffer is read by load/store)",
                       op, rank)
