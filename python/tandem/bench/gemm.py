@@ -71,8 +71,9 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
     from . import common
 
     rows, data = [], []
-    for m, n, k in shapes:
+    for m, n_shape, k in shapes:
         for kind in dtypes:
+            n = n_shape
             if kind == "bfloat16":
                 sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
                          torch.randn(k, n, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
@@ -81,6 +82,7 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 base_name, scaling, dtype = "cuBLAS", "none", "bfloat16"
             else:
                 scaling = kind.split("_")[1]
+                n = n_shape + (-n_shape) % 16  # torch._scaled_mm wants N a multiple of 16: the next one up
                 sets = [_fp8_inputs(m, n, k, scaling) for _ in range(3)]
                 ours = lambda s: torch.ops.tandem.scaled_gemm(*s)  # noqa: E731
                 base = lambda s: torch._scaled_mm(s[0], s[1], s[2], s[3], out_dtype=torch.bfloat16)  # noqa: E731

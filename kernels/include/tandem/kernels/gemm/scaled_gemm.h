@@ -9,9 +9,10 @@
 // (element (m, k) at a[m * lda + k]), B is K x N column-major (element (k, n) at b[n * ldb + k]; in torch the
 // transpose of a row-major N x K weight). D is M x N row-major bf16.
 //
-// The scales multiply in the order of torch's row-wise CUTLASS kernel (scale_b first, then scale_a), so
-// row-wise results can be compared element by element. The mainloop accumulates in fp32 with CUTLASS's periodic
-// promotion (not the "fast accumulation" mode), as _scaled_mm does by default (use_fast_accum=False).
+// The scales multiply as scale_a * (scale_b * acc) in fp32 (the order of torch's row-wise CUTLASS kernel; with
+// cuBLAS >= 12.9 torch sends row-wise scaling to cuBLASLt instead, whose order is its own, so results agree to
+// fp32 rounding, not necessarily bit for bit). The mainloop accumulates in fp32 with CUTLASS's periodic promotion
+// (every 128 of K; not the "fast accumulation" mode), as _scaled_mm does by default (use_fast_accum=False).
 //
 // Host adapter in the CUTLASS manner: can_implement -> workspace_size -> run.
 #pragma once
