@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The next session's device calls (written 2026-12-04, branch next-session: typed bindings, the runtime's roles
-# and control header, the worked example on the runtime; none of it run on a GPU yet). Check the branch out first:
-# a device call sends the session's checkout. Each call under 590 s:
-#   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh n1", carry=[".whl"])
-# n1: test_tp and test_moe.  n2: the rest of the GPU suite.  Merge next-session into main only if both pass (main
-#     without them is the last state the whole suite passed on the H200, 2026-12-04 16:15-16:50 UTC).
-# n3: benches -- cuBLAS exactness at world 3 (25 %), bench tp at worlds 4 and 2 (rows record auto's choice and the
-#     fused split), the fused comm_blocks sweep (issue 21's no-cliff target), bench moe and attention at world 2
-#     (issue 22's "benchmark numbers within noise").
-# f: tools/diag/tp_overhead.py at worlds 4 and 2 (host vs device time of the TP ops at small shapes).
-# (Earlier parts a-k ran on 2026-12-04; they are in git history: git log -p tools/device_next.sh.)
+# The next session's device calls (written 2026-12-04 20:10, branch next2 = tp-trace + issue23-fp8; none of it
+# run on a GPU yet): the fused TP kernels' timeline and diagnostic knobs, the fused GEMM+RS/AR in pieces behind
+# TANDEM_RS_PIECES, and the FP8 GEMM (torch.ops.tandem.scaled_gemm). Check the branch out first: a device call
+# sends the session's checkout. One build serves every part while the machine stays warm. Each call under 590 s:
+#   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh t1", carry=[".whl"])
+# t1: test_tp (the whole-chunk kernels with the timeline stamps, the pieces test at worlds 2-4, the FP8 RS/AR test).
+# g:  test_gemm (the FP8 tests with the core's) and bench gemm (issue 23's 24 shapes, bf16 and FP8).
+# t:  tools/diag/tp_trace.py at worlds 4 and 2: where the fused kernels' time goes, and the variants (pieces auto
+#     and 4, one-pass, swizzle 4, raster along M) against the kernels' own choices, outputs compared bit for bit.
+# m:  MoE fused at world 2: tools/diag/moe_fused.py at the deepseek config (timeline), and bench moe again (the
+#     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
+# n2: the rest of the GPU suite (as on 2026-12-04 19:00).
+# Merge next2 into main only after t1, g and n2 pass. After g: `python -m tandem tune gemm --from-bench
+# <diag>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json` ships the per-shape configuration table (here,
+# no GPU needed), and docs/results/gemm_w1.* take the run.
+# (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
@@ -53,6 +58,35 @@ elif [ "$part" = f ]; then
       --out "$OUT/diag/overhead_w$n" 2>&1 | grep -v "^|---" | tail -40
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
+elif [ "$part" = t1 ]; then
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+elif [ "$part" = g ]; then
+  timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --out "$OUT/diag" 2>&1 | tail -40
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = m ]; then
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  timeout -s INT -k 10 200 python3 -m tandem.launch -n 2 -- python3 tools/diag/moe_fused.py --hidden 7168 \
+    --inter 2048 --experts 256 --k 8 --tokens 1024 --quick 2>&1 | tail -40
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 \
+    --out "$OUT/diag" 2>&1 | tail -12
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = t ]; then
+  # fused TP kernels' timelines and variants (tools/diag/tp_trace.py): worlds 4 and 2
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  V="base;TANDEM_RS_PIECES=auto;TANDEM_RS_PIECES=4;TANDEM_RS_REDUCE=onepass;TANDEM_TP_SWIZZLE=4;TANDEM_TP_RASTER=m"
+  for n in 4 2; do
+    t=$(( $(left) - 20 )); [ "$t" -gt 200 ] && t=200
+    [ "$t" -lt 40 ] && continue
+    timeout -s INT -k 10 $t python3 -m tandem.launch -n $n -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,16384x8192x28672,8192x4096x8192 --ops gemm_rs,gemm_ar,ag_gemm --comm-blocks 6,2 \
+      --variants "$V" --out "$OUT/diag/trace_w$n" 2>&1 | tail -150
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 else
-  echo "unknown part '$part' (n1, n2, n3, f)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, m)"; exit 2
 fi

@@ -44,7 +44,7 @@ if [ "${TANDEM_BENCH:-1}" = 1 ]; then
     timeout 150 python3 -m tandem bench transport -n 2 --ranks-per-node 1 --out "$OUT/bench" --reps 5 2>&1 | tail -12
     python3 tools/plot_transport.py "$OUT/bench" --world 2 2>&1 | tail -12
   fi
-  wants gemm && [ "${TANDEM_BENCH_GEMM:-1}" = 1 ] && timeout 200 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
+  wants gemm && [ "${TANDEM_BENCH_GEMM:-1}" = 1 ] && timeout 400 python3 -m tandem bench gemm --out "$OUT/bench" 2>&1 | tail -8
   wants tp && for n in ${TANDEM_BENCH_TP_WORLDS:-2 4}; do
     timeout 150 python3 -m tandem bench tp -n $n --out "$OUT/bench" 2>&1 | tail -8
   done

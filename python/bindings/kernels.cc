@@ -16,6 +16,7 @@
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/kernels/gemm/gemm_variants.h"
+#include "tandem/kernels/gemm/scaled_gemm.h"
 #include "tandem/kernels/moe/moe.h"
 #include "tandem/kernels/stream_sync.h"
 #include "tandem/transport/comm.h"
@@ -184,6 +185,44 @@ void bind_kernels(py::module_& m) {
       },
       py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the GEMM core; throws if it does not run.");
   k.def("preload_gemm_kernels", [] { check_cuda(g::preload_kernels(), "gemm.preload"); });
+
+  // ---- FP8 GEMM with scales (scaled_gemm.h) ----------------------------------------------------------------------
+  py::enum_<g::Scaling>(k, "Scaling", "How scaled_gemm's scales apply: one each (TENSOR) or per row of A / column of B")
+      .value("TENSOR", g::Scaling::kTensor)
+      .value("ROW", g::Scaling::kRow);
+  {
+    py::class_<g::ScaledGemmArgs> cls(k, "ScaledGemmArgs",
+                                      "D (bf16) = scale_a * (scale_b * (A @ B)), A e4m3 row-major, B e4m3 column-major");
+    cls.def(py::init<>());
+    cls.def_readwrite("m", &g::ScaledGemmArgs::m)
+        .def_readwrite("n", &g::ScaledGemmArgs::n)
+        .def_readwrite("k", &g::ScaledGemmArgs::k);
+    def_address(cls, "a", &g::ScaledGemmArgs::a);
+    def_address(cls, "b", &g::ScaledGemmArgs::b);
+    def_address(cls, "d", &g::ScaledGemmArgs::d);
+    def_address(cls, "scale_a", &g::ScaledGemmArgs::scale_a);
+    def_address(cls, "scale_b", &g::ScaledGemmArgs::scale_b);
+    cls.def_readwrite("lda", &g::ScaledGemmArgs::lda)
+        .def_readwrite("ldb", &g::ScaledGemmArgs::ldb)
+        .def_readwrite("ldd", &g::ScaledGemmArgs::ldd)
+        .def_readwrite("scaling", &g::ScaledGemmArgs::scaling)
+        .def_readwrite("sm_count", &g::ScaledGemmArgs::sm_count);
+  }
+  k.def("can_implement", [](const g::ScaledGemmArgs& a) {
+    std::string why;
+    return reason(g::can_implement(a, &why), why);
+  }, py::arg("args"));
+  k.def("workspace_size", [](const g::ScaledGemmArgs& a) { return g::workspace_size(a); }, py::arg("args"),
+        "Bytes of the FP8 GEMM's (non-symmetric) workspace.");
+  k.def(
+      "scaled_gemm",
+      [](const g::ScaledGemmArgs& a, uintptr_t workspace, uintptr_t stream) {
+        std::string why;
+        check(g::run(a, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why), why,
+              "scaled_gemm", -1);
+      },
+      py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the FP8 GEMM; throws if it does not run.");
+  k.def("preload_scaled_gemm_kernels", [] { check_cuda(g::preload_scaled_kernels(), "scaled_gemm.preload"); });
   k.def(
       "gemm_with_arrivals",
       [](const tandem::Communicator& c, g::GemmArgs a, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
@@ -460,6 +499,15 @@ void bind_kernels(py::module_& m) {
     check_cuda(moe::trace_snapshot(&v), "moe_trace_snapshot");
     return v;
   }, "Diagnostic: 512 blocks x 8 globaltimer slots of the last dispatch launched with TANDEM_MOE_TRACE=1.");
+  k.def("tp_timeline_snapshot", [] {
+    std::vector<uint64_t> v;
+    check_cuda(tp::timeline_snapshot(&v), "tp_timeline_snapshot");
+    return v;
+  }, "Diagnostic: the last TP launch's per-block timeline (TANDEM_TP_TRACE=1): blocks x slots globaltimer "
+     "stamps, the last slot SM id + 1 (tandem/kernels/runtime/trace.cuh); empty when tracing is off.");
+  k.def("tp_timeline_slots", &tp::timeline_slots, "Diagnostic: slots per block in tp_timeline_snapshot().");
+  k.def("tp_last_fused_rs_pieces", &tp::last_fused_rs_pieces,
+        "Diagnostic: pieces a chunk took in the last fused GEMM+RS/AR launch (1: whole chunks; TANDEM_RS_PIECES).");
   k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
   // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ USAGE = """usage: tandem <command> [args]
 
 commands:
   bench transport [-n N] [--out DIR] ...   put bandwidth and flag latency (N ranks; MPS on one GPU)
-  bench gemm [--out DIR]                   the GEMM core vs cuBLAS at world 1
+  bench gemm [--out DIR]                   the GEMM core vs cuBLAS, FP8 vs _scaled_mm, world 1
   bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS / GEMM+AR vs cuBLAS + torch collective (naive)
   bench roles -n N [--out DIR]             the comm roles alone: GB/s per SM vs plain copies and cudaMemcpy
   bench moe -n N [--out DIR]               MoE dispatch+grouped GEMM fused vs unfused vs torch per expert

@@ -5,6 +5,7 @@ quarter of the rank's SMs.
 
     python -m tandem tune -n 4 [--shapes MxNxK,...] [--out FILE] [--reps 5]
     python -m tandem tune --from-bench docs/results/tp_w2.json docs/results/tp_w4.json [--out FILE]
+    python -m tandem tune gemm --from-bench docs/results/gemm_w1.json [--out FILE]   (the GEMM's configurations)
 
 --from-bench takes the modes' times from bench tp's JSON instead (the same run conditions: every rank at once,
 CUDA events, medians); it has no fused split sweep, so its fused entries are at the op's default split.
@@ -100,7 +101,30 @@ def rows_from_bench(paths) -> list:
     return rows
 
 
+def main_gemm(argv) -> int:
+    """`python -m tandem tune gemm --from-bench gemm_w1.json [--out FILE]`: the table of CUTLASS configurations
+    that torch.ops.tandem.gemm reads (tandem.ops.gemm_plan), from `bench gemm`'s per-configuration times."""
+    ap = argparse.ArgumentParser(prog="python -m tandem tune gemm", description=main_gemm.__doc__)
+    ap.add_argument("--from-bench", nargs="+", required=True, metavar="GEMM_JSON",
+                    help="`tandem bench gemm` outputs (gemm_w1.json) with variants_ms (no GPU needed)")
+    ap.add_argument("--out", default=None, help="table file (default: tandem.ops.gemm_plan.table_path())")
+    a = ap.parse_args(argv)
+    from .ops import gemm_plan
+
+    rows = gemm_plan.rows_from_bench(a.from_bench)
+    for r in rows:
+        print(f"{r['m']}x{r['n']}x{r['k']} on {r['sms']} SMs: {r['variant']} {r['ms']:.3f} ms")
+    if not rows:
+        print("no bf16 rows with per-configuration times (variants_ms) in", " ".join(a.from_bench))
+        return 1
+    print("tuned table:", gemm_plan.write_table(rows, a.out))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[2:] if argv is None else argv)
+    if argv[:1] == ["gemm"]:
+        return main_gemm(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m tandem tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--nprocs", type=int, default=None, help="ranks to launch (MPS on one GPU)")

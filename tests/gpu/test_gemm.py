@@ -48,3 +48,34 @@ def test_gemm_variants_match_torch(run_ranks):
         assert row["wrong"] == 0, row
         assert row["rel"] < 1e-2, row
     assert "unknown GEMM variant" in r["unknown"]
+
+
+def test_scaled_gemm_matches_torch_scaled_mm(run_ranks):
+    # FP8 e4m3 with tensor-wise and row-wise scales, bf16 out: exact on structured data (a misplaced row, column,
+    # K slice or scale changes values), and on random data as close to fp64 as torch._scaled_mm is
+    shapes = [(128, 128, 128), (1000, 1024, 1008), (257, 528, 1040), (4096, 4096, 4096), (100, 8192, 2048)]
+    (res,) = run_ranks(f"{W}:scaled", 1, shapes=shapes)
+    assert len(res) == 2 * len(shapes)
+    for r in res:
+        assert r["wrong"] == 0, r
+        assert r["rel_vs_fp64"] < 2 * r["scaled_mm_rel_vs_fp64"] + 1e-3, r
+        assert r["rel_vs_scaled_mm"] < 1e-2, r
+
+
+def test_scaled_gemm_is_deterministic_and_graph_capturable(run_ranks):
+    (r,) = run_ranks(f"{W}:scaled_repeat_and_graph", 1, m=2048, n=2048, k=1024, launches=200)
+    assert r["same"] == r["launches"] and r["graph_ok"], r
+
+
+def test_scaled_gemm_rejects_bad_input_before_launch(run_ranks):
+    (r,) = run_ranks(f"{W}:scaled_rejects", 1)
+    assert all(v == 3 for v in r.values()), r  # INVALID_ARGUMENT, not a launch
+
+
+def test_gemm_op_runs_every_configuration_it_may_choose(run_ranks):
+    shapes = [(1000, 1024, 1000), (257, 520, 1032), (4096, 2048, 1024)]
+    (r,) = run_ranks(f"{W}:op_variants", 1, shapes=shapes)
+    assert len(r["rows"]) == (5 + 1) * len(shapes)
+    for row in r["rows"]:
+        assert row["wrong"] == 0 and row["same"], row
+    assert r["refused"] == {"unknown": 3, "fp16 variant": 3}, r

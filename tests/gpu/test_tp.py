@@ -34,6 +34,43 @@ def test_ag_gemm_and_gemm_rs_match_torch(run_ranks, world):
             assert r["fused_ragged"] == 3  # the fused kernel refuses M_local % 8 != 0 with a clear error
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
+    # TANDEM_RS_PIECES=3 at M / world 1000 (4 rows of 2x1 clusters: pieces of 512 and 488 rows), 300 with N 520
+    # (256 and 44 rows), 2048 (768, 768, 512); each case three launches in a row (consecutive epochs' piece flags)
+    shapes = [(1000, 1024, 512), (300, 520, 1032), (2048, 512, 256)]
+    res = run_ranks(f"{W}:rs_pieces", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], pieces=3, repeats=3,
+                    timeout_s=300)
+    for r in res:
+        assert len(r["rs"]) == len(r["ar"]) == 2 * len(shapes) * 3
+        for c in r["rs"]:
+            assert c["wrong"] == 0 and c["rel"] < 1e-2, c
+        for c in r["ar"]:
+            assert c["wrong"] == 0 and c["rel"] < 1e-2 and c["rows"] == c["shape"][0], c
+        # the pieces kernel ran (not the whole-chunk fallback): 2, 2 and 3 pieces a chunk at these shapes
+        expected = {1000: 2, 300: 2, 2048: 3}
+        for c in r["rs"] + r["ar"]:
+            assert c["pieces"] == expected[c["shape"][0] // world], c
+    for i in range(len(res[0]["ar"])):
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_fp8_gemm_rs_and_ar_match_the_fixed_order_sum(run_ranks, world):
+    # FP8 e4m3 operands with tensor-wise and row-wise scales (issue 23, part 3; the unfused path): exact against
+    # the owners' fixed-order fp32 sum of the bf16-rounded partials, on ragged shapes; AR identical on every rank
+    shapes = [(256, 512, 512), (300, 520, 1040), (1000, 1024, 2048)]
+    res = run_ranks(f"{W}:scaled_rs_ar", world, rs_shapes=shapes, timeout_s=300)
+    for r in res:
+        assert len(r["rs"]) == 2 * len(shapes) and len(r["ar"]) == 4 * len(shapes)
+        for c in r["rs"] + r["ar"]:
+            assert c["wrong"] == 0, c
+        assert r["refused"] == {"bf16 a": 3, "mixed scales": 3,
+                                "M not a multiple of the world": 3 if world > 1 else None}, r["refused"]
+    for i in range(len(res[0]["ar"])):
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_1000_launches_identical_and_cuda_graph_replay(run_ranks, world):
     res = run_ranks(f"{W}:repeat_and_graph", world, launches=1000, m_local=256, n=512, k=512, timeout_s=300)

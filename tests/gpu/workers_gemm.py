@@ -170,3 +170,133 @@ def variants(shapes, sm_counts):
                 out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2, wrong=wrong, rel=rel))
     bad = K.gemm_variant("no_such_variant", gemm_args(a, b, d, 0), stream)
     return dict(rows=out, unknown=bad)
+
+
+# ---- FP8 GEMM with scales (torch.ops.tandem.scaled_gemm) against torch._scaled_mm -------------------------------
+
+def _fp8_structured(m, n, k):
+    """e4m3 operands of small integers / 4 (exact in e4m3) and power-of-two scales: every product, partial sum and
+    scaled result is exact in fp32 at these K, so the only rounding is the final one to bf16 (shared with the
+    reference); a misplaced row, column, K slice or scale changes values."""
+    i = torch.arange(m, device="cuda").view(-1, 1)
+    kk = torch.arange(k, device="cuda").view(1, -1)
+    # (no short period along K, and b's mean is not 0: products do not cancel over K, sums reach hundreds)
+    a = ((((i * 7 + kk * 3 + (i * kk) % 5) % 9) - 4).float() / 4).to(torch.float8_e4m3fn)
+    j = torch.arange(n, device="cuda").view(-1, 1)
+    b = ((((j * 5 + kk * 11) % 7) - 2).float() / 4).to(torch.float8_e4m3fn).t()  # K x N column-major
+    return a, b
+
+
+def _scales(m, n, scaling, structured):
+    if scaling == "tensor":
+        if structured:
+            return torch.tensor(0.5, device="cuda"), torch.tensor(4.0, device="cuda")
+        return torch.rand((), device="cuda") + 0.5, torch.rand((), device="cuda") + 0.5
+    if structured:  # powers of two per row and per column: a misplaced scale changes the result
+        sa = torch.pow(2.0, (torch.arange(m, device="cuda") % 5 - 2).float()).view(m, 1)
+        sb = torch.pow(2.0, (torch.arange(n, device="cuda") % 3 - 1).float()).view(1, n)
+        return sa.contiguous(), sb.contiguous()
+    return torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+
+
+def scaled(shapes):
+    out = []
+    for m, n, k in shapes:
+        for scaling in ("tensor", "row"):
+            a, b = _fp8_structured(m, n, k)
+            sa, sb = _scales(m, n, scaling, True)
+            exact = (a.float() @ b.float()) * sb * sa  # scale_b then scale_a, as the kernel; exact here
+            got = torch.ops.tandem.scaled_gemm(a, b, sa, sb)
+            torch.cuda.synchronize()
+            wrong = int((got != exact.to(torch.bfloat16)).sum())
+            # random data against torch._scaled_mm (its own kernels: cuBLASLt tensor-wise, CUTLASS row-wise)
+            ra = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+            rb = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn).t()
+            rsa, rsb = _scales(m, n, scaling, False)
+            mine = torch.ops.tandem.scaled_gemm(ra, rb, rsa, rsb).float()
+            theirs = torch._scaled_mm(ra, rb, rsa, rsb, out_dtype=torch.bfloat16).float()
+            r64 = (ra.double() @ rb.double()) * rsb.double() * rsa.double()
+            out.append(dict(shape=[m, n, k], scaling=scaling, wrong=wrong,
+                            rel_vs_scaled_mm=float((mine - theirs).norm() / theirs.norm()),
+                            rel_vs_fp64=float((mine.double() - r64).norm() / r64.norm()),
+                            scaled_mm_rel_vs_fp64=float((theirs.double() - r64).norm() / r64.norm()),
+                            differ_from_scaled_mm=int((mine != theirs).sum()), of=m * n))
+    return out
+
+
+def scaled_repeat_and_graph(m, n, k, launches):
+    a, b = _fp8_structured(m, n, k)
+    sa, sb = _scales(m, n, "row", True)
+    first = torch.ops.tandem.scaled_gemm(a, b, sa, sb)
+    same = sum(int(torch.equal(torch.ops.tandem.scaled_gemm(a, b, sa, sb), first)) for _ in range(launches))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.tandem.scaled_gemm(a, b, sa, sb)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    static_sa = sa.clone()
+    with torch.cuda.graph(g):
+        static_d = torch.ops.tandem.scaled_gemm(a, b, static_sa, sb)
+    static_sa.mul_(2)  # the graph reads the scales at replay
+    g.replay()
+    torch.cuda.synchronize()
+    graph_ok = bool(torch.equal(static_d, ((a.float() @ b.float()) * sb * (sa * 2)).to(torch.bfloat16)))
+    return dict(same=same, launches=launches, graph_ok=graph_ok)
+
+
+def scaled_rejects():
+    """Bad input is a TandemError (status) before any launch."""
+    dev = "cuda"
+    m, n, k = 256, 512, 1024
+    a = torch.zeros(m, k, device=dev, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(n, k, device=dev, dtype=torch.float8_e4m3fn).t()
+    sa, sb = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+    cases = {
+        "bf16 a": (a.to(torch.bfloat16), b, sa, sb),
+        "row-major b": (a, b.contiguous(), sa, sb),
+        "mixed scalings": (a, b, sa, torch.ones((), device=dev)),
+        "fp16 scale": (a, b, sa.half(), sb),
+        "cpu scale": (a, b, sa.cpu(), sb),
+        "k not a multiple of 16": (a[:, :1000], b[:1000], sa, sb),
+        "misaligned a": (torch.zeros(m * k + 8, device=dev, dtype=torch.float8_e4m3fn)[8:].view(m, k), b, sa, sb),
+        "misaligned scale": (a, b, torch.ones(m + 1, device=dev)[1:].view(m, 1), sb),
+    }
+    out = {}
+    for name, args in cases.items():
+        try:
+            torch.ops.tandem.scaled_gemm(*args)
+            out[name] = None
+        except TandemError as e:
+            out[name] = e.status
+    return out
+
+
+def op_variants(shapes):
+    """torch.ops.tandem.gemm's configurations through the op (gemm_with(variant=...), the path gemm_plan.choose's
+    pick takes): exact on structured data, and an unknown name or fp16 with a variant refused before launch."""
+    from tandem.ops import gemm_plan
+    from tandem.ops.gemm import gemm_with
+
+    out = dict(rows=[], refused={})
+    for m, n, k in shapes:
+        a, b = _structured(m, n, k, torch.bfloat16)
+        ref = (a.float() @ b.float()).to(torch.bfloat16)
+        for name in gemm_plan.CONFIGS:
+            got = gemm_with(a, b, variant=name)
+            again = gemm_with(a, b, variant=name)  # the prepared call
+            torch.cuda.synchronize()
+            out["rows"].append(dict(shape=[m, n, k], variant=name, wrong=int((got != ref).sum()),
+                                    same=bool(torch.equal(got, again))))
+        out["rows"].append(dict(shape=[m, n, k], variant="op", wrong=int((torch.ops.tandem.gemm(a, b) != ref).sum()),
+                                same=True, chose=gemm_plan.choose(m, n, k, torch.cuda.get_device_properties(0)
+                                                                  .multi_processor_count)))
+    a, b = _structured(256, 256, 256, torch.float16)
+    for name, call in (("unknown", lambda: gemm_with(a.bfloat16(), b.bfloat16(), variant="nope")),
+                       ("fp16 variant", lambda: gemm_with(a, b, variant="pingpong_128x128_c1"))):
+        try:
+            call()
+            out["refused"][name] = None
+        except TandemError as e:
+            out["refused"][name] = e.status
+    return out

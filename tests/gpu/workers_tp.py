@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import torch
@@ -101,6 +102,34 @@ def _ar_case(comm, mr, n, k, dtype, mode, algo):
     rel = float((out.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))
     return dict(shape=[m, n, k], dtype=str(dtype), mode=mode, algo=algo, wrong=int((out != ref).sum()), rel=rel,
                 rows=out.shape[0], digest=_digest(out))
+
+
+def rs_pieces(rs_shapes, dtypes, pieces, repeats):
+    """The fused GEMM+RS and two-shot GEMM+AR computed in pieces (TANDEM_RS_PIECES, read by the kernels' host side
+    at every launch), each case `repeats` times in a row (the piece flags of consecutive epochs), against the same
+    bit-exact references as the whole-chunk kernel."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    from tandem._native import native
+
+    K = native().kernels
+    os.environ["TANDEM_RS_PIECES"] = str(pieces)
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    out = dict(rs=[], ar=[])
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for (mr, n, k) in rs_shapes:
+                for _ in range(repeats):
+                    out["rs"].append(_rs_case(comm, mr, n, k, dtype, "fused"))
+                    out["rs"][-1]["pieces"] = K.tp_last_fused_rs_pieces()  # the pieces kernel ran, not a fallback
+                    out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", "two_shot"))
+                    out["ar"][-1]["pieces"] = K.tp_last_fused_rs_pieces()
+    finally:
+        os.environ.pop("TANDEM_RS_PIECES", None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
 
 
 def correctness(ag_shapes, rs_shapes, dtypes, modes):
@@ -526,6 +555,72 @@ def pipelined(ag_shapes, rs_shapes, dtypes, launches):
     comm.check()
     out["graph_ok"] = graph_ok
     del g
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+# ---- FP8 GEMM+RS / GEMM+AR (tandem.ops.tp.scaled_gemm_rs / scaled_gemm_ar) -------------------------------------
+
+def _fp8_rank_operands(m, n, k, q, scaling):
+    """Rank q's e4m3 a (M x K row-major), b (K x N column-major) and scales: small integers / 4 (exact in e4m3) and
+    power-of-two scales, so every rank's partial is exact in fp32 before its one rounding to bf16."""
+    i = torch.arange(m, device="cuda").view(-1, 1)
+    kk = torch.arange(k, device="cuda").view(1, -1)
+    a = ((((i * 7 + kk * 3 + (i * kk) % 5 + q * 5) % 9) - 4).float() / 4).to(torch.float8_e4m3fn)
+    j = torch.arange(n, device="cuda").view(-1, 1)
+    b = ((((j * 5 + kk * 11 + q * 3) % 7) - 2).float() / 4).to(torch.float8_e4m3fn).t()
+    if scaling == "tensor":
+        return a, b, torch.tensor(2.0 ** (q % 3 - 1), device="cuda"), torch.tensor(2.0 ** (q % 2), device="cuda")
+    sa = torch.pow(2.0, ((torch.arange(m, device="cuda") + q) % 5 - 2).float()).view(m, 1).contiguous()
+    sb = torch.pow(2.0, ((torch.arange(n, device="cuda") + 2 * q) % 3 - 1).float()).view(1, n).contiguous()
+    return a, b, sa, sb
+
+
+def _fp8_partial(a, b, sa, sb):
+    return ((a.float() @ b.float()) * sb * sa).to(torch.bfloat16).float()
+
+
+def scaled_rs_ar(rs_shapes):
+    """scaled_gemm_rs / scaled_gemm_ar against the kernels' fixed order over bf16-rounded partials, exact."""
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(rs=[], ar=[])
+    for (mr, n, k) in rs_shapes:
+        m = mr * world
+        for scaling in ("tensor", "row"):
+            ops_in = [_fp8_rank_operands(m, n, k, q, scaling) for q in range(world)]
+            parts = [_fp8_partial(*x) for x in ops_in]
+
+            def owner_rows(o):
+                acc = None
+                for s in range(world):
+                    p = parts[(o - 1 - s) % world][o * mr:(o + 1) * mr]
+                    acc = p if acc is None else acc + p
+                return acc.to(torch.bfloat16)
+
+            got = tp.scaled_gemm_rs(comm, *ops_in[rank])
+            torch.cuda.synchronize()
+            comm.check()
+            out["rs"].append(dict(shape=[m, n, k], scaling=scaling, wrong=int((got != owner_rows(rank)).sum())))
+            for algo in ("one_shot", "two_shot"):
+                got = tp.scaled_gemm_ar(comm, *ops_in[rank], algo=algo)
+                torch.cuda.synchronize()
+                comm.check()
+                ref = torch.cat([owner_rows(o) for o in range(world)])
+                out["ar"].append(dict(shape=[m, n, k], scaling=scaling, algo=algo, wrong=int((got != ref).sum()),
+                                      digest=_digest(got)))
+    # bad input is refused before any launch
+    a, b, sa, sb = _fp8_rank_operands(8 * world, 64, 64, 0, "row")
+    refused = {}
+    for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
+                       ("M not a multiple of the world", (a[:8 * world - 1], b, sa[:8 * world - 1], sb))):
+        try:
+            tp.scaled_gemm_rs(comm, *args)
+            refused[name] = None
+        except TandemError as e:
+            refused[name] = e.status
+    out["refused"] = refused
     tp.release_workspaces(comm)
     comm.destroy()
     return out

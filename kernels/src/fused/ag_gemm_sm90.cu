@@ -45,6 +45,8 @@ struct AgParams {
   int comm_blocks;
   bool gemm_role;
   int ranks_per_node;  // L; world / L nodes
+  runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1). Copy blocks: 0 start, 1 own rows copied, 1+i
+                               // destination i sent; GEMM blocks: 0 start, 1 done; every block 46 at the end
 };
 
 template <class P>
@@ -62,6 +64,7 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
   if (p.a_local != mine && hi > lo) st = put_bulk_block(comm, mine + lo, p.a_local + lo, hi - lo, rank, stage,
                                                         kStageBytes, bars);
   __syncthreads();
+  p.timeline.stamp(1);
   if (threadIdx.x == 0 && last_of(&ctl->local_count[rank], p.comm_blocks)) {
     const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, rank);
     if (st == Status::kOk) st = s;
@@ -78,6 +81,7 @@ __device__ void ag_copy_role(const P& p, int cb, uint64_t e, char* smem) {
     // Source: this rank's slice of its own gathered buffer (in the heap, which the proxy path needs).
     if (hi > lo) st = put_bulk_block(comm, mine + lo, mine + lo, hi - lo, q, stage, kStageBytes, bars);
     __syncthreads();
+    if (1 + i < 40) p.timeline.stamp(1 + i);  // (slots 40 and up are the end's)
     if (threadIdx.x == 0 && last_of(&ctl->local_count[q], p.comm_blocks)) {
       const Status s = signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
       if (st == Status::kOk) st = s;
@@ -113,6 +117,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   Control* ctl = p.ctl;
   const uint64_t e = current_epoch(ctl);
   const DeviceComm& comm = p.comm;
+  p.timeline.stamp(0);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
     for (int q = 0; q < comm.world; ++q)
       if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e - 1, SignalOp::kSet, q);
@@ -122,7 +127,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       [&] {
         GemmKernel op;
         op(p.gemm, smem);
+        p.timeline.stamp(1);
       });
+  p.timeline.stamp(46);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     // The proxy reads this rank's rows from the heap: they may be overwritten once every command is delivered.
     if (p.ranks_per_node < comm.world) (void)quiet(comm);
@@ -165,6 +172,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
   p.comm_blocks = plan.comm_blocks;
   p.gemm_role = gemm_role;
   p.ranks_per_node = Topology::of(rank, world, a.ranks_per_node).L;
+  p.timeline.stamps = timeline_for_launch(stream);
   dim3 grid;
   if (gemm_role) {
     gemm::GemmArgs g;
@@ -181,6 +189,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     g.sm_count = plan.sm_count - plan.comm_blocks;
     auto args = G::arguments(g);
     args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    args.scheduler.max_swizzle_size = FusedKnobs::from_env().swizzle;
     gemm::ArrivalSchedule& s = args.scheduler.arrival;
     s.comm = a.comm;
     s.flags = p.ctl->arrive;

@@ -43,6 +43,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
 #include "../gemm/sm90_config.hpp"
 #include "tandem/kernels/roles/stream.cuh"
 #include "tp_common.cuh"
@@ -67,6 +71,7 @@ struct RsParams {
   char* out;            // (M / W) x N: RS the user's output; AR this rank's chunk of the partial buffer
   char* gather_out;     // AR: the user's M x N output (rows of chunk c at c * chunk_elems); RS: null
   int64_t chunk_elems;  // (M / W) * N
+  int64_t chunk_rows;   // M / W
   int reduce_rows_y;  // blocks with blockIdx.y below this reduce; the GEMM's follow (fused)
   int gemm_blocks;
   int reduce_blocks;
@@ -75,11 +80,27 @@ struct RsParams {
   int ranks_per_node;   // L; world / L nodes
   char* recv;           // symmetric, N > 1: node partials of my rows, slot n = node n's (N x chunk)
   NodeFlags* node_flags;
+  bool common_order;    // diagnostic (TANDEM_RS_ORDER=common): chunks 0, 1, ... on every rank
+  bool fused_one_pass;  // diagnostic (TANDEM_RS_REDUCE=onepass): the fused reduction waits for all, one pass
+  runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
+  // Pieces (one node, two-shot; 1 = whole chunks): every chunk's GEMM in `pieces` pieces of piece_rows rows (the
+  // scheduler's piece_len), computed by every rank in the order piece 0 of chunks 0, 1, ..., then piece 1, ...;
+  // piece j of chunk o is announced by piece_arrive[r] = rows_flag(e, its last row + 1) on o (the last piece also
+  // by arrive[r] = e, as a whole chunk is), and o reduces it in one pass.
+  int pieces;
+  int piece_rows;
+  int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
 };
+
+// Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
+// computed, 3+3s its stores complete. Reduce blocks: 0 start; source s acquired 1+2s, added 2+2s (one pass:
+// 1 all acquired, 2 reduced); AR gather 40 start, 41 end. Every block: 46 before the end-of-launch protocol.
+constexpr int kSlotGatherStart = 40, kSlotGatherEnd = 41, kSlotEnd = 46;
 
 // The chunk the GEMM computes at step s: other nodes first (node n+1, ...; local index 0 .. L-1), then this node's
 // chunks l+1, l+2, ..., l (one node: r+1, r+2, ..., r).
-__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s) {
+__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
+  if (common_order && t.N == 1) return s;
   const int remote = (t.N - 1) * t.L;
   if (s < remote) return t.rank_of(t.node_at(1 + s / t.L), s % t.L);
   return t.rank_of(t.node, t.local_at(1 + s - remote));
@@ -114,14 +135,16 @@ struct CudaType<cutlass::half_t> {
 // into out and out2). source(s) waits for source s (thread 0) and returns its slice base, or null to stop.
 template <class Element, class Source>
 __device__ __forceinline__ bool reduce_stream(int steps, int64_t lo, int64_t hi, float* acc, char* out, char* out2,
-                                              Source&& source) {
+                                              const runtime::Timeline& tl, Source&& source) {
   using T = typename CudaType<Element>::type;
   for (int s = 0; s < steps; ++s) {
     const uint4* src = source(s);
     if (src == nullptr) return false;
+    if (2 + 2 * s < kSlotGatherStart) tl.stamp(1 + 2 * s);  // (slots 40 and up are the gather's and the end's)
     roles::accumulate_vectors<T>(src, lo, hi, reinterpret_cast<float4*>(acc), s == 0, s + 1 == steps,
                                  reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
     __syncthreads();
+    if (2 + 2 * s < kSlotGatherStart) tl.stamp(2 + 2 * s);
   }
   return true;
 }
@@ -131,26 +154,26 @@ __device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t
   roles::copy_vectors<8>(dst, src, lo, hi);
 }
 
-// One node, every partial of this rank's rows complete or about to be (the unfused path: the GEMMs ran before
-// this kernel): wait for all sources, then one pass in registers in the fixed order q = r-1, r-2, ..., r (the
-// same fp32 adds as the step-by-step path: the same bits). No fp32 accumulator in memory: W reads and one
-// write per element instead of about 5 W.
 template <class Element, class P>
-__device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, char* out2, uint64_t e) {
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e);
+
+// One node, one pass in registers over every rank's partial of this rank's rows, in the fixed order q = r-1,
+// r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
+// instead of about 5 W through an fp32 accumulator in memory. The rows go in `pieces` pieces of piece_rows rows,
+// split over the reduce blocks like the whole chunk would be: piece j once every rank announced it
+// (piece_arrive[q] >= rows_flag(e, its end): the fused kernel in pieces), or with one piece once every partial is
+// complete (arrive[q] >= e: the unfused path, whose GEMMs ran before this kernel, and the fused one-pass knob).
+// One code path for all of them: a second copy of the unrolled reduction spills more of the fused kernel's
+// registers.
+template <class Element, bool kPieceFlags, class P>
+__device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows, char* out, char* out2, uint64_t e) {
   using namespace tandem::device;
   using T = typename CudaType<Element>::type;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
   const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
-  Status st = Status::kOk;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < world && st == Status::kOk; ++s) {
-      const int q = ((rank - 1 - s) % world + world) % world;
-      st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
-    }
-  }
-  if (!block_ok(st)) return false;
+  const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
   // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
   // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
   const uint4* src[kMaxFusedRsWorld];
@@ -158,10 +181,34 @@ __device__ bool reduce_one_pass(const P& p, int64_t lo, int64_t hi, char* out, c
     src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
     if (src[s] == nullptr) return false;  // refused on the host (load/store peers only)
   }
-  return roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+  for (int j = 0; j < pieces; ++j) {
+    const int64_t r0 = static_cast<int64_t>(j) * piece_rows;
+    const int64_t r1 = r0 + piece_rows < p.chunk_rows ? r0 + piece_rows : p.chunk_rows;
+    if (r0 >= r1) break;
+    Status st = Status::kOk;
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < world && st == Status::kOk; ++s) {
+        const int q = ((rank - 1 - s) % world + world) % world;
+        if constexpr (kPieceFlags)
+          st = wait_until_backoff(comm, &p.ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, r1), kRolePollNs, q);
+        else
+          st = wait_until_backoff(comm, &p.ctl->arrive[q], Cmp::kGe, e, kRolePollNs, q);
+      }
+    }
+    if (!block_ok(st)) return false;
+    if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(1 + 2 * j);
+    const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row;
+    const int64_t lo = v0 + nv * rb / p.reduce_blocks, hi = v0 + nv * (rb + 1) / p.reduce_blocks;
+    const bool ok =
+        roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+    __syncthreads();
+    if (!ok) return false;  // more sources than the one-pass reduction takes (refused by its callers)
+    if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(2 + 2 * j);
+  }
+  return true;
 }
 
-template <class Element, class P>
+template <class Element, bool kPieces, class P>
 __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   using namespace tandem::device;
   const DeviceComm& comm = p.comm;
@@ -180,7 +227,7 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     const int n_o = t.node_at(d), o = t.rank_of(n_o, t.local);
     char* chunk = const_cast<char*>(p.partial) + static_cast<size_t>(o) * chunk_bytes;
     if (t.L > 1) {
-      const bool ok = reduce_stream<Element>(t.L, lo, hi, p.acc, chunk, nullptr, [&](int j) -> const uint4* {
+      const bool ok = reduce_stream<Element>(t.L, lo, hi, p.acc, chunk, nullptr, runtime::Timeline{}, [&](int j) -> const uint4* {
         const int q = t.rank_of(t.node, j);
         if (threadIdx.x == 0) st = wait_until(comm, &ctl->node_arrive[n_o * t.L + j], Cmp::kGe, e, q);
         if (!block_ok(st)) return nullptr;
@@ -196,11 +243,20 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
                                    bytes, &p.node_flags->partial_in[t.node][rb], e, SignalOp::kSet, o);
     if (!block_ok(st)) return;
   }
-  // 2. This rank's rows: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
-  //    One node after the plain GEMM (unfused): every partial is complete, so one pass in registers.
-  const bool one_pass = t.N == 1 && p.mode == RsMode::kReduceOnly;
-  const bool ok = one_pass ? reduce_one_pass<Element>(p, lo, hi, p.out, own_out, e) :
-                  reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, [&](int s) -> const uint4* {
+  // 2. This rank's rows. The fused kernel in pieces (one node): piece by piece in one pass as every rank
+  //    announces it. Otherwise, one node: in one pass (reduce_pieces, one piece) after the plain GEMM (unfused:
+  //    every partial is complete) or after every partial (the fused one-pass knob); else step by step as the
+  //    partials land: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
+  if constexpr (kPieces) {
+    if (reduce_pieces<Element, true>(p, rb, p.pieces, p.piece_rows, p.out, own_out, e))
+      gather_reduced<Element>(p, t, rb, lo, hi, e);
+    return;
+  }
+  // (one pass holds a source pointer per rank in registers: at most kMaxFusedRsWorld ranks; more go step by step)
+  const bool one_pass = t.N == 1 && world <= kMaxFusedRsWorld && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
+  const bool ok = one_pass ? reduce_pieces<Element, false>(p, rb, 1, p.chunk_rows, p.out, own_out, e) :
+                  reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, p.timeline,
+                                         [&](int s) -> const uint4* {
     if (s < t.N - 1) {
       const int n = t.node_at(-1 - s);
       if (threadIdx.x == 0)
@@ -213,7 +269,21 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
     if (!block_ok(st)) return nullptr;
     return reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, q));  // null: refused on the host
   });
-  if (!ok || p.gather_out == nullptr) return;
+  if (!ok) return;
+  gather_reduced<Element>(p, t, rb, lo, hi, e);
+}
+
+// AR (p.gather_out set): publish this rank's reduced rows and gather every owner's; RS: nothing.
+template <class Element, class P>
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e) {
+  using namespace tandem::device;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank;
+  Control* ctl = p.ctl;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  Status st = Status::kOk;
+  if (p.gather_out == nullptr) return;
+  p.timeline.stamp(kSlotGatherStart);
   // AR: publish this rank's reduced rows (its partial chunk, p.out): to this node by a flag, to the other nodes'
   // representatives of this chunk by puts of each slice; then gather every chunk (same slicing on every rank).
   {
@@ -257,6 +327,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
       copy_slice(reinterpret_cast<uint4*>(p.gather_out + off), src, lo, hi);
     }
   }
+  __syncthreads();
+  p.timeline.stamp(kSlotGatherEnd);
 }
 
 // AR one-shot: wait for every rank's whole partial, then reduce every row in registers, in the order its owner c
@@ -287,7 +359,9 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   }
 }
 
-template <class Element, class GemmKernel>
+// kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
+// whole-chunk kernel's registers stay as they were.
+template <class Element, class GemmKernel, bool kPieces>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
@@ -296,6 +370,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
   const uint64_t e = current_epoch(ctl);
+  p.timeline.stamp(0);
   if (p.mode == RsMode::kWaitReady) {  // before the unfused GEMM overwrites the partial buffer
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
       Status st = Status::kOk;
@@ -310,26 +385,45 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   // the runtime's roles over the grid (reduce rows first, then the GEMM's), with both bodies inline here
   if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
-    for (int s = 0; s < world; ++s) {
-      const int o = rs_chunk_at(t, s);
-      if (threadIdx.x == 0 && st == Status::kOk)
-        st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
-      // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
-      // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
-      // done with this rank's partial of e - 1.
-      const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
-      if (wait_all && threadIdx.x == 0) {
-        for (int q = 0; q < world && st == Status::kOk; ++q)
-          st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+    // Pieces: steps (o, j) = piece j of chunk o in the order j-major, o = 0, 1, ... (the same on every rank);
+    // else chunk by chunk, owner r+1 first.
+    for (int s = 0; s < world * (kPieces ? p.pieces : 1); ++s) {
+      const int j = kPieces ? s / world : 0;
+      const int o = kPieces ? s % world : rs_chunk_at(t, s, p.common_order);
+      if (j == 0) {
+        if (threadIdx.x == 0 && st == Status::kOk)
+          st = wait_until_backoff(comm, &ctl->ready[o], Cmp::kGe, e - 1, kRolePollNs, o);
+        // AR two-shot: chunk r holds the reduced rows too (and across nodes so do the chunks this rank
+        // represents, which come first); one-shot: every rank reads every chunk. Either way every rank must be
+        // done with this rank's partial of e - 1.
+        const bool wait_all = p.gather_out != nullptr && (p.one_shot || t.N > 1 ? s == 0 : o == rank);
+        if (wait_all && threadIdx.x == 0) {
+          for (int q = 0; q < world && st == Status::kOk; ++q)
+            st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+        }
       }
+      // The scheduler reads this call's piece (after the barrier below).
+      if (kPieces && threadIdx.x == 0) p.piece_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x] = j;
       // A failed wait leaves the abort flag up; the chunk is still computed so every block stays in step.
       __syncthreads();
+      if (!kPieces) p.timeline.stamp(1 + 3 * s);
       GemmKernel op;
       op(p.gemm[o], smem);
+      if (!kPieces) p.timeline.stamp(2 + 3 * s);
       complete_bulk_stores();
       __syncthreads();
-      if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
+      p.timeline.stamp(!kPieces ? 3 + 3 * s : (1 + s < kSlotGatherStart ? 1 + s : kSlotGatherStart - 1));
+      if constexpr (kPieces) {
+        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks)) {
+          const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
+          const bool last = rows >= p.chunk_rows;
+          (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+          if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+        }
+      } else if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
         if (!p.one_shot) {
+          // an owner reducing in pieces waits for the rows (one node)
+          if (t.N == 1) (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, p.chunk_rows), SignalOp::kSet, o);
           announce_chunk(p, t, o, e);
         } else if (s + 1 == world) {  // one-shot: the whole partial is complete (every block's every chunk)
           for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
@@ -339,8 +433,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   } else {
     const int rb = runtime::grid_block_index();
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
-    else rs_reduce_role<Element>(p, rb, e);
+    else rs_reduce_role<Element, kPieces>(p, rb, e);
   }
+  p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
@@ -350,9 +445,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
-// Workspace: control block | node flags | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
+// Workspace: control block | node flags | piece table | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
 constexpr size_t round256(size_t b) { return (b + 255) & ~size_t(255); }
-constexpr size_t kPartialOffset = kControlBytes + round256(kNodeFlagBytes);
+constexpr size_t kPieceTableOffset = kControlBytes + round256(kNodeFlagBytes);
+constexpr size_t kPartialOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
 Topology topology_of(const GemmRsArgs& a) { return Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node); }
 size_t recv_offset(const GemmRsArgs& a) { return kPartialOffset + round256(static_cast<size_t>(a.m) * a.n * 2); }
 size_t acc_offset(const GemmRsArgs& a) {
@@ -365,10 +461,39 @@ size_t acc_offset(const GemmRsArgs& a) {
 // goes between the wait and the reduction).
 enum class Stages { kAll, kReduceOnly, kWaitOnly };
 
-template <class Element>
+// The fused GEMM+RS/AR in pieces (TANDEM_RS_PIECES; one node, two-shot, the scheduler's plain order): pieces of
+// whole rows of 2x1 clusters (256 rows); "auto": at least about four waves of the GEMM's grid each, at most
+// kMaxPieces a chunk; a number S: S pieces (or fewer, of whole cluster rows). 1 = whole chunks.
+struct PiecePlan {
+  int pieces = 1;
+  int rows = 0;  // rows of a piece (the last may be shorter)
+  int len = 0;   // the scheduler's linear indices of a piece
+};
+PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, const FusedKnobs& knobs) {
+  PiecePlan pp;
+  if (knobs.pieces == 0 || topology_of(a).N != 1 || one_shot || knobs.raster_m || knobs.swizzle != 1) return pp;
+  const int mr = a.m / a.comm.world;
+  const int tiles_n = (a.n + 255) / 256, m_clusters = ((mr + 127) / 128 + 1) / 2;
+  const int gemm_sms = plan.sm_count - plan.comm_blocks;
+  // auto: at least ~4 waves a piece, at most kMaxPieces; S: as close to S pieces as whole cluster rows allow
+  const int want = knobs.pieces > 0 && knobs.pieces < kMaxPieces ? knobs.pieces : kMaxPieces;
+  int per = knobs.pieces < 0 ? (4 * gemm_sms + 2 * tiles_n - 1) / (2 * tiles_n) : 1;
+  per = per < 1 ? 1 : per;
+  per = per < (m_clusters + want - 1) / want ? (m_clusters + want - 1) / want : per;
+  const int pieces = (m_clusters + per - 1) / per;
+  if (pieces > 1) {
+    pp.pieces = pieces;
+    pp.rows = per * 256;
+    pp.len = per * 2 * tiles_n;
+  }
+  return pp;
+}
+
+template <class Element, bool kPieces = false>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
                  std::string* why, Stages stages = Stages::kAll) {
-  using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
+  using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kPieces, gemm::ArrivalPiecesSchedulerTag,
+                                                                gemm::ArrivalSchedulerTag>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -383,13 +508,24 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.ranks_per_node = topology_of(a).L;
   p.recv = ws + recv_offset(a);
   p.node_flags = reinterpret_cast<NodeFlags*>(ws + kControlBytes);
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.common_order = knobs.common_order;
+  p.fused_one_pass = knobs.one_pass;
+  p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
     p.gather_out = static_cast<char*>(a.out);
     p.out = ws + kPartialOffset + static_cast<size_t>(a.comm.rank) * mr * a.n * sizeof(Element);
     p.one_shot = one_shot;
   }
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.chunk_rows = mr;
   p.reduce_blocks = plan.comm_blocks;
+  p.pieces = 1;
+  p.piece_of_block = reinterpret_cast<int32_t*>(ws + kPieceTableOffset);
+  const PiecePlan pieces = kPieces ? piece_plan(a, plan, one_shot, knobs) : PiecePlan{};
+  if (kPieces && (!fused || pieces.pieces <= 1)) return fail(why, "no pieces for this launch", Status::kInternal);
+  p.pieces = pieces.pieces;
+  p.piece_rows = pieces.rows;
   auto chunk_args = [&](int o, int sm_count) {
     gemm::GemmArgs g;
     g.m = mr;
@@ -406,8 +542,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     return g;
   };
   const auto launch = [&](dim3 grid, int smem) {
-    const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel>, grid, Kernel::MaxThreadsPerBlock, smem,
-                                             stream, p);
+    const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel, kPieces>, grid,
+                                             Kernel::MaxThreadsPerBlock, smem, stream, p);
     return err == cudaSuccess ? Status::kOk
                               : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
   };
@@ -432,14 +568,21 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   dim3 gg{};
   for (int o = 0; o < world; ++o) {
     auto args = G::arguments(chunk_args(o, plan.sm_count - plan.comm_blocks));
-    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = knobs.raster_m ? Raster::AlongM : Raster::AlongN;
+    args.scheduler.max_swizzle_size = knobs.swizzle;
     args.scheduler.arrival.chunks = 1;  // no waits: flags stay null; only the grid is pinned below
     args.scheduler.arrival.chunk_rows = mr;
+    args.scheduler.arrival.piece_len = pieces.len;
+    args.scheduler.arrival.piece_of_block = kPieces ? p.piece_of_block : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (o == 0) {
+      // The scheduler's persistent grid: (2, clusters) along N, (2 x clusters, 1) along M. Either way it is
+      // launched as (2, clusters) below the role rows; the scheduler numbers the blocks cluster-minor first.
       gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
-      if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      if (gg.z != 1 || (gg.x != 2 && gg.y != 1) || (gg.x * gg.y) % 2) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(2, gg.x * gg.y / 2, 1);
     }
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
@@ -448,18 +591,75 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   }
   p.reduce_rows_y = plan.comm_blocks / 2;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  if (p.pieces > 1 && p.gemm_blocks > kMaxGemmBlocks) return fail(why, "too many GEMM blocks for the piece table", Status::kInternal);
   return launch(dim3(2, gg.y + plan.comm_blocks / 2, 1), Kernel::SharedStorageSize);
 }
 
 }  // namespace
 
+namespace detail {
+
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first traced launch
+}  // namespace
+int g_last_fused_pieces = 0;
+
+uint64_t* timeline_for_launch(cudaStream_t stream) {
+  if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
+  const size_t bytes = sizeof(uint64_t) * runtime::kTimelineBlocks * runtime::kTimelineSlots;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+    return nullptr;  // no allocation (nor a memset node) inside a capture: graph replays are not traced
+  if (g_timeline == nullptr && cudaMalloc(&g_timeline, bytes) != cudaSuccess) {
+    g_timeline = nullptr;
+    return nullptr;
+  }
+  return cudaMemsetAsync(g_timeline, 0, bytes, stream) == cudaSuccess ? g_timeline : nullptr;
+}
+
+FusedKnobs FusedKnobs::from_env() {
+  FusedKnobs k;
+  if (const char* v = std::getenv("TANDEM_TP_SWIZZLE")) {
+    const int s = std::atoi(v);
+    k.swizzle = s == 2 || s == 4 || s == 8 ? s : 1;
+  }
+  k.raster_m = env_is("TANDEM_TP_RASTER", "m");
+  k.common_order = env_is("TANDEM_RS_ORDER", "common");
+  k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
+  if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
+  return k;
+}
+
+}  // namespace detail
+
+cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
+  out->clear();
+  if (detail::g_timeline == nullptr) return cudaSuccess;
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return e;
+  out->assign(static_cast<size_t>(runtime::kTimelineBlocks) * runtime::kTimelineSlots, 0);
+  return cudaMemcpy(out->data(), detail::g_timeline, sizeof(uint64_t) * out->size(), cudaMemcpyDeviceToHost);
+}
+
+int timeline_slots() { return runtime::kTimelineSlots; }
+int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
+
 cudaError_t preload_rs_kernels() {
   using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
   using H = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel;
+  using BP = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
+  using HP = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
   cudaFuncAttributes attr{};
-  const cudaError_t a = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B>);
-  const cudaError_t b = cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H>);
-  return a != cudaSuccess ? a : b;
+  const cudaError_t e[] = {cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B, false>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H, false>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, BP, true>),
+                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, HP, true>)};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
 }
 
 cudaError_t preload_kernels() {
@@ -501,9 +701,16 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
+  // The fused kernel in pieces is its own instantiation (TANDEM_RS_PIECES; see piece_plan).
+  const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
+  const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
+  const bool pieces = piece_count > 1;
+  if (fused) detail::g_last_fused_pieces = piece_count;
   if (a.dtype == DType::kFP16)
-    return run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
-  return run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+    return pieces ? run_typed<cutlass::half_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                  : run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  return pieces ? run_typed<cutlass::bfloat16_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                : run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tandem/kernels/runtime/persistent.cuh"
+#include "tandem/kernels/runtime/trace.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
 
@@ -44,9 +45,22 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t node_arrive[kMaxWorld]; // RS/AR at a representative: [n_o * L + j] = local rank j's partial of chunk
                                    // (n_o, my local index) is complete
   uint64_t forward_count[kMaxWorld]; // local: AG blocks done republishing chunk c to this node's ranks
+  uint64_t piece_arrive[kMaxWorld];  // RS/AR, one node: rows_flag(e, rows) = rank r's partial of my rows is
+                                     // complete up to row `rows` (pieces: after each piece; whole chunks: at
+                                     // the end of the chunk)
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
+// Piece flags count rows: epoch e, the partial complete up to row `rows` of the chunk (rows < 2^32). Monotonic
+// within a launch (rows grow) and across launches (e dominates), and independent of how a rank cut its chunk
+// into pieces: an owner that cut its rows otherwise (another TANDEM_RS_PIECES, another SM count) waits for the
+// rows it reads, never for a piece number.
+constexpr int kMaxPieces = 8;
+__host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
+  return (e << 32) | static_cast<uint64_t>(rows);
+}
+// The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
+constexpr int kMaxGemmBlocks = 256;
 
 // Node layout of a TP op: W ranks in N = W / L nodes of L consecutive ranks (rank = node * L + local). One node
 // (L = W) is the load/store case; with N > 1 peers of other nodes are reached through the proxy, and every
@@ -95,6 +109,29 @@ using runtime::launch_clustered;
 using runtime::split16;
 using runtime::workspace_in_heap;
 using runtime::WorkspaceCarver;
+
+// Diagnostics (tools/diag/tp_trace.py; none of these is read unless its variable is set, and the defaults are the
+// kernels' own choices):
+//   TANDEM_TP_TRACE=1     the TP kernels record their per-block timeline (runtime::Timeline) into one device
+//                         buffer, zeroed before each launch and read back by tp::timeline_snapshot()
+//   TANDEM_TP_SWIZZLE=s   the fused GEMM roles' tile-scheduler swizzle (1, 2, 4, 8; default 1)
+//   TANDEM_TP_RASTER=m    the fused GEMM+RS chunks walk their tiles along M (default: along N)
+//   TANDEM_RS_ORDER=common  every rank computes the chunks in the same order 0, 1, ... (default: owner r+1 first)
+//   TANDEM_RS_REDUCE=onepass  the fused reduction waits for every partial, then one pass in registers (default:
+//                         one step per partial as it lands, fp32 accumulator in memory)
+//   TANDEM_RS_PIECES=auto|S  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
+//                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
+//                         and the owner reduces each piece in one pass as soon as every rank has it
+uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
+extern int g_last_fused_pieces;  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+struct FusedKnobs {
+  int swizzle = 1;
+  bool raster_m = false;
+  bool common_order = false;
+  bool one_pass = false;
+  int pieces = 0;  // TANDEM_RS_PIECES: 0 = whole chunks (default), -1 = auto, else at most this many a chunk
+  static FusedKnobs from_env();
+};
 
 // What every TP op checks besides its shapes: the world size; operands and workspace non-null and 16-byte
 // aligned (TMA rows; `names` says which they are, for the message); the workspace inside the symmetric heap;

@@ -1,56 +1,139 @@
-"""GEMM core benchmark at world 1: TFLOP/s of torch.ops.tandem.gemm next to cuBLAS (torch.matmul) in the same
-process, bf16, at the shapes of issue 4. CUDA events, warm-ups, median; several input sets rotate so that the
-L2 does not hold them."""
+"""GEMM benchmark at world 1 (issue 23): torch.ops.tandem.gemm against cuBLAS (torch.matmul) in bf16, and
+torch.ops.tandem.scaled_gemm against torch._scaled_mm in FP8 (e4m3, bf16 out) with tensor-wise and row-wise
+scales, in the same process, at the shapes of real layers: M in {256, 1024, 4096, 16384} crossed with the (N, K)
+of Llama-3-8B and -70B MLP layers (4096/14336 and 8192/28672, both orders), plus ragged shapes (sizes not
+multiples of 128). CUDA events, warm-ups, median; three input sets rotate so that the L2 does not hold them.
+
+Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3fn), scaling (none / tensor / row),
+tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8), baseline (its name), and the accuracy of tandem's
+result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
+core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
+the data a per-shape choice of configuration is to be built from (issue 23, part 1)."""
 
 from __future__ import annotations
 
+SIZES_M = (256, 1024, 4096, 16384)
+LAYERS_NK = ((4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192))
+RAGGED = ((3000, 5000, 4000), (1000, 1000, 1008), (777, 4104, 4096), (5000, 3000, 8208), (100, 8192, 8192),
+          (12345, 4096, 4096), (4096, 1000, 2064), (2500, 14336, 4096))
+SHAPES = [(m, n, k) for m in SIZES_M for (n, k) in LAYERS_NK] + list(RAGGED)  # M, N, K: 24
 
-SHAPES = [(8192, 8192, 8192), (8192, 6144, 12288), (16384, 3584, 8192)]  # M, N, K
+
+def _fp8_inputs(m, n, k, scaling):
+    """e4m3 a (M x K row-major), b (K x N column-major) and float32 scales of the given kind."""
+    import torch
+
+    a = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn).t()  # column-major K x N
+    if scaling == "tensor":
+        sa = torch.rand((), device="cuda") + 0.5
+        sb = torch.rand((), device="cuda") + 0.5
+    else:
+        sa = torch.rand(m, 1, device="cuda") + 0.5
+        sb = torch.rand(1, n, device="cuda") + 0.5
+    return a, b, sa, sb
 
 
-def run(shapes, reps, out_dir, command):
+def _variants_ms(sets, pick, reps):
+    """ms of each of the core's CUTLASS configurations on the whole GPU (None where one cannot run the shape)."""
+    import torch
+
+    from .._native import native
+    from ..ops._runtime import stream_handle
+    from ..ops.gemm import gemm_args
+    from . import common
+
+    K = native().kernels
+    a, b = sets[0]
+    d = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16)
+    out = {}
+    for name in K.gemm_variant_names():
+        args = [gemm_args(x, y, d) for x, y in sets]  # the Args made once, outside the timed calls
+        i = [0]
+
+        def call(name=name, args=args):
+            i[0] = (i[0] + 1) % len(args)
+            err = K.gemm_variant(name, args[i[0]], stream_handle(a.device))
+            if err:
+                raise RuntimeError(err)
+
+        try:
+            out[name] = common.time_launches(call, warmup=3, reps=reps) * 1e3
+        except RuntimeError:
+            out[name] = None
+    return out
+
+
+def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
     from .. import ops  # noqa: F401
-    from ..ops.gemm import gemm_with
     from . import common
 
     rows, data = [], []
-    for m, n, k in shapes:
-        sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(k, n, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
-        i = [0]
+    for m, n_shape, k in shapes:
+        for kind in dtypes:
+            n = n_shape
+            if kind == "bfloat16":
+                sets = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+                         torch.randn(k, n, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+                ours = lambda s: torch.ops.tandem.gemm(*s)  # noqa: E731
+                base = lambda s: torch.matmul(*s)  # noqa: E731
+                base_name, scaling, dtype = "cuBLAS", "none", "bfloat16"
+            else:
+                scaling = kind.split("_")[1]
+                n = n_shape + (-n_shape) % 16  # torch._scaled_mm wants N a multiple of 16: the next one up
+                sets = [_fp8_inputs(m, n, k, scaling) for _ in range(3)]
+                ours = lambda s: torch.ops.tandem.scaled_gemm(*s)  # noqa: E731
+                base = lambda s: torch._scaled_mm(s[0], s[1], s[2], s[3], out_dtype=torch.bfloat16)  # noqa: E731
+                base_name, dtype = "torch._scaled_mm", "float8_e4m3fn"
+            i = [0]
 
-        def pick():
-            i[0] = (i[0] + 1) % len(sets)
-            return sets[i[0]]
+            def pick():
+                i[0] = (i[0] + 1) % len(sets)
+                return sets[i[0]]
 
-        t_tandem = common.time_launches(lambda: torch.ops.tandem.gemm(*pick()), warmup=5, reps=reps)
-        t_cublas = common.time_launches(lambda: torch.matmul(*pick()), warmup=5, reps=reps)
-        # the scheduler's swizzle (the op's default is 1), in the same run
-        t_swz = {s: common.time_launches(lambda s=s: gemm_with(*pick(), swizzle=s), warmup=3, reps=reps)
-                 for s in (2, 4, 8)}
-        a, b = sets[0]
-        ref = (a.float() @ b.float())
-        got = torch.ops.tandem.gemm(a, b).float()
-        rel = float((got - ref).norm() / ref.norm())
-        flop = 2.0 * m * n * k
-        d = dict(m=m, n=n, k=k, tandem_tflops=flop / t_tandem / 1e12, cublas_tflops=flop / t_cublas / 1e12,
-                 rel_err=rel)
-        d["ratio"] = d["tandem_tflops"] / d["cublas_tflops"]
-        d["swizzle_tflops"] = {s: flop / t / 1e12 for s, t in t_swz.items()}
-        best = max(d["swizzle_tflops"], key=d["swizzle_tflops"].get)
-        data.append(d)
-        rows.append([f"{m}x{n}x{k}", f"{d['tandem_tflops']:.0f}", f"{d['cublas_tflops']:.0f}", f"{d['ratio']:.3f}",
-                     " / ".join(f"{d['swizzle_tflops'][s]:.0f}" for s in (2, 4, 8)),
-                     f"{d['swizzle_tflops'][best] / d['cublas_tflops']:.3f} (swizzle {best})", f"{rel:.1e}"])
-        sets = []  # free this shape's inputs before the next
+            d = dict(m=m, n=n, k=k, dtype=dtype, scaling=scaling, baseline=base_name,
+                     sm_count=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
+            if kind == "bfloat16":
+                from ..ops import gemm_plan
+
+                d["variant"] = gemm_plan.choose(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
+            try:
+                d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
+                d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
+                got, ref = ours(sets[0]).float(), base(sets[0]).float()
+                d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+                d["differ"] = int((got != ref).sum())
+                if kind == "bfloat16" and variants:
+                    d["variants_ms"] = _variants_ms(sets, pick, reps)
+            except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
+                d["error"] = str(e).splitlines()[0][:200]
+            data.append(d)
+            ratio = d["baseline_ms"] / d["tandem_ms"] if "tandem_ms" in d and "baseline_ms" in d else None
+            flop = 2.0 * m * n * k
+            rows.append([f"{m}x{n}x{k}", dtype, scaling,
+                         f"{d['tandem_ms']:.3f}" if "tandem_ms" in d else "-",
+                         f"{d['baseline_ms']:.3f}" if "baseline_ms" in d else "-", base_name,
+                         f"{ratio:.3f}" if ratio else "-",
+                         f"{flop / d['tandem_ms'] / 1e9:.0f}" if "tandem_ms" in d else "-",
+                         f"{d['rel_err']:.1e}" if "rel_err" in d else d.get("error", "-"),
+                         str(d.get("differ", "-"))])
+            sets = []  # free this case's inputs before the next
     meta = common.header(command)
-    table = common.markdown_table(["M x N x K (bf16)", "tandem TFLOP/s", "cuBLAS TFLOP/s", "tandem/cuBLAS",
-                                   "swizzle 2 / 4 / 8 TFLOP/s", "best swizzle/cuBLAS", "rel. error vs fp32"], rows)
-    print(f"# tandem GEMM core vs cuBLAS — {meta['device']}, commit {meta['commit']}, {meta['date']}")
+    table = common.markdown_table(["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline",
+                                   "baseline/tandem", "tandem TFLOP/s", "rel. error vs baseline",
+                                   "elements differing"], rows)
+    print(f"# tandem GEMM vs cuBLAS / torch._scaled_mm — {meta['device']}, commit {meta['commit']}, {meta['date']}")
     print(table)
-    common.write_outputs(out_dir, "gemm_w1", meta, table, dict(rows=data))
+    for dtype in sorted({d["dtype"] + "/" + d["scaling"] for d in data}):
+        r = [d["baseline_ms"] / d["tandem_ms"] for d in data
+             if d["dtype"] + "/" + d["scaling"] == dtype and "tandem_ms" in d and "baseline_ms" in d]
+        if r:
+            import math
+            print(f"{dtype}: geometric mean baseline/tandem {math.exp(sum(map(math.log, r)) / len(r)):.3f} over "
+                  f"{len(r)} shapes, lowest {min(r):.3f}")
+    common.write_outputs(out_dir, "gemm_w1", meta, table, data)
     return data
 
 
@@ -58,8 +141,12 @@ def main(argv=None) -> int:
     from . import common
 
     ap = common.parser("gemm", __doc__, reps=20, ranks=False)
-    ap.add_argument("--shapes", default=None, help="MxNxK,MxNxK,...")
+    ap.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the 24 of issue 23)")
+    ap.add_argument("--dtypes", default="bfloat16,fp8_tensor,fp8_row",
+                    help="which of bfloat16, fp8_tensor, fp8_row to run")
+    ap.add_argument("--no-variants", action="store_true", help="skip timing the core's other configurations")
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    run(shapes, a.reps, a.out, common.command_line("gemm", argv))
+    run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")),
+        variants=not a.no_variants)
     return 0

@@ -3,6 +3,7 @@ failure is a TandemError (a ValueError-like INVALID_ARGUMENT for bad input) nami
 
     import tandem.ops
     d = torch.ops.tandem.gemm(a, b)          # the Hopper GEMM core (world 1)
+    d = torch.ops.tandem.scaled_gemm(a8, b8, scale_a, scale_b)  # FP8 e4m3 with scales, bf16 out (torch._scaled_mm's)
     c = tandem.ops.ag_gemm(comm, a_local, b) # all_gather(a_local) @ b, one fused kernel
     o = tandem.ops.gemm_rs(comm, a, b)       # reduce_scatter(a @ b), one fused kernel
     y, lay = tandem.ops.moe_dispatch_gemm(comm, x, ids, w)  # MoE dispatch + the experts' GEMM, one kernel
@@ -11,8 +12,9 @@ failure is a TandemError (a ValueError-like INVALID_ARGUMENT for bad input) nami
 
 from __future__ import annotations
 
-from .gemm import gemm  # noqa: F401  (registers torch.ops.tandem.gemm)
+from .gemm import gemm, scaled_gemm  # noqa: F401  (registers torch.ops.tandem.gemm / scaled_gemm)
 from .tp import ag_gemm, gemm_ar, gemm_rs  # noqa: F401,E402  (registers torch.ops.tandem.ag_gemm / gemm_rs / gemm_ar)
+from .tp import scaled_gemm_ar, scaled_gemm_rs  # noqa: F401,E402  (FP8 e4m3 with scales; the unfused path)
 from .moe import moe_combine, moe_dispatch_gemm  # noqa: F401,E402  (registers torch.ops.tandem.moe_*)
 from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_attention)
     contiguous_shard, ring_attention, zigzag_shard, zigzag_unshard)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._native import native
-from ..errors import invalid
+from ..errors import TandemError, invalid
 from ._runtime import DTYPES as _DTYPES, define_op, kernel_args, prepared, remember, stream_handle
 
 
@@ -49,14 +49,17 @@ def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int =
                        sm_count=int(sm_count), max_swizzle=int(swizzle))
 
 
-def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Tensor:
+def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: str | None = None) -> torch.Tensor:
     """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
-    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse)."""
+    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse); variant names the CUTLASS configuration
+    (tandem.ops.gemm_plan.CONFIGS; bf16 only). None: gemm_plan.choose's for the shape (bf16, swizzle 1), else the
+    core."""
     # Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
     # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
     # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
     try:
-        key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle)
+        key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle,
+               variant)
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
         key, hit = None, None
@@ -65,15 +68,31 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1) -> torch.Te
             raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
         validate(a, b)
         m, n = a.shape[0], b.shape[1]
+        from . import gemm_plan
+
+        if variant is not None and variant not in gemm_plan.CONFIGS:
+            raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
+        if variant is not None and variant != gemm_plan.CORE and (a.dtype != torch.bfloat16 or swizzle != 1):
+            raise invalid(f"variant {variant!r} takes bf16 and swizzle 1 (got {a.dtype}, swizzle {swizzle})", "gemm")
+        sms = _sm_count(a.device)
+        if variant is None:
+            variant = gemm_plan.choose(m, n, a.shape[1], sms, a.dtype == torch.bfloat16 and swizzle == 1)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        x = gemm_args(a, b, d, _sm_count(a.device), swizzle)
-        hit = (x, max(native().kernels.workspace_size(x), 1))
+        x = gemm_args(a, b, d, sms, swizzle)
+        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher
+        hit = (x, max(native().kernels.workspace_size(x), 1), None if variant == gemm_plan.CORE else variant)
         if key is not None:
             remember(key, hit)
     else:
         d = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-    x, ws_bytes = hit
+    x, ws_bytes, variant = hit
     x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
+    if variant is not None:
+        why = native().kernels.gemm_variant(variant, x, stream_handle(a.device))
+        if why:
+            # the variant launcher answers a reason (tandem._C.kernels.gemm_variant): a CUDA failure (5)
+            raise TandemError(f"tandem: gemm: {variant}: {why}", 5, "gemm", -1)
+        return d
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
     native().kernels.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it fails
     return d
@@ -112,3 +131,114 @@ def gemm_with_arrivals(comm, a: torch.Tensor, b: torch.Tensor, flags: torch.Tens
     K.gemm_with_arrivals(comm.native, x, flags.data_ptr(), int(epoch), int(chunk_rows), chunks, int(first_chunk),
                          int(source_of_chunk0), ws.data_ptr(), stream_handle(a.device))
     return d
+
+
+# ---- FP8 GEMM with scales: torch.ops.tandem.scaled_gemm ------------------------------------------------------------
+
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+               op: str = "scaled_gemm") -> str:
+    """Check scaled_gemm's inputs as torch._scaled_mm takes them, before any launch (shapes, dtypes, layouts,
+    devices; not the addresses, which fake tensors lack), and say which scaling they ask for: "tensor" (one
+    float32 each) or "row" (scale_a (M, 1), scale_b (1, N), float32)."""
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(t, torch.Tensor):
+            raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op)
+        if not t.is_cuda:
+            raise invalid(f"{name} must be a CUDA tensor, got device {t.device}", op)
+        if t.device != a.device:
+            raise invalid(f"{name} must be on a's device {a.device}, got {t.device}", op)
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() != 2:
+            raise invalid(f"{name} must be 2-D, got shape {tuple(t.shape)}", op)
+        if t.dtype != _FP8:
+            raise invalid(f"{name} must be float8_e4m3fn, got {t.dtype}", op)
+    m, k = a.shape
+    if b.shape[0] != k:
+        raise invalid(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}", op)
+    n = b.shape[1]
+    if m == 0 or n == 0 or k == 0:
+        raise invalid(f"empty problem {m}x{n}x{k}", op)
+    if a.stride(1) != 1:
+        raise invalid(f"a must be row-major (stride(1) == 1), got strides {a.stride()}", op)
+    if b.stride(0) != 1:
+        raise invalid(f"b must be column-major (stride(0) == 1: the transpose of a row-major N x K tensor), got "
+                      f"strides {b.stride()}", op)
+    if k % 16 or a.stride(0) % 16 or b.stride(1) % 16:
+        raise invalid(f"K ({k}) and the leading dimensions of a and b ({a.stride(0)}, {b.stride(1)}) must be "
+                      "multiples of 16 (16-byte rows of e4m3 for TMA)", op)
+    if n % 8:
+        raise invalid(f"N ({n}) must be a multiple of 8 (16-byte rows of the bf16 output)", op)
+    for name, t in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if t.dtype != torch.float32:
+            raise invalid(f"{name} must be float32, got {t.dtype}", op)
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        return "tensor"
+    if (tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n) and scale_a.is_contiguous()
+            and scale_b.is_contiguous()):
+        return "row"
+    raise invalid(f"scales must be one float32 each (tensor-wise) or scale_a (M, 1) = ({m}, 1) and scale_b (1, N) = "
+                  f"(1, {n}), contiguous (row-wise); got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}", op)
+
+
+def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """D (bf16, M x N) = scale_a * (scale_b * (a @ b)): a (M x K) e4m3 row-major, b (K x N) e4m3 column-major,
+    fp32 accumulation, scales tensor-wise or row-wise as torch._scaled_mm takes them (scaling_of). `out`: a bf16
+    M x N tensor with contiguous, 16-byte aligned rows to write D into (else a new one)."""
+    op = "scaled_gemm"
+    try:
+        key = (op, None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
+               scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device,
+               b.dtype, b.device, sm_count,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        hit = prepared(key)
+    except (AttributeError, TypeError):  # not tensors: the full checks say so
+        key, hit = None, None
+    addresses = (a.data_ptr() | b.data_ptr() | scale_a.data_ptr() | scale_b.data_ptr()
+                 | (0 if out is None else out.data_ptr())) if hit is not None else 0
+    if hit is None or addresses & 15:
+        scaling = scaling_of(a, b, scale_a, scale_b, op)
+        m, k = a.shape
+        n = b.shape[1]
+        if out is not None:
+            if (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.device != a.device
+                    or tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.stride(0) % 8):
+                raise invalid(f"out must be a bf16 ({m}, {n}) tensor on {a.device} with contiguous rows (row stride a "
+                              f"multiple of 8)", op)
+        for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)) + \
+                ((("out", out),) if out is not None else ()):
+            if t.data_ptr() % 16:
+                raise invalid(f"{name} must be 16-byte aligned (address {t.data_ptr():#x})", op)
+        K = native().kernels
+        d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+        x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
+                        scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count))
+        x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
+            scale_b.data_ptr()
+        why = K.can_implement(x)
+        if why:
+            raise invalid(why, op)
+        hit = (x, max(K.workspace_size(x), 1))
+        if key is not None:
+            remember(key, hit)
+    else:
+        d = out if out is not None else torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
+    x, ws_bytes = hit
+    x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
+        scale_b.data_ptr()
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
+    native().kernels.scaled_gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError if it fails
+    return d
+
+
+def _scaled_gemm_fake(a, b, scale_a, scale_b):
+    scaling_of(a, b, scale_a, scale_b)
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16)
+
+
+# torch.ops.tandem.scaled_gemm(a, b, scale_a, scale_b) -> bf16: torch._scaled_mm(a, b, scale_a, scale_b,
+# out_dtype=torch.bfloat16)'s semantics for tensor-wise and row-wise scales
+scaled_gemm = define_op("scaled_gemm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b) -> Tensor",
+                        lambda a, b, scale_a, scale_b: scaled_gemm_with(a, b, scale_a, scale_b), _scaled_gemm_fake)

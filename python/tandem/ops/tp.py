@@ -461,3 +461,68 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
         if op == "gemm_ar":
             x.algo = K.ArAlgo.TWO_SHOT
         (K.gemm_ar if op == "gemm_ar" else K.gemm_rs)(comm.native, x, rt.mode("REDUCE"), rt.stream_handle(a.device))
+
+
+# ---- FP8: GEMM+RS and GEMM+AR with e4m3 operands and scales (issue 23, part 3: the unfused path) -----------------
+
+def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
+    """Each rank's partial bf16(scale_a * (scale_b * (a @ b))) (torch.ops.tandem.scaled_gemm, written straight
+    into the op's partial buffer), then the reduction kernel alone: the partials summed in fp32 in the owners' fixed
+    order, bf16 out (RS: this rank's M/W rows; AR: all rows, the same bits on every rank). The same three steps as
+    the bf16 ops' unfused path with cuBLAS (wait until every rank read this rank's partial of the previous launch,
+    the GEMM, the reduction), so the bits equal a bf16 gemm_rs/gemm_ar over the same bf16 partials."""
+    from .gemm import scaled_gemm_with, scaling_of
+
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        rt.check_on_device(comm, t, name, op)
+    scaling = scaling_of(a, b, scale_a, scale_b, op)
+    world, rank = comm.world_size, comm.rank
+    m, k = a.shape
+    n = b.shape[1]
+    if m % world:
+        raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, rank)
+    if world == 1:
+        return scaled_gemm_with(a, b, scale_a, scale_b)
+    _check_nodes(comm, op)
+    if world > _MAX_ONE_NODE_RS_WORLD:  # as _prepare_rs
+        raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op, rank)
+    if comm.native.num_nodes > 1:
+        raise invalid("the FP8 ops run on one node so far (the unfused path's partial buffer is read by load/store)",
+                      op, rank)
+    all_reduce = op == "scaled_gemm_ar"
+    dtype = torch.bfloat16
+    agree = op_key(op, m=m, n=n, k=k, scaling=scaling, **({"algo": algo} if all_reduce else {}))
+    ws = _rs_workspace(comm, "gemm_ar" if all_reduce else "gemm_rs", m, n, dtype, agree)
+    K = native().kernels
+    # The reduction's Args check A and B too (addresses, leading dimensions), which the WAIT and REDUCE launches
+    # never read: the FP8 operands' addresses stand in, as an M x 8 bf16 A and an 8 x N B.
+    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=_DTYPES[dtype], m=m, n=n, k=8, lda=8,
+                       ldb=n, a=a.data_ptr(), b=b.data_ptr(), workspace=ws.data_ptr())
+    if all_reduce:
+        x.algo = getattr(K.ArAlgo, _AR_ALGOS[algo])
+    off = K.partial_offset(comm.native, x)
+    partial = ws[off:off + m * n * 2].view(dtype).view(m, n)
+    out = torch.empty((m if all_reduce else m // world, n), dtype=dtype, device=a.device)
+    x.out = out.data_ptr()
+    run = K.gemm_ar if all_reduce else K.gemm_rs
+    stream = rt.stream_handle(a.device)
+    run(comm.native, x, rt.mode("WAIT"), stream)  # each raises TandemError if it does not run
+    scaled_gemm_with(a, b, scale_a, scale_b, out=partial)
+    run(comm.native, x, rt.mode("REDUCE"), stream)
+    return out
+
+
+def scaled_gemm_rs(comm, a, b, scale_a, scale_b):
+    """reduce_scatter(scale_a * (scale_b * (a @ b))) with FP8 e4m3 operands (a row-major M x K_local, b
+    column-major K_local x N) and float32 scales as torch._scaled_mm takes them (one each, or (M, 1) and (1, N)):
+    every rank's partial rounded to bf16, summed in fp32 in the owners' fixed order, this rank's M/W rows in bf16.
+    The unfused path (the FP8 GEMM, then the reduction kernel); not a fused kernel yet."""
+    return _scaled_reduce(comm, "scaled_gemm_rs", a, b, scale_a, scale_b)
+
+
+def scaled_gemm_ar(comm, a, b, scale_a, scale_b, *, algo: str = "two_shot"):
+    """all_reduce of the FP8 product (as scaled_gemm_rs): the M x N sum, bit-identical on every rank. algo as
+    gemm_ar's ("one_shot", "two_shot"; "auto" takes two-shot)."""
+    if algo not in _AR_ALGOS:
+        raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "scaled_gemm_ar", comm.rank)
+    return _scaled_reduce(comm, "scaled_gemm_ar", a, b, scale_a, scale_b, algo)

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/transport/device_comm.h"
@@ -94,6 +95,14 @@ bool use_one_shot(const GemmArArgs& args);
 // was seen to wait for a running kernel; if that kernel waits for proxy traffic, whose CUDA copies queue behind
 // the load, nothing moves until the device timeout (the unfused AG's GEMM, launched behind its copy kernel).
 cudaError_t preload_kernels();
+// With TANDEM_TP_TRACE=1 in the environment, the last TP launch's per-block timeline (runtime::Timeline's
+// layout: kTimelineBlocks x kTimelineSlots global-timer stamps, the last slot SM id + 1); empty otherwise.
+// Synchronizes the device. A diagnostic (tools/diag/tp_trace.py).
+cudaError_t timeline_snapshot(std::vector<uint64_t>* out);
+int timeline_slots();  // stamps per block in the snapshot (rows of blocks in grid row-major order)
+// Diagnostic: how many pieces a chunk took in this process's last fused GEMM+RS/AR launch (1: whole chunks;
+// TANDEM_RS_PIECES), so that a test of the pieces schedule knows it ran.
+int last_fused_rs_pieces();
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 

@@ -18,13 +18,17 @@
 
 namespace tandem::kernels::gemm {
 
-// Tag for GemmUniversal's scheduler slot.
+// Tags for GemmUniversal's scheduler slot: the arrival-aware scheduler, and the same one computing one piece of
+// the problem per call (ArrivalSchedule::piece_len; the fused GEMM+RS in pieces). Two types so that the kernels
+// without pieces carry none of the pieces' state through their mainloop.
 struct ArrivalSchedulerTag {};
+struct ArrivalPiecesSchedulerTag {};
 
 }  // namespace tandem::kernels::gemm
 
 namespace cutlass::gemm::kernel::detail {
 
+template <bool kPieces>
 class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   using Base = PersistentTileSchedulerSm90;
 
@@ -65,12 +69,21 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     const uint64_t gx = arrival_.gemm_grid_x > 0 ? uint64_t(arrival_.gemm_grid_x) : uint64_t(gridDim.x);
     const uint64_t gy = arrival_.gemm_grid_y > 0 ? uint64_t(arrival_.gemm_grid_y) : uint64_t(gridDim.y);
     const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_.gemm_block_y0);
-    if (p.raster_order_ == RasterOrder::AlongN) {
+    // A pinned grid (the fused kernels: (2, clusters) below the role rows) is numbered cluster-minor first in
+    // either raster order: the base takes the low bit of the index as the block's place in its 2x1 cluster.
+    if (p.raster_order_ == RasterOrder::AlongN || arrival_.gemm_grid_x > 0) {
       linear_ = uint64_t(blockIdx.x) + by * gx;
     } else {
       linear_ = uint64_t(blockIdx.x) * gy + by;
     }
     stride_ = gx * gy * uint64_t(gridDim.z);
+    if constexpr (kPieces) {
+      // This call's piece: written by the block's thread 0 before the call (a block barrier orders it).
+      const int32_t piece = *static_cast<const volatile int32_t*>(arrival_.piece_of_block + linear_);
+      const uint64_t begin = uint64_t(piece) * uint64_t(arrival_.piece_len);
+      linear_ += begin;
+      end_ = begin + uint64_t(arrival_.piece_len);
+    }
     if (arrival_.epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
       arrival_.epoch = tandem::device::local_load(arrival_.epoch_counter) + 1;
@@ -110,12 +123,16 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   // Chunks need not be tile multiples (any chunk_rows a multiple of 8): a tile whose rows straddle chunks waits
   // for each of them, and the M blocks past the last row (padding up to the cluster) wait for none.
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
+    if (kPieces && linear >= end_) return WorkTileInfo::invalid_work_tile();  // past this call's piece
     WorkTileInfo w = Base::get_current_work_for_linear_idx(linear);
     if (!w.is_valid() || arrival_.flags == nullptr) return w;
     const int64_t rows = int64_t(arrival_.chunk_rows) * arrival_.chunks;
     const int32_t tm = arrival_.tile_m;
     const int32_t m_tiles = int32_t((rows + tm - 1) / tm);
     const int32_t m_blocks = (m_tiles + 1) & ~1;  // the base rounds M up to whole clusters
+    // With a swizzle the base pads M further (to whole swizzle groups): such M blocks lie past the last row (no
+    // rotation, no wait; the kernel's bounds make them write nothing).
+    if (w.M_idx >= m_blocks) return w;
     const int32_t first = int32_t(int64_t(arrival_.first_chunk) * arrival_.chunk_rows / tm) & ~1;
     const int32_t rotated = int32_t((int64_t(w.M_idx) + first) % m_blocks);
     w.M_idx = rotated;
@@ -149,12 +166,18 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   tandem::kernels::gemm::ArrivalSchedule arrival_{};
   uint64_t linear_ = 0;
   uint64_t stride_ = 1;
+  uint64_t end_ = ~uint64_t(0);  // the end of this call's piece (pieces), else unbounded
 };
 
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler;
+  using Scheduler = TandemArrivalScheduler<false>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesSchedulerTag, ArchTag, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = TandemArrivalScheduler<true>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail

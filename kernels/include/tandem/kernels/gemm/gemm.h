@@ -64,6 +64,12 @@ struct ArrivalSchedule {
   // Sleep between polls of a chunk flag (ns; 0 = spin): one poller per GEMM block still adds up to a grid's
   // worth of polls of one L2 line, which slows the copies that the wait is for.
   uint32_t poll_sleep_ns = 0;
+  // Pieces (the fused GEMM+RS): the problem's tiles in the scheduler's linear order, cut into ranges of
+  // piece_len linear indices (whole rows of clusters); one call of the kernel computes piece
+  // piece_of_block[b] only, b being the block's index in the GEMM grid, written by the caller (thread 0, then a
+  // block barrier) before the call. 0 = the whole problem in one call.
+  int32_t piece_len = 0;
+  const int32_t* piece_of_block = nullptr;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),

@@ -1,0 +1,168 @@
+// FP8 (e4m3) GEMM with tensor-wise or row-wise scales, bf16 out (sm90a): scaled_gemm.h has the contract.
+//
+// CUTLASS 3: TMA warp-specialized cooperative mainloop for FP8 (fp32 accumulation with periodic promotion),
+// 128x128x128 tiles (the fp32 promotion buffer doubles the accumulators: 128x256 spills), 2x1 clusters, persistent
+// grid; the scales in an epilogue visitor tree,
+//   D = bf16( scale_a * (scale_b * acc) ),
+// with scale_a / scale_b broadcast per row / column (row-wise) or as scalars read from device memory
+// (tensor-wise). Why CUTLASS and not cuBLASLt: the same kernel is the GEMM role of the fused TP ops' FP8
+// variants, which need the core inside a persistent kernel (docs/architecture.md).
+#include <cuda_runtime_api.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#include "tandem/kernels/gemm/scaled_gemm.h"
+
+namespace tandem::kernels::gemm {
+
+namespace {
+
+using namespace cute;
+
+template <Scaling kScaling>
+struct Sm90ScaledGemm {
+  using ElementA = cutlass::float_e4m3_t;
+  using ElementB = cutlass::float_e4m3_t;
+  using ElementD = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;     // K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 16;  // 16 bytes of e4m3
+  static constexpr int kAlignD = 8;    // 16 bytes of bf16
+  using TileShape = Shape<_128, _128, _128>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  // The scales: per row of D (scale_a, a column broadcast) and per column (scale_b, a row broadcast), or one
+  // scalar each.
+  using ScaleA = std::conditional_t<
+      kScaling == Scaling::kRow,
+      cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>, 1>,
+      cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>>;
+  using ScaleB = std::conditional_t<
+      kScaling == Scaling::kRow,
+      cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>, 1>,
+      cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>>;
+  using TimesScaleB = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>, ScaleB,
+      cutlass::epilogue::fusion::Sm90AccFetch>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ElementD, float, kRound>, ScaleA, TimesScaleB>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, ElementD, LayoutD,
+      kAlignD, EpilogueSchedule, Scaled>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignAB, ElementB, LayoutB, kAlignAB,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Device::Arguments arguments(const ScaledGemmArgs& g) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideD = typename Kernel::StrideD;
+    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(g.m, g.k, 1));
+    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(g.n, g.k, 1));
+    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(g.m, g.n, 1));
+    cute::get<0>(sa) = g.lda;  // A (M, K): row m at m * lda
+    cute::get<0>(sb) = g.ldb;  // B as CUTLASS sees it, (N, K): column n at n * ldb
+    cute::get<0>(sd) = g.ldd;
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = 0;
+    cudaGetDevice(&hw.device_id);
+    hw.sm_count = g.sm_count > 0 ? g.sm_count
+                                 : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+    typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                    {g.m, g.n, g.k, 1},
+                                    {static_cast<const ElementA*>(g.a), sa, static_cast<const ElementB*>(g.b), sb},
+                                    {{}, nullptr, sd, static_cast<ElementD*>(g.d), sd},
+                                    hw};
+    // The visitor tree's arguments: {scale_a, {scale_b, acc, multiply}, multiply}.
+    if constexpr (kScaling == Scaling::kRow) {
+      args.epilogue.thread = {{g.scale_a, 0.0f, {}}, {{g.scale_b, 0.0f, {}}, {}, {}}, {}};
+    } else {
+      args.epilogue.thread = {{{1.0f}, {g.scale_a}, {}}, {{{1.0f}, {g.scale_b}, {}}, {}, {}}, {}};
+    }
+    return args;
+  }
+};
+
+template <Scaling kScaling>
+Status run_typed(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
+  using G = Sm90ScaledGemm<kScaling>;
+  typename G::Device op;
+  auto args = G::arguments(g);
+  if (op.can_implement(args) != cutlass::Status::kSuccess) {
+    if (why) *why = "CUTLASS cannot implement this FP8 problem (alignment or shape)";
+    return Status::kInvalidArgument;
+  }
+  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
+    if (why) *why = "CUTLASS initialize failed";
+    return Status::kCudaError;
+  }
+  if (op.run(stream) != cutlass::Status::kSuccess) {
+    if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
+    return Status::kCudaError;
+  }
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status can_implement(const ScaledGemmArgs& g, std::string* why) {
+  auto fail = [&](const char* w) {
+    if (why) *why = w;
+    return Status::kInvalidArgument;
+  };
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0) return fail("M, N and K must be positive");
+  if (g.a == nullptr || g.b == nullptr || g.d == nullptr) return fail("A, B and D must be non-null");
+  if (g.scale_a == nullptr || g.scale_b == nullptr) return fail("scale_a and scale_b must be non-null");
+  if (g.scaling != Scaling::kTensor && g.scaling != Scaling::kRow) return fail("scaling must be tensor or row");
+  if (g.lda < g.k || g.ldb < g.k || g.ldd < g.n) return fail("leading dimensions must be at least the row length");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(g.a) || misaligned(g.b) || misaligned(g.d)) return fail("A, B and D must be 16-byte aligned");
+  if (misaligned(g.scale_a) || misaligned(g.scale_b)) return fail("scale_a and scale_b must be 16-byte aligned");
+  if (g.k % 16 || g.lda % 16 || g.ldb % 16)
+    return fail("K and the leading dimensions of A and B must be multiples of 16 (16-byte rows of e4m3 for TMA)");
+  if (g.n % 8 || g.ldd % 8) return fail("N and the leading dimension of D must be multiples of 8 (16-byte bf16 rows)");
+  return Status::kOk;
+}
+
+size_t workspace_size(const ScaledGemmArgs& g) {
+  return g.scaling == Scaling::kRow ? Sm90ScaledGemm<Scaling::kRow>::Device::get_workspace_size(
+                                          Sm90ScaledGemm<Scaling::kRow>::arguments(g))
+                                    : Sm90ScaledGemm<Scaling::kTensor>::Device::get_workspace_size(
+                                          Sm90ScaledGemm<Scaling::kTensor>::arguments(g));
+}
+
+Status run(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
+  if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  if (g.scaling == Scaling::kRow) return run_typed<Scaling::kRow>(g, workspace, stream, why);
+  return run_typed<Scaling::kTensor>(g, workspace, stream, why);
+}
+
+cudaError_t preload_scaled_kernels() {
+  cudaFuncAttributes attr{};
+  const cudaError_t a = cudaFuncGetAttributes(
+      &attr, cutlass::device_kernel<Sm90ScaledGemm<Scaling::kRow>::Kernel>);
+  const cudaError_t b = cudaFuncGetAttributes(
+      &attr, cutlass::device_kernel<Sm90ScaledGemm<Scaling::kTensor>::Kernel>);
+  return a != cudaSuccess ? a : b;
+}
+
+}  // namespace tandem::kernels::gemm

@@ -1,0 +1,65 @@
+"""The GEMM's per-shape choice of CUTLASS configuration (tandem.ops.gemm_plan, issue 23 part 1): the wave model,
+the measured table and `tandem tune gemm --from-bench`. No GPU: the choice is host code."""
+
+import json
+
+import pytest
+
+from tandem.ops import gemm_plan
+
+
+@pytest.fixture(autouse=True)
+def no_tables(tmp_path, monkeypatch):
+    monkeypatch.setattr(gemm_plan, "SHIPPED", str(tmp_path / "none.json"))
+    monkeypatch.setenv("TANDEM_GEMM_TUNE_FILE", str(tmp_path / "user.json"))
+    monkeypatch.setattr(gemm_plan, "RECHECK_S", 0.0)
+    gemm_plan._TABLES.clear()
+
+
+def test_the_wave_model_counts_waves_and_padding():
+    # 4096 x 4096 on 132 SMs: 32 x 16 = 512 tiles of 128x256 -> 4 waves; 128x128: 1024 tiles -> 8 waves
+    assert gemm_plan.predicted("coop_128x256_c2", 4096, 4096, 1024, 132) == 4 * 128 * 256 * 1024 / 1.0
+    assert gemm_plan.predicted("pingpong_128x128_c1", 4096, 4096, 1024, 132) == pytest.approx(
+        8 * 128 * 128 * 1024 / gemm_plan.CONFIGS["pingpong_128x128_c1"][3])
+    # 2x1 clusters pad M tiles to pairs: 3 M tiles count as 4
+    assert gemm_plan.predicted("coop_128x256_c2", 384, 256, 64, 132) == 1 * 128 * 256 * 64
+    one = gemm_plan.predicted("coop_128x256_c2", 128 * 2 * 66, 256, 64, 132)  # exactly one wave of 132 tiles
+    assert gemm_plan.predicted("coop_128x256_c2", 128 * 2 * 66 + 128, 256, 64, 132) == 2 * one
+
+
+def test_the_model_stays_on_the_core_unless_another_is_clearly_faster(monkeypatch):
+    assert gemm_plan.choose(4096, 4096, 4096, 132) == gemm_plan.CORE
+    assert gemm_plan.choose(3000, 5000, 4000, 132, dtype_is_bf16=False) == gemm_plan.CORE
+    # a configuration the model rates far better is taken; within the margin it is not
+    monkeypatch.setitem(gemm_plan.CONFIGS, "pingpong_128x128_c1", (128, 128, 1, 5.0))
+    assert gemm_plan.choose(4096, 4096, 4096, 132) == "pingpong_128x128_c1"
+    monkeypatch.setitem(gemm_plan.CONFIGS, "pingpong_128x128_c1", (128, 128, 1, 0.5 * 1.05))
+    assert gemm_plan.choose(4096, 4096, 4096, 132) == gemm_plan.CORE
+
+
+def test_the_measured_table_wins_and_is_keyed_by_buckets(tmp_path):
+    path = gemm_plan.write_table([dict(sms=132, m=3000, n=5000, k=4000, variant="coop_256x128_c1", ms=1.0)])
+    assert json.loads(open(path).read())[0]["mb"] == gemm_plan.bucket(3000)
+    assert gemm_plan.choose(3000, 5000, 4000, 132) == "coop_256x128_c1"
+    assert gemm_plan.choose(2900, 5100, 4100, 132) == "coop_256x128_c1"  # same buckets
+    assert gemm_plan.choose(3000, 5000, 4000, 32) == gemm_plan.CORE  # another SM count: the model's
+    assert gemm_plan.choose(3000, 5000, 4000, 132, dtype_is_bf16=False) == gemm_plan.CORE  # fp16: the core
+
+
+def test_tune_gemm_from_bench_takes_each_shapes_fastest_configuration(tmp_path, capsys):
+    from tandem import tune
+
+    bench = tmp_path / "gemm_w1.json"
+    rows = [dict(m=3000, n=5000, k=4000, dtype="bfloat16", scaling="none", sm_count=132, tandem_ms=2.0,
+                 variants_ms={"coop_128x256_c2": 2.0, "coop_256x128_c1": 1.5, "pingpong_128x128_c1": None}),
+            dict(m=3000, n=5000, k=4000, dtype="float8_e4m3fn", scaling="row", sm_count=132, tandem_ms=1.0),
+            dict(m=256, n=4096, k=14336, dtype="bfloat16", scaling="none", sm_count=132, tandem_ms=0.3,
+                 variants_ms={"coop_128x256_c2": 0.3, "coop_128x256_c1": 0.31, "made_up": 0.01})]
+    bench.write_text(json.dumps(rows))
+    out = tmp_path / "table.json"
+    assert tune.main(["gemm", "--from-bench", str(bench), "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert sorted((r["m"], r["variant"]) for r in table) == [(256, "coop_128x256_c2"), (3000, "coop_256x128_c1")]
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    assert tune.main(["gemm", "--from-bench", str(empty), "--out", str(out)]) == 1
