@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
-# The next session's device calls (written 2026-12-04 20:10, branch next2 = tp-trace + issue23-fp8; none of it
-# run on a GPU yet): the fused TP kernels' timeline and diagnostic knobs, the fused GEMM+RS/AR in pieces behind
-# TANDEM_RS_PIECES, and the FP8 GEMM (torch.ops.tandem.scaled_gemm). Check the branch out first: a device call
-# sends the session's checkout. One build serves every part while the machine stays warm. Each call under 590 s:
-#   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh t1", carry=[".whl"])
-# t1: test_tp (the whole-chunk kernels with the timeline stamps, the pieces test at worlds 2-4, the FP8 RS/AR test).
-# g:  test_gemm (the FP8 tests with the core's) and bench gemm (issue 23's 24 shapes, bf16 and FP8).
-# t:  tools/diag/tp_trace.py at worlds 4 and 2: where the fused kernels' time goes, and the variants (pieces auto
-#     and 4, one-pass, swizzle 4, raster along M) against the kernels' own choices, outputs compared bit for bit.
+# The next session's device calls (written 2026-12-04 21:05). next2 was merged into main at 21:05 after test_tp,
+# test_gemm, test_moe, test_consumer and test_torchrun passed on the H200 at 049ded4; still to run on main:
+# n2 (ring attention, faults, transport: code unchanged by next2, last passed at af75616), t at world 2, m.
+#   run(command="export OUT; TANDEM_COMMIT=<hash> timeout 590 bash tools/device_next.sh n2", carry=[".whl"])
+# t1: test_tp.  g: test_gemm and bench gemm (issue 23's 24 shapes, bf16 and FP8, per-configuration times).
+# t:  tools/diag/tp_trace.py at worlds 4 and 2 (per-block timelines; variants compared bit for bit).
 # m:  MoE fused at world 2: tools/diag/moe_fused.py at the deepseek config (timeline), and bench moe again (the
 #     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
-# n2: the rest of the GPU suite (as on 2026-12-04 19:00).
-# Merge next2 into main only after t1, g and n2 pass. After g: `python -m tandem tune gemm --from-bench
-# <diag>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json` ships the per-shape configuration table (here,
-# no GPU needed), and docs/results/gemm_w1.* take the run.
+# n2: the rest of the GPU suite.
+# NOTE: pass pytest -k expressions to tools/device_suite.sh as node ids: it splits quoted arguments.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
