@@ -8,7 +8,7 @@
 # m:  MoE fused at world 2: tools/diag/moe_fused.py at the deepseek config (timeline), and bench moe again (the
 #     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
 # n2: the rest of the GPU suite.
-# NOTE: pass pytest -k expressions to tools/device_suite.sh as node ids: it splits quoted arguments.
+# (tools/device_suite.sh passes its pytest arguments quoted since 21:08: a -k expression works; not run yet.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}

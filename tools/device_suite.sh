@@ -29,7 +29,8 @@ try:
 except Exception as e:
     print('error mapping ok:', type(e).__name__, e.status, e.op, e.peer)"
 # The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
-python3 -m pytest ${*:-tests} -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1
+if [ $# -eq 0 ]; then set -- tests; fi
+python3 -m pytest "$@" -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1  # "$@": a -k expression stays one word
 pytest_rc=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
 BENCHES=" ${TANDEM_BENCHES:-transport gemm tp moe attention} "
