@@ -73,12 +73,15 @@ elif [ "$part" = t ]; then
   # fused TP kernels' timelines and variants (tools/diag/tp_trace.py): worlds 4 and 2
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   mkdir -p "$OUT/diag"
-  V="base;TANDEM_RS_PIECES=auto;TANDEM_RS_PIECES=4;TANDEM_RS_REDUCE=onepass;TANDEM_TP_SWIZZLE=4;TANDEM_TP_RASTER=m"
+  # 2026-12-04 21:00 (world 4): one rank's 7 clusters started 1-7.5 ms late in every launch. Does a grid of 28
+  # or 24 SMs a rank (of 32) make every rank's clusters resident? And world 2 (66 SMs a rank).
+  V="base;TANDEM_RS_PIECES=4"
   for n in 4 2; do
-    t=$(( $(left) - 20 )); [ "$t" -gt 200 ] && t=200
+    t=$(( $(left) - 20 )); [ "$t" -gt 250 ] && t=250
     [ "$t" -lt 40 ] && continue
+    sms=$([ $n = 4 ] && echo 0,28,24 || echo 0,60,56)
     timeout -s INT -k 10 $t python3 -m tandem.launch -n $n -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096,16384x8192x28672,8192x4096x8192 --ops gemm_rs,gemm_ar,ag_gemm --comm-blocks 6,2 \
+      --shapes 16384x8192x4096,8192x4096x8192 --ops gemm_rs,gemm_ar,ag_gemm --comm-blocks 6,2 --sm-counts $sms \
       --variants "$V" --out "$OUT/diag/trace_w$n" 2>&1 | tail -150
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done

@@ -38,6 +38,9 @@ ap.add_argument("--ops", default="gemm_rs,ag_gemm,gemm_ar")
 ap.add_argument("--comm-blocks", default="6,2")
 ap.add_argument("--variants", default="base")
 ap.add_argument("--reps", type=int, default=5)
+ap.add_argument("--sm-counts", default="0",
+                help="the SMs the fused kernels may use (0: the rank's share), e.g. 0,30,28: does a grid smaller than "
+                     "the share make every rank's clusters resident at once? (docs/fused-kernels.md, Residency)")
 ap.add_argument("--out", default=os.environ.get("OUT"))
 args = ap.parse_args()
 
@@ -141,14 +144,15 @@ for shape in args.shapes.split(","):
         ga = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
         d = torch.empty(ga.shape[0], nn, device="cuda", dtype=torch.bfloat16)
         cublas_ms = timed(lambda: torch.matmul(ga, b, out=d))
-        for c in (int(x) for x in args.comm_blocks.split(",")):
-            x = gemm_args(ga, b, d, sms - c)
+        for c, use in ((int(x), int(u) or sms) for x in args.comm_blocks.split(",")
+                       for u in args.sm_counts.split(",")):
+            x = gemm_args(ga, b, d, use - c)
             core_ms = timed(lambda: K.gemm_variant("coop_128x256_c2", x, stream()))
             base_out = None
             for v in args.variants.split(";"):
                 set_variant(v)
-                call = lambda: fn(comm, a, b, mode="fused", comm_blocks=c)  # noqa: E731
-                r = dict(op=op, m=m, n=nn, k=k, world=world, sm_count=sms, comm_blocks=c, variant=v,
+                call = lambda: fn(comm, a, b, mode="fused", comm_blocks=c, sm_count=use)  # noqa: E731
+                r = dict(op=op, m=m, n=nn, k=k, world=world, sm_count=use, comm_blocks=c, variant=v,
                          cublas_ms=cublas_ms, core_ms=core_ms)
                 try:
                     # every variant computes the same bits as the kernels' own choices (the first variant)
@@ -172,8 +176,8 @@ if rank == 0:
     f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     print(f"# fused TP kernels, world {world} ({sms} SMs a rank); times in us unless ms")
     for r in results:
-        print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} [{r['variant']}]: fused "
-              f"{r.get('fused_ms', 0):.3f} ms, core on {sms - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
+        print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
+              f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
               f"cuBLAS {r['cublas_ms']:.3f} ms; {r.get('differs_from_first', '-')} elements differ from the first "
               f"variant {r.get('error', '')}")
         if "span_us" not in r:
