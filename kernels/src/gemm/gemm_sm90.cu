@@ -15,22 +15,10 @@ template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler
 Status run_typed(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why,
                  const ArrivalSchedule* schedule = nullptr) {
   using G = Sm90Gemm<Element, SchedulerTag>;
-  typename G::Device op;
   auto args = G::arguments(g);
   if constexpr (std::is_same_v<SchedulerTag, ArrivalSchedulerTag>) args.scheduler.arrival = *schedule;
-  if (op.can_implement(args) != cutlass::Status::kSuccess) {
-    if (why) *why = "CUTLASS cannot implement this problem (alignment or shape)";
-    return Status::kInvalidArgument;
-  }
-  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-    if (why) *why = "CUTLASS initialize failed";
-    return Status::kCudaError;
-  }
-  if (op.run(stream) != cutlass::Status::kSuccess) {
-    if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
-    return Status::kCudaError;
-  }
-  return Status::kOk;
+  return detail::run_adapter<typename G::Device>(args, workspace, stream, why,
+                                                 "CUTLASS cannot implement this problem (alignment or shape)");
 }
 
 }  // namespace

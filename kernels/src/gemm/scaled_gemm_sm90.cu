@@ -17,6 +17,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter
 #include "tandem/kernels/gemm/scaled_gemm.h"
 
 namespace tandem::kernels::gemm {
@@ -82,11 +83,7 @@ struct Sm90ScaledGemm {
     cute::get<0>(sa) = g.lda;  // A (M, K): row m at m * lda
     cute::get<0>(sb) = g.ldb;  // B as CUTLASS sees it, (N, K): column n at n * ldb
     cute::get<0>(sd) = g.ldd;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = 0;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = g.sm_count > 0 ? g.sm_count
-                                 : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+    const cutlass::KernelHardwareInfo hw = detail::hardware_info(g.sm_count);
     typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                     {g.m, g.n, g.k, 1},
                                     {static_cast<const ElementA*>(g.a), sa, static_cast<const ElementB*>(g.b), sb},
@@ -105,21 +102,8 @@ struct Sm90ScaledGemm {
 template <Scaling kScaling>
 Status run_typed(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
   using G = Sm90ScaledGemm<kScaling>;
-  typename G::Device op;
-  auto args = G::arguments(g);
-  if (op.can_implement(args) != cutlass::Status::kSuccess) {
-    if (why) *why = "CUTLASS cannot implement this FP8 problem (alignment or shape)";
-    return Status::kInvalidArgument;
-  }
-  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-    if (why) *why = "CUTLASS initialize failed";
-    return Status::kCudaError;
-  }
-  if (op.run(stream) != cutlass::Status::kSuccess) {
-    if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
-    return Status::kCudaError;
-  }
-  return Status::kOk;
+  return detail::run_adapter<typename G::Device>(G::arguments(g), workspace, stream, why,
+                                                 "CUTLASS cannot implement this FP8 problem (alignment or shape)");
 }
 
 }  // namespace

@@ -31,6 +31,36 @@ struct Sm90Config {
 using CooperativeConfig = Sm90Config<128, 256, 2, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                      cutlass::epilogue::TmaWarpSpecializedCooperative>;
 
+// The hardware a persistent grid is sized to: this device, `sm_count` SMs (0 = all of the device's).
+inline cutlass::KernelHardwareInfo hardware_info(int sm_count) {
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = 0;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count > 0 ? sm_count : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+  return hw;
+}
+
+// A CUTLASS device adapter's can_implement -> initialize -> run, as tandem's Status and reason (`cannot`: the
+// reason when the problem is not implementable).
+template <class Device>
+Status run_adapter(const typename Device::Arguments& args, void* workspace, cudaStream_t stream, std::string* why,
+                   const char* cannot) {
+  Device op;
+  if (op.can_implement(args) != cutlass::Status::kSuccess) {
+    if (why) *why = cannot;
+    return Status::kInvalidArgument;
+  }
+  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
+    if (why) *why = "CUTLASS initialize failed";
+    return Status::kCudaError;
+  }
+  if (op.run(stream) != cutlass::Status::kSuccess) {
+    if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
+    return Status::kCudaError;
+  }
+  return Status::kOk;
+}
+
 template <class Element, class SchedulerTag = cutlass::gemm::PersistentScheduler, class Config = CooperativeConfig>
 struct Sm90Gemm {
   using LayoutA = cutlass::layout::RowMajor;
@@ -69,11 +99,7 @@ struct Sm90Gemm {
     cute::get<1>(sb) = g.ldb;
     cute::get<0>(sc) = g.ldc > 0 ? g.ldc : g.ldd;
     cute::get<0>(sd) = g.ldd;
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = 0;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = g.sm_count > 0 ? g.sm_count
-                                 : cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
+    const cutlass::KernelHardwareInfo hw = hardware_info(g.sm_count);
     typename Device::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {g.m, g.n, g.k, 1},
