@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
+
+from . import _tune_table
 
 CORE = "coop_128x256_c2"
 # name -> (tile M, tile N, CTAs a cluster, relative per-CTA rate on a full tile). The rates are estimates (the
@@ -43,9 +44,7 @@ RECHECK_S = 1.0
 _TABLES: dict = {}
 
 
-def bucket(x: int) -> int:
-    """log2 bucket of a dimension (nearest power of two)."""
-    return int(round(math.log2(max(1, int(x)))))
+bucket = _tune_table.bucket
 
 
 def key(sms: int, m: int, n: int, k: int) -> tuple:
@@ -57,30 +56,18 @@ def table_path() -> str:
                                                                     "gemm_tune.json")
 
 
+def _rows_to_table(rows) -> dict:
+    return {(int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])): str(r["variant"]) for r in rows
+            if str(r.get("variant")) in CONFIGS}
+
+
 def _load(path: str) -> dict:
-    now = time.monotonic()
-    cached = _TABLES.get(path)
-    if cached is not None and now - cached[1] < RECHECK_S:
-        return cached[0]
-    try:
-        with open(path) as f:
-            rows = json.load(f)
-        table = {(int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])): str(r["variant"]) for r in rows
-                 if str(r.get("variant")) in CONFIGS}
-    except (OSError, ValueError, KeyError, TypeError):
-        table = {}
-    _TABLES[path] = (table, now)
-    return table
+    return _tune_table.load(path, _TABLES, RECHECK_S, _rows_to_table)
 
 
 def lookup(sms: int, m: int, n: int, k: int):
     """The measured configuration for this shape: the user's table, else the shipped one, else None."""
-    kk = key(sms, m, n, k)
-    for path in (table_path(), SHIPPED):
-        hit = _load(path).get(kk)
-        if hit is not None:
-            return hit
-    return None
+    return _tune_table.lookup((table_path(), SHIPPED), key(sms, m, n, k), _load)
 
 
 def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
@@ -110,22 +97,7 @@ def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
 
 def write_table(rows: list, path: str | None = None) -> str:
     """Merge rows {sms, m, n, k, variant, ms} into the table at `path` (default table_path()); returns the path."""
-    path = path or table_path()
-    old = []
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = []
-    merged = {}
-    for r in old + [dict(r, mb=bucket(r["m"]), nb=bucket(r["n"]), kb=bucket(r["k"])) for r in rows]:
-        merged[(r["sms"], r["mb"], r["nb"], r["kb"])] = r
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(sorted(merged.values(), key=lambda r: (r["sms"], r["mb"], r["nb"], r["kb"])), f, indent=1)
-    _TABLES.pop(path, None)
-    return path
+    return _tune_table.write(path or table_path(), rows, ("sms", "mb", "nb", "kb"), _TABLES)
 
 
 def rows_from_bench(paths) -> list:

@@ -18,10 +18,9 @@ Tables: TANDEM_TP_TUNE_FILE, else ~/.cache/tandem/tp_tune.json, else the one shi
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import time
+
+from . import _tune_table
 
 # Rates of the cost model (per SM of a rank; the H200 under MPS, docs/results.md). Overridable for other parts.
 GEMM_TFLOPS_PER_SM = 5.9          # bf16 dense, CUTLASS core at ~780 TFLOP/s on 132 SMs
@@ -38,9 +37,7 @@ PIPELINED_IN_MODEL = os.environ.get("TANDEM_TP_MODEL_PIPELINED", "0") == "1"
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_tune_h200.json")
 
 
-def bucket(x: int) -> int:
-    """log2 bucket of a dimension (nearest power of two)."""
-    return int(round(math.log2(max(1, int(x)))))
+bucket = _tune_table.bucket
 
 
 def table_path() -> str:
@@ -57,28 +54,13 @@ _TABLES: dict = {}
 RECHECK_S = 1.0
 
 
+def _rows_to_table(rows) -> dict:
+    return {(r["op"], int(r["world"]), int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])):
+            (str(r["mode"]), int(r["comm_blocks"])) for r in rows}
+
+
 def _load(path: str) -> dict:
-    now = time.monotonic()
-    cached = _TABLES.get(path)
-    if cached is not None and now - cached[2] < RECHECK_S:
-        return cached[1]
-    try:
-        mtime = os.path.getmtime(path)
-    except OSError:
-        _TABLES[path] = (None, {}, now)
-        return {}
-    if cached is not None and cached[0] == mtime:
-        _TABLES[path] = (mtime, cached[1], now)
-        return cached[1]
-    try:
-        with open(path) as f:
-            rows = json.load(f)
-        table = {(r["op"], int(r["world"]), int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])):
-                 (str(r["mode"]), int(r["comm_blocks"])) for r in rows}
-    except (OSError, ValueError, KeyError, TypeError):
-        table = {}
-    _TABLES[path] = (mtime, table, now)
-    return table
+    return _tune_table.load(path, _TABLES, RECHECK_S, _rows_to_table)
 
 
 def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
@@ -87,12 +69,7 @@ def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
 
 def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
     """(mode, comm_blocks) from the user's table, else the shipped one, else None."""
-    kk = key(op, world, sms, m, n, k)
-    for path in (table_path(), SHIPPED):
-        hit = _load(path).get(kk)
-        if hit is not None:
-            return hit
-    return None
+    return _tune_table.lookup((table_path(), SHIPPED), key(op, world, sms, m, n, k), _load)
 
 
 def collective_bytes(op: str, world: int, m: int, n: int, k: int) -> float:
@@ -190,20 +167,4 @@ def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1
 def write_table(rows: list, path: str | None = None) -> str:
     """Merge rows {op, world, sms, m, n, k, mode, comm_blocks, ms} into the table at `path` (default
     table_path()); returns the path."""
-    path = path or table_path()
-    old = []
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = []
-    merged = {}
-    for r in old + [dict(r, mb=bucket(r["m"]), nb=bucket(r["n"]), kb=bucket(r["k"])) for r in rows]:
-        merged[(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"])] = r
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(sorted(merged.values(), key=lambda r: (r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"])),
-                  f, indent=1)
-    _TABLES.pop(path, None)
-    return path
+    return _tune_table.write(path or table_path(), rows, ("op", "world", "sms", "mb", "nb", "kb"), _TABLES)
