@@ -9,6 +9,8 @@
 #     19:07 run had fused 1.06-2.7x slower than 2026-12-03; unfused's two smallest rows too).
 # n2: the rest of the GPU suite.
 # (tools/device_suite.sh passes its pytest arguments quoted since 21:08: a -k expression works; not run yet.)
+# 2026-12-05: the next H200 session builds branch next-device3 (claim + gemm-configs + train; none of it has run on
+# a GPU) and follows that branch's copy of this file: parts k1, k2, k3, g, tr, n2 (issue notes of stop 32).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
