@@ -11,6 +11,9 @@
 # (tools/device_suite.sh passes its pytest arguments quoted since 21:08: a -k expression works; not run yet.)
 # 2026-12-05: the next H200 session builds branch next-device3 (claim + gemm-configs + train; none of it has run on
 # a GPU) and follows that branch's copy of this file: parts k1, k2, k3, g, tr, n2 (issue notes of stop 32).
+# 2026-12-05 07:00: superseded by branch next-device4 (= next-device3 + the AG+GEMM release fix + the joined RS/AR
+# reduction, none of it run; the device went away at 04:55 that session): build it and follow its copy of this
+# file, parts d3, d1, d2 first.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
