@@ -90,6 +90,18 @@ elif [ "$part" = t ]; then
       --variants "$V" --out "$OUT/diag/trace_w$n" 2>&1 | tail -150
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
+elif [ "$part" = t4 ]; then
+  # 2026-12-05 (session start; the claim/join branches were lost with the old checkout): does a fused grid smaller
+  # than the rank's share (28/24/20 of 32 SMs) or 1 reduce block fewer make every rank's clusters resident at world 4?
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 60 )); [ "$t" -gt 300 ] && t=300
+  timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 --sm-counts 0,28,24,20 \
+    --variants "base;TANDEM_RS_PIECES=4" --out "$OUT/diag/trace_w4" 2>&1 | tail -80
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "test_ag_gemm_and_gemm_rs_match_torch or 1000_launches or emulated" 2>&1 | tail -15
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, m)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m)"; exit 2
 fi
