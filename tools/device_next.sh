@@ -102,6 +102,17 @@ elif [ "$part" = t4 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "test_ag_gemm_and_gemm_rs_match_torch or 1000_launches or emulated" 2>&1 | tail -15
+elif [ "$part" = c1 ]; then
+  # 2026-12-05: tile claims (TANDEM_TP_CLAIM=1, off by default) and the AG+GEMM release fix: their tests and the
+  # core test_tp cases, then the world-4 trace of claims against the static stride (whole chunks and pieces)
+  timeout -s INT -k 20 $(( $(left) - 240 )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "tile_claims or gathered_view or test_ag_gemm_and_gemm_rs_match_torch or in_pieces or 1000_launches"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 \
+    --variants "base;TANDEM_TP_CLAIM=1;TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4" \
+    --out "$OUT/diag/trace_w4" 2>&1 | tail -60
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1)"; exit 2
 fi

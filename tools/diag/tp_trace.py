@@ -47,7 +47,7 @@ args = ap.parse_args()
 K = n.native().kernels
 SLOTS = K.tp_timeline_slots()
 KNOBS = ("TANDEM_TP_SWIZZLE", "TANDEM_TP_RASTER", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE", "TANDEM_RS_PIECES",
-         "TANDEM_TP_TRACE")
+         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE")
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world, sms = comm.rank, comm.world_size, comm.sm_count
 stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
@@ -161,6 +161,7 @@ for shape in args.shapes.split(","):
                         base_out = got
                     r["differs_from_first"] = int((got != base_out).sum())
                     r["fused_ms"] = timed(call)
+                    r["claims"] = bool(K.tp_last_fused_claims())
                     rows = timeline(call)
                     r.update(summarize(op, rows, c, v))
                     r["raw"] = {str(blk): [sm, {str(s): t for s, t in st.items()}] for blk, (sm, st) in rows.items()}
@@ -179,7 +180,7 @@ if rank == 0:
         print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
               f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
               f"cuBLAS {r['cublas_ms']:.3f} ms; {r.get('differs_from_first', '-')} elements differ from the first "
-              f"variant {r.get('error', '')}")
+              f"variant{' (tile claims)' if r.get('claims') else ''} {r.get('error', '')}")
         if "span_us" not in r:
             continue
         print(f"  span {f(r['span_us'])}, start spread {f(r['start_spread_us'])} ({r['late_blocks']} of "

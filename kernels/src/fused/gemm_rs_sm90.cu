@@ -43,6 +43,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -90,6 +91,13 @@ struct RsParams {
   int pieces;
   int piece_rows;
   int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
+  // Tile claims (TANDEM_TP_CLAIM=1): the GEMM's clusters claim tiles from shared counters, so a chunk (piece) is
+  // complete when its tiles are (counted in units: tiles_of_block), not when every GEMM block has passed it.
+  gemm::TileClaims* claims;  // null: the static persistent stride
+  int64_t chunk_tiles;       // the scheduler's work tiles of a chunk (blocks_per_problem)
+  int64_t piece_tiles;       // ... of a piece (pieces)
+  int late_cluster;          // TANDEM_TP_LATE (tests): GEMM clusters from this row start late_us late
+  uint32_t late_us;
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
@@ -385,6 +393,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   // the runtime's roles over the grid (reduce rows first, then the GEMM's), with both bodies inline here
   if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
+    if (p.late_us != 0 && static_cast<int>(blockIdx.y) - p.reduce_rows_y >= p.late_cluster)
+      runtime::hold_block_us(p.late_us);
     // Pieces: steps (o, j) = piece j of chunk o in the order j-major, o = 0, 1, ... (the same on every rank);
     // else chunk by chunk, owner r+1 first.
     for (int s = 0; s < world * (kPieces ? p.pieces : 1); ++s) {
@@ -413,14 +423,23 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       complete_bulk_stores();
       __syncthreads();
       p.timeline.stamp(!kPieces ? 3 + 3 * s : (1 + s < kSlotGatherStart ? 1 + s : kSlotGatherStart - 1));
+      // Whose stores complete the chunk (piece): the last GEMM block past it, or with claims the block whose
+      // tiles bring its count to the total (a block that got none of its tiles takes no part).
+      const auto completes = [&](uint64_t* counter, int64_t tiles) {
+        if (p.claims == nullptr) return last_of(counter, p.gemm_blocks);
+        const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x];
+        return last_of_units(counter, mine, static_cast<uint64_t>(tiles));
+      };
       if constexpr (kPieces) {
-        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks)) {
+        const int64_t left = p.chunk_tiles - j * p.piece_tiles;
+        if (threadIdx.x == 0 &&
+            completes(&ctl->local_count[o * p.pieces + j], left < p.piece_tiles ? left : p.piece_tiles)) {
           const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
           const bool last = rows >= p.chunk_rows;
           (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
           if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
         }
-      } else if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
+      } else if (threadIdx.x == 0 && completes(&ctl->local_count[o], p.chunk_tiles)) {
         if (!p.one_shot) {
           // an owner reducing in pieces waits for the rows (one node)
           if (t.N == 1) (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, p.chunk_rows), SignalOp::kSet, o);
@@ -437,6 +456,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   }
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+    if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
       Status st = Status::kOk;
@@ -445,10 +465,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
-// Workspace: control block | node flags | piece table | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
+// Workspace: control block | node flags | piece table | tile claims | partial (M x N) | recv (N > 1: N x chunk) |
+// acc (fp32 chunk).
 constexpr size_t round256(size_t b) { return (b + 255) & ~size_t(255); }
 constexpr size_t kPieceTableOffset = kControlBytes + round256(kNodeFlagBytes);
-constexpr size_t kPartialOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
+constexpr size_t kClaimOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
+constexpr size_t kPartialOffset = kClaimOffset + kClaimBytes;
 Topology topology_of(const GemmRsArgs& a) { return Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node); }
 size_t recv_offset(const GemmRsArgs& a) { return kPartialOffset + round256(static_cast<size_t>(a.m) * a.n * 2); }
 size_t acc_offset(const GemmRsArgs& a) {
@@ -489,11 +511,15 @@ PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, con
   return pp;
 }
 
-template <class Element, bool kPieces = false>
+template <bool kPieces, bool kClaims>
+using RsSchedulerTag = std::conditional_t<
+    kPieces, std::conditional_t<kClaims, gemm::ArrivalPiecesClaimsSchedulerTag, gemm::ArrivalPiecesSchedulerTag>,
+    std::conditional_t<kClaims, gemm::ArrivalClaimsSchedulerTag, gemm::ArrivalSchedulerTag>>;
+
+template <class Element, bool kPieces = false, bool kClaims = false>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
                  std::string* why, Stages stages = Stages::kAll) {
-  using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kPieces, gemm::ArrivalPiecesSchedulerTag,
-                                                                gemm::ArrivalSchedulerTag>>;
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -510,6 +536,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.node_flags = reinterpret_cast<NodeFlags*>(ws + kControlBytes);
   const FusedKnobs knobs = FusedKnobs::from_env();
   p.common_order = knobs.common_order;
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = fused ? knobs.late_us : 0u;
   p.fused_one_pass = knobs.one_pass;
   p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
@@ -526,6 +554,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   if (kPieces && (!fused || pieces.pieces <= 1)) return fail(why, "no pieces for this launch", Status::kInternal);
   p.pieces = pieces.pieces;
   p.piece_rows = pieces.rows;
+  p.piece_tiles = pieces.len;
+  p.claims = kClaims && fused ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
   auto chunk_args = [&](int o, int sm_count) {
     gemm::GemmArgs g;
     g.m = mr;
@@ -575,6 +605,11 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.chunk_rows = mr;
     args.scheduler.arrival.piece_len = pieces.len;
     args.scheduler.arrival.piece_of_block = kPieces ? p.piece_of_block : nullptr;
+    // Claims: one counter a call, chunk o's piece j being call o * kMaxPieces + j (< kClaimCalls); the scheduler
+    // reads the epoch for its ring tags from the control block.
+    args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.claim_call = o * kMaxPieces;
+    args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (o == 0) {
@@ -588,7 +623,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
     args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
     p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
+    p.chunk_tiles = static_cast<int64_t>(p.gemm[o].scheduler.blocks_per_problem_);
   }
+  if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
   p.reduce_rows_y = plan.comm_blocks / 2;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
   if (p.pieces > 1 && p.gemm_blocks > kMaxGemmBlocks) return fail(why, "too many GEMM blocks for the piece table", Status::kInternal);
@@ -607,6 +645,9 @@ bool env_is(const char* name, const char* value) {
 uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first traced launch
 }  // namespace
 int g_last_fused_pieces = 0;
+bool g_last_fused_claims = false;
+
+bool tile_claims_enabled() { return env_is("TANDEM_TP_CLAIM", "1"); }
 
 uint64_t* timeline_for_launch(cudaStream_t stream) {
   if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
@@ -631,6 +672,14 @@ FusedKnobs FusedKnobs::from_env() {
   k.common_order = env_is("TANDEM_RS_ORDER", "common");
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
+  if (const char* v = std::getenv("TANDEM_TP_LATE")) {
+    int c = 0;
+    unsigned us = 0;
+    if (std::sscanf(v, "%d:%u", &c, &us) == 2 && c >= 0) {
+      k.late_cluster = c;
+      k.late_us = us;
+    }
+  }
   return k;
 }
 
@@ -646,17 +695,25 @@ cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
 
 int timeline_slots() { return runtime::kTimelineSlots; }
 int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
+bool last_fused_claims() { return detail::g_last_fused_claims; }
+
+template <class Element, bool kPieces, bool kClaims>
+cudaError_t preload_rs_kernel() {
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>::Kernel;
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
+}
 
 cudaError_t preload_rs_kernels() {
-  using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
-  using H = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel;
-  using BP = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
-  using HP = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
-  cudaFuncAttributes attr{};
-  const cudaError_t e[] = {cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B, false>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H, false>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, BP, true>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, HP, true>)};
+  // The unfused path's (static) kernels always; the fused ones of the current tile-claim setting.
+  const bool claims = tile_claims_enabled();
+  const cudaError_t e[] = {
+      preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
+      preload_rs_kernel<cutlass::half_t, false, false>(),
+      claims ? preload_rs_kernel<cutlass::bfloat16_t, false, true>() : cudaSuccess,
+      claims ? preload_rs_kernel<cutlass::half_t, false, true>() : cudaSuccess,
+      claims ? preload_rs_kernel<cutlass::bfloat16_t, true, true>() : preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
+      claims ? preload_rs_kernel<cutlass::half_t, true, true>() : preload_rs_kernel<cutlass::half_t, true, false>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -705,12 +762,21 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
   const bool pieces = piece_count > 1;
-  if (fused) detail::g_last_fused_pieces = piece_count;
-  if (a.dtype == DType::kFP16)
-    return pieces ? run_typed<cutlass::half_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
-                  : run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
-  return pieces ? run_typed<cutlass::bfloat16_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
-                : run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  // Tile claims (TANDEM_TP_CLAIM=1) in the fused kernel only: the unfused GEMM is a kernel of its own.
+  const bool claims = fused && tile_claims_enabled();
+  if (fused) {
+    detail::g_last_fused_pieces = piece_count;
+    detail::g_last_fused_claims = claims;
+  }
+  const auto typed = [&](auto element) {
+    using Element = decltype(element);
+    if (claims)
+      return pieces ? run_typed<Element, true, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                    : run_typed<Element, false, true>(a, stream, fused, kAllReduce, one_shot, why, stages);
+    return pieces ? run_typed<Element, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                  : run_typed<Element>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  };
+  return a.dtype == DType::kFP16 ? typed(cutlass::half_t{}) : typed(cutlass::bfloat16_t{});
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {

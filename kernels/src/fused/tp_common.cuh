@@ -14,6 +14,7 @@
 #include "tandem/kernels/runtime/trace.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
+#include "tandem/kernels/gemm/gemm.h"
 
 namespace tandem::kernels::tp::detail {
 
@@ -61,6 +62,10 @@ __host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
 }
 // The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
 constexpr int kMaxGemmBlocks = 256;
+// The fused GEMM roles' tile claims (gemm::TileClaims), in the workspace. TANDEM_TP_CLAIM=1 turns them on (the
+// static persistent stride otherwise, until the claims have run on the H200).
+constexpr size_t kClaimBytes = (sizeof(gemm::TileClaims) + 255) & ~size_t(255);
+bool tile_claims_enabled();
 
 // Node layout of a TP op: W ranks in N = W / L nodes of L consecutive ranks (rank = node * L + local). One node
 // (L = W) is the load/store case; with N > 1 peers of other nodes are reached through the proxy, and every
@@ -105,6 +110,7 @@ using runtime::dispatch_roles;
 using runtime::fail;
 using runtime::finish_block;
 using runtime::last_of;
+using runtime::last_of_units;
 using runtime::launch_clustered;
 using runtime::split16;
 using runtime::workspace_in_heap;
@@ -123,8 +129,13 @@ using runtime::WorkspaceCarver;
 //                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
 //                         and the owner reduces each piece in one pass as soon as every rank has it
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
-extern int g_last_fused_pieces;  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+extern int g_last_fused_pieces;
+extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+//   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
+//                         late, as clusters that MPS made resident late do (tile claims give their tiles away)
 struct FusedKnobs {
+  int late_cluster = 0;
+  uint32_t late_us = 0;
   int swizzle = 1;
   bool raster_m = false;
   bool common_order = false;

@@ -49,6 +49,25 @@ __device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
   return true;
 }
 
+// last_of for work counted in units (tiles) rather than blocks: every block adds the units it completed (none:
+// it does not take part), and the one whose units bring the counter to `total` gets true and resets it. Called
+// by thread 0 after the block's work is ordered before it (__syncthreads), like last_of.
+__device__ __forceinline__ bool last_of_units(uint64_t* counter, uint64_t units, uint64_t total) {
+  if (units == 0 || atom_add_acq_rel_gpu(counter, units) + units != total) return false;
+  tandem::device::local_store(counter, 0);
+  return true;
+}
+
+// Diagnostics and tests: hold the calling block for `us` microseconds before its work (thread 0 sleeps, then a
+// block barrier), as a block that the hardware made resident late would start (TANDEM_TP_LATE).
+__device__ __forceinline__ void hold_block_us(uint32_t us) {
+  if (threadIdx.x == 0) {
+    const uint64_t until = tandem::device::impl::globaltimer_ns() + uint64_t(us) * 1000u;
+    while (tandem::device::impl::globaltimer_ns() < until) __nanosleep(1000);
+  }
+  __syncthreads();
+}
+
 // This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
 template <class ControlBlock>
 __device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {
