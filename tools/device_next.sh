@@ -103,16 +103,26 @@ elif [ "$part" = t4 ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "test_ag_gemm_and_gemm_rs_match_torch or 1000_launches or emulated" 2>&1 | tail -15
 elif [ "$part" = c1 ]; then
-  # 2026-12-05: tile claims (TANDEM_TP_CLAIM=1, off by default) and the AG+GEMM release fix: their tests and the
-  # core test_tp cases, then the world-4 trace of claims against the static stride (whole chunks and pieces)
+  # 2026-12-05: tile claims (TANDEM_TP_CLAIM=1, off by default), the joined reduction (TANDEM_RS_JOIN=1) and the
+  # AG+GEMM release fix: their tests and the core test_tp cases, then the world-4 trace of claims against the
+  # static stride (whole chunks, pieces, pieces joined)
   timeout -s INT -k 20 $(( $(left) - 240 )) bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "tile_claims or gathered_view or test_ag_gemm_and_gemm_rs_match_torch or in_pieces or 1000_launches"
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
     tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 \
-    --variants "base;TANDEM_TP_CLAIM=1;TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4" \
+    --variants "base;TANDEM_TP_CLAIM=1;TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4,TANDEM_RS_JOIN=1" \
     --out "$OUT/diag/trace_w4" 2>&1 | tail -60
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = c2 ]; then
+  # the whole of test_tp with every fused launch on tile claims (and again in pieces where it applies), then
+  # bench tp at world 4 with claims (the evidence for turning them on by default)
+  TANDEM_TP_CLAIM=1 timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+  export TANDEM_TP_CLAIM=1
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
+    --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2)"; exit 2
 fi

@@ -68,8 +68,12 @@ def _check_tile_claims(res, world, late_rank=None):
             assert c["claims"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
         for c in r["ar"]:
             assert c["claims"] and c["wrong"] == 0 and c["rows"] == c["shape"][0], c
-        # the pieces kernel ran with claims where the shape has more than one piece (TANDEM_RS_PIECES=3)
+        # the pieces kernel ran with claims where the shape has more than one piece (TANDEM_RS_PIECES=3), and the
+        # joined reduction exactly where it was asked for and pieces ran
         assert any(c["pieces"] > 1 for c in r["rs"]), [c["pieces"] for c in r["rs"]]
+        for c in r["rs"] + r["ar"]:
+            assert c["joined"] == (c["join"] and c["pieces"] > 1), c
+        assert any(c["joined"] for c in r["rs"]) and any(c["joined"] for c in r["ar"])
         for c in r["static_vs_claims"]:
             assert c["claims_ran"] == [False, True] and c["differing"] == [0, 0, 0] and c["finite"], c
     if late_rank is not None:

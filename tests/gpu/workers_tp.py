@@ -245,7 +245,8 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     which cluster computes it), GEMM+RS/AR whole-chunk and in pieces, each case `repeats` launches in a row (the
     claim counters' reset and the ring tags of consecutive epochs). `late` ("c:us", set by the test in one rank's
     environment as TANDEM_TP_LATE) starts that rank's GEMM clusters from row c late: claims give their tiles to
-    the resident clusters, and the chunks complete by tile counts, without the blocks that computed none."""
+    the resident clusters, and the chunks complete by tile counts, without the blocks that computed none. The
+    pieces cases run once more with the joined reduction (TANDEM_RS_JOIN=1), the same bits."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     from tandem._native import native
@@ -257,18 +258,21 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     try:
         for name in dtypes:
             dtype = getattr(torch, name)
-            for pieces in (None, 3):
-                _set_env(TANDEM_TP_CLAIM=1, TANDEM_RS_PIECES=pieces)
+            # whole chunks; pieces; pieces with the joined reduction (GEMM blocks join it: TANDEM_RS_JOIN)
+            for pieces, join in ((None, None), (3, None), (3, 1)):
+                _set_env(TANDEM_TP_CLAIM=1, TANDEM_RS_PIECES=pieces, TANDEM_RS_JOIN=join)
                 for _ in range(repeats):
                     if pieces is None:
                         for (m_local, n, k) in ag_shapes:
                             out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "fused", False))
                             out["ag"][-1]["claims"] = bool(K.tp_last_fused_claims())
                     for (mr, n, k) in rs_shapes:
-                        out["rs"].append(_rs_case(comm, mr, n, k, dtype, "fused"))
-                        out["rs"][-1].update(claims=bool(K.tp_last_fused_claims()), pieces=K.tp_last_fused_rs_pieces())
-                        out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", "two_shot"))
-                        out["ar"][-1].update(claims=bool(K.tp_last_fused_claims()), pieces=K.tp_last_fused_rs_pieces())
+                        for case in (lambda: _rs_case(comm, mr, n, k, dtype, "fused"),
+                                     lambda: _ar_case(comm, mr, n, k, dtype, "fused", "two_shot")):
+                            c = case()
+                            c.update(claims=bool(K.tp_last_fused_claims()), pieces=K.tp_last_fused_rs_pieces(),
+                                     join=bool(join), joined=bool(K.tp_last_fused_rs_joined()))
+                            out["ar" if "algo" in c else "rs"].append(c)
                 # random data: claims against the static stride, bit for bit
                 for (m_local, n, k) in ag_shapes[:2]:
                     a = _random((m_local, k), 10 + rank, dtype)
@@ -284,12 +288,12 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
                     torch.cuda.synchronize()
                     comm.check()
                     out["static_vs_claims"].append(dict(
-                        shape=[m_local, n, k], dtype=name, pieces=pieces,
+                        shape=[m_local, n, k], dtype=name, pieces=pieces, join=join,
                         claims_ran=[outs[None][3], outs[1][3]],
                         differing=[int((x != y).sum()) for x, y in zip(outs[None][:3], outs[1][:3])],
                         finite=bool(all(torch.isfinite(x.float()).all() for x in outs[1][:3]))))
     finally:
-        _set_env(TANDEM_TP_CLAIM=None, TANDEM_RS_PIECES=None)
+        _set_env(TANDEM_TP_CLAIM=None, TANDEM_RS_PIECES=None, TANDEM_RS_JOIN=None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

@@ -47,7 +47,7 @@ args = ap.parse_args()
 K = n.native().kernels
 SLOTS = K.tp_timeline_slots()
 KNOBS = ("TANDEM_TP_SWIZZLE", "TANDEM_TP_RASTER", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE", "TANDEM_RS_PIECES",
-         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE")
+         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE", "TANDEM_RS_JOIN")
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world, sms = comm.rank, comm.world_size, comm.sm_count
 stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
@@ -112,6 +112,10 @@ def summarize(op, rows, c, variant):
                                 for j in range(19) if any(1 + 2 * j in s for s in comm_rows)]
         out["gather_us"] = med([(s[41] - s[40]) / 1e3 for s in comm_rows if 40 in s and 41 in s])
         out["reduce_end_us"] = med([(s[46] - t0) / 1e3 for s in comm_rows if 46 in s])
+        if any(42 in s for s in gemm):  # the joined reduction (TANDEM_RS_JOIN=1): slots 42 joined, 43 left
+            out["join"] = {f"{who}_{what}_us": med([(s[slot] - t0) / 1e3 for s in blocks if slot in s])
+                           for who, blocks in (("gemm", gemm), ("reduce", comm_rows))
+                           for what, slot in (("joined_at", 42), ("left_at", 43))}
         return out
     steps = []
     for st in range(world):
@@ -193,6 +197,8 @@ if rank == 0:
             print("  reduce pieces (acquired at, add): " + "; ".join(
                 f"@{f(s['acquired_at_us'])} +{f(s['add_us'])}" for s in r["reduce_pieces"])
                   + f"; gather {f(r['gather_us'])}; reduce blocks end @{f(r['reduce_end_us'])}")
+            if "join" in r:
+                print("  joined reduction: " + ", ".join(f"{k} {f(v)}" for k, v in r["join"].items()))
             continue
         print("  GEMM steps (wait/compute/stores, done at): " + "; ".join(
             f"{f(s['wait_us'])}/{f(s['compute_us'])}/{f(s['stores_us'])} @{f(s['done_at_us'])}" for s in r["gemm_steps"]))

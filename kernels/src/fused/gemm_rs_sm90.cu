@@ -59,6 +59,9 @@ namespace {
 using namespace detail;
 
 constexpr int kMaxFusedRsWorld = 8;  // chunk GEMM parameter sets travel in the kernel argument
+// The joined reduction's items: at least this many 16-byte vectors (128 KiB of output, W x that read), so that a
+// claim and its barrier stay small against the item's memory time.
+constexpr int64_t kJoinItemVectors = 8192;
 
 enum class RsMode : int { kFused = 0, kReduceOnly = 1, kWaitReady = 2 };
 
@@ -98,6 +101,10 @@ struct RsParams {
   int64_t piece_tiles;       // ... of a piece (pieces)
   int late_cluster;          // TANDEM_TP_LATE (tests): GEMM clusters from this row start late_us late
   uint32_t late_us;
+  // Joined reduction (TANDEM_RS_JOIN=1; pieces with claims): this rank's rows in join_items items a piece, claimed
+  // by the reduce blocks and by GEMM blocks done with their GEMM (run_joined).
+  bool join;
+  int join_items;
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
@@ -163,7 +170,8 @@ __device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t
 }
 
 template <class Element, class P>
-__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e);
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e,
+                               bool published = false);
 
 // One node, one pass in registers over every rank's partial of this rank's rows, in the fixed order q = r-1,
 // r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
@@ -214,6 +222,103 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
     if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(2 + 2 * j);
   }
   return true;
+}
+
+// The joined reduction (one node, pieces, tile claims; TANDEM_RS_JOIN=1). This rank's rows are cut into items:
+// p.join_items slices of each piece, in piece order. Reduce blocks and GEMM blocks that are done with their GEMM
+// take items from one counter (ctl->reduce_claim) and reduce each in one pass in registers, in the fixed order:
+// the same fp32 adds as reduce_pieces, so the same bits. A reduce block takes the next item and waits for its
+// piece; a GEMM block takes an item only if every rank's piece is already there (device::test, one acquire load
+// a rank) and leaves otherwise: it must not hold an SM waiting, since a peer's cluster may need one (MPS gives
+// no co-residency). So the reduce blocks alone finish the reduction, and the GEMM blocks only speed it up. The
+// block whose item completes the count (last_of_units) publishes AR's reduced rows; the reduce blocks gather.
+// `bcast`: 8 bytes of the block's shared memory (GEMM blocks: after their GEMM, whose storage is free by then).
+template <class Element, class P>
+__device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, volatile int64_t* bcast) {
+  using namespace tandem::device;
+  using T = typename CudaType<Element>::type;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  Control* ctl = p.ctl;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
+  char* own_out = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(rank) * chunk_bytes : nullptr;
+  const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
+  const int64_t total = static_cast<int64_t>(p.pieces) * p.join_items;
+  const uint4* src[kMaxFusedRsWorld];
+  for (int s = 0; s < world; ++s) {
+    src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
+    if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
+  }
+  const auto piece_end = [&](int64_t item) {
+    const int64_t r1 = (item / p.join_items + 1) * static_cast<int64_t>(p.piece_rows);
+    return r1 < p.chunk_rows ? r1 : p.chunk_rows;
+  };
+  p.timeline.stamp(42);
+  uint64_t done = 0;
+  Status st = Status::kOk;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      int64_t item = -1;
+      for (;;) {
+        const int64_t c = static_cast<int64_t>(local_load(&ctl->reduce_claim));
+        if (c >= total) break;
+        if (!reduce_block) {  // a GEMM block: only an item whose piece every rank has announced
+          bool ready = true;
+          for (int q = 0; q < world && ready; ++q) ready = test(comm, &ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, piece_end(c)), q);
+          if (!ready) break;
+        }
+        if (atomicCAS(reinterpret_cast<unsigned long long*>(&ctl->reduce_claim), static_cast<unsigned long long>(c),
+                      static_cast<unsigned long long>(c + 1)) == static_cast<unsigned long long>(c)) {
+          item = c;
+          break;
+        }
+      }
+      if (item >= 0 && reduce_block) {
+        for (int s = 0; s < world && st == Status::kOk; ++s) {
+          const int q = ((rank - 1 - s) % world + world) % world;
+          st = wait_until_backoff(comm, &ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, piece_end(item)), kRolePollNs, q);
+        }
+        if (st != Status::kOk) item = -1;
+      }
+      *bcast = item;
+    }
+    __syncthreads();
+    const int64_t item = *bcast;
+    __syncthreads();  // everyone has read bcast before thread 0 writes the next item
+    if (item < 0) break;
+    const int64_t r0 = (item / p.join_items) * static_cast<int64_t>(p.piece_rows), r1 = piece_end(item);
+    const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row, part = item % p.join_items;
+    const int64_t lo = v0 + nv * part / p.join_items, hi = v0 + nv * (part + 1) / p.join_items;
+    (void)roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.out),
+                                     reinterpret_cast<uint4*>(own_out));
+    __syncthreads();
+    ++done;
+  }
+  p.timeline.stamp(43);
+  // AR: the block whose items complete the count publishes this rank's reduced rows to the node (its stores
+  // and, through the counter's acquire-release, every other block's are ordered before the signal).
+  if (threadIdx.x == 0 && last_of_units(&ctl->reduce_items_done, done, static_cast<uint64_t>(total)) &&
+      p.gather_out != nullptr) {
+    for (int q = 0; q < world; ++q)
+      if (q != rank) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, q);
+  }
+  if (reduce_block && block_ok(st)) {
+    const int64_t nvec = p.chunk_elems / 8;
+    const Topology t = Topology::of(rank, world, p.ranks_per_node);
+    gather_reduced<Element>(p, t, rb, nvec * rb / p.reduce_blocks, nvec * (rb + 1) / p.reduce_blocks, e,
+                            /*published=*/true);
+  }
+}
+
+// After CUTLASS's warp-specialized kernel a block's warpgroups keep its register split (the producer at
+// LoadRegisterRequirement, the consumers at MmaRegisterRequirement); code that every warp then runs needs one
+// count again: the kernel's own (an even share of the register file).
+template <class GemmKernel>
+__device__ __forceinline__ void even_out_registers() {
+  constexpr uint32_t kEven = (65536u / GemmKernel::MaxThreadsPerBlock) & ~7u;
+  if (threadIdx.x < 128) cutlass::arch::warpgroup_reg_alloc<kEven>();
+  else cutlass::arch::warpgroup_reg_dealloc<kEven>();
 }
 
 template <class Element, bool kPieces, class P>
@@ -283,7 +388,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
 
 // AR (p.gather_out set): publish this rank's reduced rows and gather every owner's; RS: nothing.
 template <class Element, class P>
-__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e) {
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e,
+                               bool published) {
   using namespace tandem::device;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank;
@@ -302,7 +408,8 @@ __device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo
       if (!block_ok(st)) return;
     }
   }
-  if (threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
+  // (joined reduction: the block that completed the last item published them)
+  if (!published && threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
     for (int l = 0; l < t.L; ++l)
       if (l != t.local) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, t.rank_of(t.node, l));
   }
@@ -374,6 +481,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
   using namespace tandem::device;
+  constexpr bool kClaims = GemmKernel::TileScheduler::kTileClaims;
   Control* ctl = p.ctl;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
@@ -426,9 +534,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       // Whose stores complete the chunk (piece): the last GEMM block past it, or with claims the block whose
       // tiles bring its count to the total (a block that got none of its tiles takes no part).
       const auto completes = [&](uint64_t* counter, int64_t tiles) {
-        if (p.claims == nullptr) return last_of(counter, p.gemm_blocks);
-        const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x];
-        return last_of_units(counter, mine, static_cast<uint64_t>(tiles));
+        if constexpr (!kClaims) {
+          return last_of(counter, p.gemm_blocks);
+        } else {
+          const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x];
+          return last_of_units(counter, mine, static_cast<uint64_t>(tiles));
+        }
       };
       if constexpr (kPieces) {
         const int64_t left = p.chunk_tiles - j * p.piece_tiles;
@@ -449,14 +560,25 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         }
       }
     }
+    if constexpr (kPieces && kClaims) {
+      if (p.join) even_out_registers<GemmKernel>();  // done with the GEMM: joins the reduction below
+    }
   } else {
     const int rb = runtime::grid_block_index();
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
-    else rs_reduce_role<Element, kPieces>(p, rb, e);
+    else if (!(kPieces && kClaims && p.join)) rs_reduce_role<Element, kPieces>(p, rb, e);
+  }
+  if constexpr (kPieces && kClaims) {
+    // The joined reduction, one call site for both roles (a second inlined copy spilled more registers).
+    if (p.join) {
+      const int b = runtime::grid_block_index();
+      run_joined<Element>(p, e, /*reduce_block=*/b < p.reduce_blocks, b, reinterpret_cast<volatile int64_t*>(smem));
+    }
   }
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
+    if (p.join) local_store(&ctl->reduce_claim, 0);  // every block is done: no claim is pending
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
       Status st = Status::kOk;
@@ -538,6 +660,9 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.common_order = knobs.common_order;
   p.late_cluster = knobs.late_cluster;
   p.late_us = fused ? knobs.late_us : 0u;
+  // the joined reduction: pieces with claims (one node, two-shot: the pieces' conditions); items of at least
+  // kJoinItemVectors 16-byte vectors, at least one a reduce block
+  p.join = kPieces && kClaims && fused && knobs.join;
   p.fused_one_pass = knobs.one_pass;
   p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
@@ -555,6 +680,12 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.pieces = pieces.pieces;
   p.piece_rows = pieces.rows;
   p.piece_tiles = pieces.len;
+  if (p.join) {
+    const int64_t piece_vectors = static_cast<int64_t>(pieces.rows) * (a.n / 8);
+    const int64_t items = (piece_vectors + kJoinItemVectors - 1) / kJoinItemVectors;
+    p.join_items = static_cast<int>(items > plan.comm_blocks ? items : plan.comm_blocks);
+  }
+  if (fused) detail::g_last_fused_joined = p.join;
   p.claims = kClaims && fused ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
   auto chunk_args = [&](int o, int sm_count) {
     gemm::GemmArgs g;
@@ -646,6 +777,7 @@ uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first t
 }  // namespace
 int g_last_fused_pieces = 0;
 bool g_last_fused_claims = false;
+bool g_last_fused_joined = false;
 
 bool tile_claims_enabled() { return env_is("TANDEM_TP_CLAIM", "1"); }
 
@@ -672,6 +804,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.common_order = env_is("TANDEM_RS_ORDER", "common");
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
+  k.join = env_is("TANDEM_RS_JOIN", "1");
   if (const char* v = std::getenv("TANDEM_TP_LATE")) {
     int c = 0;
     unsigned us = 0;
@@ -696,6 +829,7 @@ cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
 int timeline_slots() { return runtime::kTimelineSlots; }
 int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
 bool last_fused_claims() { return detail::g_last_fused_claims; }
+bool last_fused_rs_joined() { return detail::g_last_fused_joined; }
 
 template <class Element, bool kPieces, bool kClaims>
 cudaError_t preload_rs_kernel() {

@@ -34,7 +34,9 @@ constexpr int kMaxCollectiveBlocks = 16;
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
 struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
-  uint64_t pad1[15];
+  uint64_t reduce_claim;           // local: the joined reduction's next unclaimed item (reset by the last block)
+  uint64_t reduce_items_done;      // local: the joined reduction's items done (last_of_units)
+  uint64_t pad1[13];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -130,12 +132,16 @@ using runtime::WorkspaceCarver;
 //                         and the owner reduces each piece in one pass as soon as every rank has it
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
 extern int g_last_fused_pieces;
-extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
+extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+//   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
+//                         join the reduction (items claimed by reduce and GEMM blocks alike)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
 //                         late, as clusters that MPS made resident late do (tile claims give their tiles away)
 struct FusedKnobs {
   int late_cluster = 0;
   uint32_t late_us = 0;
+  bool join = false;
   int swizzle = 1;
   bool raster_m = false;
   bool common_order = false;

@@ -106,6 +106,9 @@ int last_fused_rs_pieces();
 // Diagnostic: whether this process's last fused TP launch (AG+GEMM, GEMM+RS or GEMM+AR) took its GEMM tiles by
 // tile claims (TANDEM_TP_CLAIM=1) rather than the static persistent stride.
 bool last_fused_claims();
+// Diagnostic: whether the last fused GEMM+RS/AR launch ran the joined reduction (TANDEM_RS_JOIN=1; pieces with
+// tile claims).
+bool last_fused_rs_joined();
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 

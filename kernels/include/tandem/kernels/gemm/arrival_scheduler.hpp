@@ -43,6 +43,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
 
  public:
   using WorkTileInfo = typename Base::WorkTileInfo;
+  static constexpr bool kTileClaims = kClaims;  // for the kernels around it
   struct Arguments : Base::Arguments {
     tandem::kernels::gemm::ArrivalSchedule arrival{};
   };
