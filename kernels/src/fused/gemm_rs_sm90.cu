@@ -114,7 +114,7 @@ constexpr int kSlotGatherStart = 40, kSlotGatherEnd = 41, kSlotEnd = 46;
 
 // The chunk the GEMM computes at step s: other nodes first (node n+1, ...; local index 0 .. L-1), then this node's
 // chunks l+1, l+2, ..., l (one node: r+1, r+2, ..., r).
-__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
+__host__ __device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
   if (common_order && t.N == 1) return s;
   const int remote = (t.N - 1) * t.L;
   if (s < remote) return t.rank_of(t.node_at(1 + s / t.L), s % t.L);
@@ -738,10 +738,18 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.chunk_rows = mr;
     args.scheduler.arrival.piece_len = pieces.len;
     args.scheduler.arrival.piece_of_block = kPieces ? p.piece_of_block : nullptr;
-    // Claims: one counter a call, chunk o's piece j being call o * kMaxPieces + j (< kClaimCalls); the scheduler
-    // reads the epoch for its ring tags from the control block.
+    // Claims: one counter a call, numbered by the step that makes it, so that later calls have larger numbers
+    // (the ring tags' order): pieces, step j * W + o; whole chunks, the step at which this rank computes chunk o.
+    // The scheduler reads the epoch for its ring tags from the control block.
     args.scheduler.arrival.claims = p.claims;
-    args.scheduler.arrival.claim_call = o * kMaxPieces;
+    if (kPieces) {
+      args.scheduler.arrival.claim_call = o;
+      args.scheduler.arrival.claim_stride = world;
+    } else {
+      const Topology t = topology_of(a);
+      for (int s = 0; s < world; ++s)
+        if (rs_chunk_at(t, s, knobs.common_order) == o) args.scheduler.arrival.claim_call = s;
+    }
     args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);

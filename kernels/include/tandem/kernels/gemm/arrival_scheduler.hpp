@@ -104,7 +104,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       // the call's first index (pieces) plus the block's place in its cluster; claim v is the cluster tile at
       // linear_ + 2 v. seq_ numbers this thread's work tiles.
       cluster_ = int32_t(by);
-      call_ = arrival_.claim_call + piece;
+      call_ = arrival_.claim_call + piece * arrival_.claim_stride;
       linear_ -= by * gx;
       tag0_ = (arrival_.epoch << 26) | (uint64_t(call_ & 63) << 20);
       if (threadIdx.x == 0) arrival_.claims->tiles_of_block[by * gx + blockIdx.x] = 0u;

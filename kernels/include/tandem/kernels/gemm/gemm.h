@@ -91,10 +91,12 @@ struct ArrivalSchedule {
   // cluster takes its next tile from a counter shared by the GEMM grid (TileClaims, in the caller's workspace),
   // so that clusters that start late (not resident: MPS gives no co-residency) find the tiles already taken by
   // the resident ones instead of holding back the chunks that wait for them. claim_call numbers this call among
-  // the calls of one launch (its counter; pieces add the piece index); the caller zeroes the counters it used
+  // the calls of one launch in the order every block makes them (its counter, and the order of the ring tags:
+  // a later call must have a larger number); pieces add piece * claim_stride. The caller zeroes the counters
   // before the next launch (tile_claims_reset) and reads how many tiles each block computed (tiles_of_block).
   TileClaims* claims = nullptr;
   int32_t claim_call = 0;
+  int32_t claim_stride = 0;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),
