@@ -59,8 +59,8 @@ namespace {
 using namespace detail;
 
 constexpr int kMaxFusedRsWorld = 8;  // chunk GEMM parameter sets travel in the kernel argument
-// The joined reduction's items: at least this many 16-byte vectors (128 KiB of output, W x that read), so that a
-// claim and its barrier stay small against the item's memory time.
+// The joined reduction's items: about this many 16-byte vectors (128 KiB of output, W x that read), so that a
+// claim and its barriers stay small against the item's memory time.
 constexpr int64_t kJoinItemVectors = 8192;
 
 enum class RsMode : int { kFused = 0, kReduceOnly = 1, kWaitReady = 2 };
@@ -132,6 +132,37 @@ __device__ __forceinline__ void announce_chunk(const P& p, const Topology& t, in
     (void)signal(p.comm, &p.ctl->node_arrive[t.node_of(o) * t.L + t.local], e, SignalOp::kSet,
                  t.rank_of(t.node, t.local_of(o)));
   }
+}
+
+// Pieces with tile claims: clusters run ahead into later calls while a slow one still holds a tile of an earlier
+// piece, so the pieces of a chunk can complete out of order. piece_arrive counts rows, a prefix of the chunk,
+// so it may only grow over complete pieces: each completer (thread 0 of the block whose tiles completed piece j
+// of chunk o) marks its piece, and the one whose mark extends the contiguous prefix signals it, under a local
+// lock so that two such signals land in the order they were made (causality orders the two stores to the
+// owner's flag: the later, larger value wins). The last prefix also announces the whole chunk and clears the
+// chunk's marks for the next launch.
+template <class P>
+__device__ __forceinline__ void publish_piece_prefix(const P& p, const Topology& t, int o, int j, uint64_t e) {
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const uint64_t bit = 1ull << j;
+  const uint64_t mask = runtime::atom_or_acq_rel_gpu(&ctl->piece_done[o], bit) | bit;
+  const int prefix = __ffsll(static_cast<long long>(~mask)) - 1;  // trailing ones (pieces <= kMaxPieces < 64)
+  if (j >= prefix) return;  // an earlier piece is missing: its completer publishes this one too
+  if (!runtime::lock_local(&ctl->piece_lock[o], p.comm)) return;
+  if (static_cast<uint64_t>(prefix) > local_load(&ctl->piece_signaled[o])) {
+    const int64_t rows = static_cast<int64_t>(prefix) * p.piece_rows;
+    const bool last = prefix >= p.pieces;
+    (void)signal(p.comm, &ctl->piece_arrive[p.comm.rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+    if (last) {
+      announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+      local_store(&ctl->piece_done[o], 0);
+      local_store(&ctl->piece_signaled[o], 0);
+    } else {
+      local_store(&ctl->piece_signaled[o], static_cast<uint64_t>(prefix));
+    }
+  }
+  runtime::unlock_local(&ctl->piece_lock[o]);
 }
 
 // The CUDA type of a CUTLASS element (the role primitives of roles/stream.cuh take CUDA's).
@@ -317,6 +348,10 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
 template <class GemmKernel>
 __device__ __forceinline__ void even_out_registers() {
   constexpr uint32_t kEven = (65536u / GemmKernel::MaxThreadsPerBlock) & ~7u;
+  // setmaxnreg.inc waits until the registers are free: the counts must add up (40 + 2 x 232 = 3 x 168)
+  static_assert(GemmKernel::LoadRegisterRequirement <= kEven && GemmKernel::MmaRegisterRequirement >= kEven &&
+                    GemmKernel::LoadRegisterRequirement + 2 * GemmKernel::MmaRegisterRequirement <= 3 * kEven,
+                "the even register count must fit the warp-specialized split");
   if (threadIdx.x < 128) cutlass::arch::warpgroup_reg_alloc<kEven>();
   else cutlass::arch::warpgroup_reg_dealloc<kEven>();
 }
@@ -545,11 +580,20 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         const int64_t left = p.chunk_tiles - j * p.piece_tiles;
         if (threadIdx.x == 0 &&
             completes(&ctl->local_count[o * p.pieces + j], left < p.piece_tiles ? left : p.piece_tiles)) {
-          const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
-          const bool last = rows >= p.chunk_rows;
-          (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
-          if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+          if constexpr (kClaims) {
+            publish_piece_prefix(p, t, o, j, e);
+          } else {
+            const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
+            const bool last = rows >= p.chunk_rows;
+            (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+            if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+          }
         }
+      } else if (kClaims && p.one_shot) {
+        // one-shot with claims: the chunks complete in any order, so the whole partial is complete when every
+        // chunk's tiles are (one count over the launch), not when the last step's are
+        if (threadIdx.x == 0 && completes(&ctl->one_shot_tiles, world * p.chunk_tiles))
+          for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
       } else if (threadIdx.x == 0 && completes(&ctl->local_count[o], p.chunk_tiles)) {
         if (!p.one_shot) {
           // an owner reducing in pieces waits for the rows (one node)
@@ -580,7 +624,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
     if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
-    if (p.join) local_store(&ctl->reduce_claim, 0);  // every block is done: no claim is pending
+    if (p.join) {  // every block is done: no claim is pending (and a lost item leaves no count behind)
+      local_store(&ctl->reduce_claim, 0);
+      local_store(&ctl->reduce_items_done, 0);
+    }
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
       Status st = Status::kOk;
@@ -662,8 +709,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.common_order = knobs.common_order;
   p.late_cluster = knobs.late_cluster;
   p.late_us = fused ? knobs.late_us : 0u;
-  // the joined reduction: pieces with claims (one node, two-shot: the pieces' conditions); items of at least
-  // kJoinItemVectors 16-byte vectors, at least one a reduce block
+  // the joined reduction: pieces with claims (one node, two-shot: the pieces' conditions); items of about
+  // kJoinItemVectors 16-byte vectors (at least that many unless there would be fewer items than reduce blocks)
   p.join = kPieces && kClaims && fused && knobs.join;
   p.fused_one_pass = knobs.one_pass;
   p.timeline.stamps = timeline_for_launch(stream);
@@ -684,7 +731,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.piece_tiles = pieces.len;
   if (p.join) {
     const int64_t piece_vectors = static_cast<int64_t>(pieces.rows) * (a.n / 8);
-    const int64_t items = (piece_vectors + kJoinItemVectors - 1) / kJoinItemVectors;
+    const int64_t items = piece_vectors / kJoinItemVectors;
     p.join_items = static_cast<int>(items > plan.comm_blocks ? items : plan.comm_blocks);
   }
   if (fused) detail::g_last_fused_joined = p.join;
@@ -742,6 +789,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     // (the ring tags' order): pieces, step j * W + o; whole chunks, the step at which this rank computes chunk o.
     // The scheduler reads the epoch for its ring tags from the control block.
     args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.comm = a.comm;  // names the rank of an error the claims record
     if (kPieces) {
       args.scheduler.arrival.claim_call = o;
       args.scheduler.arrival.claim_stride = world;

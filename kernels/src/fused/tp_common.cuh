@@ -36,7 +36,8 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
   uint64_t reduce_claim;           // local: the joined reduction's next unclaimed item (reset by the last block)
   uint64_t reduce_items_done;      // local: the joined reduction's items done (last_of_units)
-  uint64_t pad1[13];
+  uint64_t one_shot_tiles;         // local, tile claims: AR one-shot tiles stored, every chunk (last_of_units)
+  uint64_t pad1[12];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -51,6 +52,12 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t piece_arrive[kMaxWorld];  // RS/AR, one node: rows_flag(e, rows) = rank r's partial of my rows is
                                      // complete up to row `rows` (pieces: after each piece; whole chunks: at
                                      // the end of the chunk)
+  // Pieces with tile claims (pieces of a chunk may complete out of order), per chunk o (the fused RS takes at
+  // most 8 ranks): the pieces stored (a bit each), the prefix signalled to o, and the lock that orders the
+  // prefix signals (publish_piece_prefix).
+  uint64_t piece_done[8];
+  uint64_t piece_signaled[8];
+  uint64_t piece_lock[8];
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -131,9 +138,9 @@ using runtime::WorkspaceCarver;
 //                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
 //                         and the owner reduces each piece in one pass as soon as every rank has it
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
-extern int g_last_fused_pieces;
+extern int g_last_fused_pieces;   // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
 extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
-extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds

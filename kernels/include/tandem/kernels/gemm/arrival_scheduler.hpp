@@ -160,10 +160,17 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   // Claims: the cluster tile of this cluster's work tile number `seq`. The first CTA's thread 0 (the mainloop
   // producer's lane 0, the first of the cluster's threads to need each tile: the consumers follow it through the
   // shared-memory pipeline) takes it from the call's counter and publishes it in the cluster's ring slot (value,
-  // then the tag with release); every other thread waits for the slot's tag (acquire, bounded and abortable by
-  // the communicator). A slot is rewritten kClaimRingSlots tiles later, which the producer cannot reach before
-  // the cluster's slowest reader has read it: it runs at most a pipeline's stages ahead of either CTA's
-  // consumers (the B tiles are multicast into both CTAs' stages).
+  // then the tag with release); every other thread waits for the slot's tag (acquire, gpu scope). A slot is
+  // rewritten kClaimRingSlots tiles later, which the producer cannot reach before the cluster's slowest reader
+  // has read it: it runs at most a pipeline's stages ahead of either CTA's consumers (the B tiles are multicast
+  // into both CTAs' stages).
+  //
+  // The readers' wait neither gives up on the abort flag nor on the communicator's timeout: a reader that went
+  // on without the claim would leave the cluster's two CTAs computing different tiles, and CUTLASS's pipeline
+  // (unbounded mbarrier waits) would hang. It need not: the claimer publishes each claim before it waits for
+  // anything (its chunk waits come after, and are bounded), so the wait ends. A cap far beyond any timeout
+  // (kClaimWaitCapNs) turns a broken invariant into a recorded error and a trap instead of a silent hang.
+  static constexpr uint64_t kClaimWaitCapNs = 120ull * 1000 * 1000 * 1000;
   CUTLASS_DEVICE uint32_t claimed(uint64_t seq) {
     tandem::kernels::gemm::TileClaims::Slot* slot =
         &arrival_.claims->ring[cluster_][seq % tandem::kernels::gemm::kClaimRingSlots];
@@ -175,10 +182,23 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
                          Base::get_current_work_for_linear_idx(linear_ + 2u * uint64_t(v)).is_valid();
       const uint32_t value = valid ? v : kNoTile;
       tandem::device::local_store(&slot->value, uint64_t(value));
-      asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(&slot->tag), "l"(tag) : "memory");
+      tandem::device::local_publish(&slot->tag, tag);
       return value;
     }
-    (void)tandem::device::wait_until_backoff(arrival_.comm, &slot->tag, tandem::device::Cmp::kGe, tag, 64u);
+    uint64_t since = 0;
+    for (uint32_t spins = 1; tandem::device::local_acquire(&slot->tag) < tag; ++spins) {
+      __nanosleep(64);
+      if (spins % 4096 == 0) {
+        const uint64_t now = tandem::device::now_ns();
+        if (since == 0) {
+          since = now;
+        } else if (now - since > kClaimWaitCapNs) {
+          tandem::device::report(arrival_.comm, tandem::Status::kTimeout, tandem::DeviceOp::kWaitUntil, -1,
+                                 tag, tandem::device::local_load(&slot->tag));
+          __trap();
+        }
+      }
+    }
     return uint32_t(tandem::device::local_load(&slot->value));
   }
 
