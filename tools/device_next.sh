@@ -115,13 +115,12 @@ elif [ "$part" = c1 ]; then
     --out "$OUT/diag/trace_w4" 2>&1 | tail -60
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = c2 ]; then
-  # the whole of test_tp with every fused launch on tile claims (and again in pieces where it applies), then
-  # bench tp at world 4 with claims (the evidence for turning them on by default)
-  TANDEM_TP_CLAIM=1 timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_tp.py
-  export TANDEM_TP_CLAIM=1
+  # the whole of test_tp with tile claims on (the default since 2026-12-05), then bench tp at world 4 with the
+  # fused RS/AR in pieces (TANDEM_RS_PIECES=auto: the candidate default)
+  timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_tp.py
   mkdir -p "$OUT/diag"
-  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
-    --out "$OUT/diag" 2>&1 | tail -24
+  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && TANDEM_RS_PIECES=auto timeout -s INT -k 10 $t python3 -m tandem bench \
+    tp -n 4 --reps 5 --out "$OUT/diag" 2>&1 | tail -24
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
   echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2)"; exit 2

@@ -59,9 +59,9 @@ CLAIM_AG_SHAPES = [(1024, 4096, 512), (136, 520, 1032), (1000, 1024, 512)]
 CLAIM_RS_SHAPES = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
 
 
-def _check_tile_claims(res, world, late_rank=None):
+def _check_tile_claims(res, world, dtypes, late_rank=None):
     for r in res:
-        assert len(r["ag"]) == 2 * 2 * len(CLAIM_AG_SHAPES), len(r["ag"])
+        assert len(r["ag"]) == len(dtypes) * 2 * len(CLAIM_AG_SHAPES), len(r["ag"])
         for c in r["ag"]:
             assert c["claims"] and c["wrong"] == 0 and c["gathered_wrong"] == 0, c
         for c in r["rs"]:
@@ -86,7 +86,7 @@ def _check_tile_claims(res, world, late_rank=None):
 def test_fused_ops_with_tile_claims_match_torch_and_the_static_order(run_ranks, world):
     res = run_ranks(f"{W}:tile_claims", world, ag_shapes=CLAIM_AG_SHAPES, rs_shapes=CLAIM_RS_SHAPES,
                     dtypes=["bfloat16", "float16"], repeats=2, timeout_s=300)
-    _check_tile_claims(res, world)
+    _check_tile_claims(res, world, ["bfloat16", "float16"])
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -95,7 +95,7 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     # (row 0) claims their tiles; the chunks complete by tile counts, without the blocks that computed none
     res = run_ranks(f"{W}:tile_claims", world, ag_shapes=CLAIM_AG_SHAPES, rs_shapes=CLAIM_RS_SHAPES,
                     dtypes=["bfloat16"], repeats=2, rank_env={1: {"TANDEM_TP_LATE": "1:3000"}}, timeout_s=300)
-    _check_tile_claims(res, world, late_rank=1)
+    _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
 @pytest.mark.parametrize("mode", ["fused", "unfused"])

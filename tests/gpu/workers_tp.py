@@ -278,8 +278,8 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
                     a = _random((m_local, k), 10 + rank, dtype)
                     b = _random((k, n), 20, dtype)
                     ra = _random((m_local * world, k), 30 + rank, dtype)
-                    outs = {}
-                    for claim in (None, 1):
+                    outs = {}  # TANDEM_TP_CLAIM=0: the static stride
+                    for claim in (0, 1):
                         _set_env(TANDEM_TP_CLAIM=claim)
                         outs[claim] = (tp.ag_gemm(comm, a, b, mode="fused").clone(),
                                        tp.gemm_rs(comm, ra, b, mode="fused").clone(),
@@ -289,8 +289,8 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
                     comm.check()
                     out["static_vs_claims"].append(dict(
                         shape=[m_local, n, k], dtype=name, pieces=pieces, join=join,
-                        claims_ran=[outs[None][3], outs[1][3]],
-                        differing=[int((x != y).sum()) for x, y in zip(outs[None][:3], outs[1][:3])],
+                        claims_ran=[outs[0][3], outs[1][3]],
+                        differing=[int((x != y).sum()) for x, y in zip(outs[0][:3], outs[1][:3])],
                         finite=bool(all(torch.isfinite(x.float()).all() for x in outs[1][:3]))))
     finally:
         _set_env(TANDEM_TP_CLAIM=None, TANDEM_RS_PIECES=None, TANDEM_RS_JOIN=None)

@@ -837,7 +837,7 @@ int g_last_fused_pieces = 0;
 bool g_last_fused_claims = false;
 bool g_last_fused_joined = false;
 
-bool tile_claims_enabled() { return env_is("TANDEM_TP_CLAIM", "1"); }
+bool tile_claims_enabled() { return !env_is("TANDEM_TP_CLAIM", "0"); }
 
 uint64_t* timeline_for_launch(cudaStream_t stream) {
   if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
