@@ -9,7 +9,7 @@
 //            wait ready[q] >= e - 1 (q no longer reads its gathered A of e - 1), bulk-put the slice to q,
 //            and the last of the C blocks for q sets arrive[r] = e on q (release after all C slices)
 //   GEMM     tiles of chunk c start once arrive[c] >= e (scheduler), chunk r first; with tile claims
-//            (TANDEM_TP_CLAIM=1) each cluster takes its next tile from a shared counter
+//            (the default; TANDEM_TP_CLAIM=0: the static stride) each cluster takes its next tile from a counter
 //   end      the last block of the launch completes the epoch. It does not release the gathered buffer: this
 //            rank's stream may still read it (ag_gemm(return_gathered=True): valid until this rank's next
 //            launch), so only the next launch's start says ready[r] = e to the peers

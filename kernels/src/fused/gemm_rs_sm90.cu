@@ -94,7 +94,7 @@ struct RsParams {
   int pieces;
   int piece_rows;
   int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
-  // Tile claims (TANDEM_TP_CLAIM=1): the GEMM's clusters claim tiles from shared counters, so a chunk (piece) is
+  // Tile claims (default; TANDEM_TP_CLAIM=0 off): the GEMM's clusters claim tiles from shared counters, so a chunk (piece) is
   // complete when its tiles are (counted in units: tiles_of_block), not when every GEMM block has passed it.
   gemm::TileClaims* claims;  // null: the static persistent stride
   int64_t chunk_tiles;       // the scheduler's work tiles of a chunk (blocks_per_problem)
@@ -954,7 +954,7 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
   const bool pieces = piece_count > 1;
-  // Tile claims (TANDEM_TP_CLAIM=1) in the fused kernel only: the unfused GEMM is a kernel of its own.
+  // Tile claims (default; TANDEM_TP_CLAIM=0 off) in the fused kernel only: the unfused GEMM is a kernel of its own.
   const bool claims = fused && tile_claims_enabled();
   if (fused) {
     detail::g_last_fused_pieces = piece_count;

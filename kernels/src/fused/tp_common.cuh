@@ -142,6 +142,7 @@ uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TR
 extern int g_last_fused_pieces;   // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
 extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
 extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
+//   TANDEM_TP_CLAIM=0     the fused GEMM roles take tiles by the static persistent stride (default: tile claims)
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
