@@ -86,7 +86,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize(op, rows, c, variant):
+def summarize(op, rows, c, pieces):
     """Per-role medians in microseconds (blocks below c are the comm role: the role rows come first)."""
     if not rows:
         return {}
@@ -103,7 +103,7 @@ def summarize(op, rows, c, variant):
         out["copy_steps_us"] = [med([(s[i] - s[0]) / 1e3 for s in comm_rows if i in s and 0 in s])
                                 for i in range(1, world + 1)]
         return out
-    if "PIECES" in variant:  # GEMM blocks stamp slot 1 + s when step s (piece s // W of chunk s % W) is stored
+    if pieces > 1:  # GEMM blocks stamp slot 1 + s when step s (piece s // W of chunk s % W) is stored
         out["gemm_done_at_us"] = [med([(s[i] - t0) / 1e3 for s in gemm if i in s]) for i in range(1, 40)
                                   if any(i in s for s in gemm)]
         out["reduce_pieces"] = [dict(acquired_at_us=med([(s[1 + 2 * j] - t0) / 1e3 for s in comm_rows if 1 + 2 * j in s]),
@@ -166,8 +166,9 @@ for shape in args.shapes.split(","):
                     r["differs_from_first"] = int((got != base_out).sum())
                     r["fused_ms"] = timed(call)
                     r["claims"] = bool(K.tp_last_fused_claims())
+                    r["pieces"] = K.tp_last_fused_rs_pieces() if op != "ag_gemm" else 1
                     rows = timeline(call)
-                    r.update(summarize(op, rows, c, v))
+                    r.update(summarize(op, rows, c, r["pieces"]))
                     r["raw"] = {str(blk): [sm, {str(s): t for s, t in st.items()}] for blk, (sm, st) in rows.items()}
                 except Exception as e:  # noqa: BLE001 - report, go on
                     r["error"] = str(e).splitlines()[0][:200]

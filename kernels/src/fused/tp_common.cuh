@@ -135,9 +135,10 @@ using runtime::WorkspaceCarver;
 //   TANDEM_RS_ORDER=common  every rank computes the chunks in the same order 0, 1, ... (default: owner r+1 first)
 //   TANDEM_RS_REDUCE=onepass  the fused reduction waits for every partial, then one pass in registers (default:
 //                         one step per partial as it lands, fp32 accumulator in memory)
-//   TANDEM_RS_PIECES=auto|S  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
+//   TANDEM_RS_PIECES=auto|S|0  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
 //                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
-//                         and the owner reduces each piece in one pass as soon as every rank has it
+//                         and the owner reduces each piece in one pass as soon as every rank has it (default
+//                         auto; 0: whole chunks)
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
 extern int g_last_fused_pieces;   // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
 extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
@@ -155,7 +156,7 @@ struct FusedKnobs {
   bool raster_m = false;
   bool common_order = false;
   bool one_pass = false;
-  int pieces = 0;  // TANDEM_RS_PIECES: 0 = whole chunks (default), -1 = auto, else at most this many a chunk
+  int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
   static FusedKnobs from_env();
 };
 
