@@ -20,7 +20,8 @@ OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
 start=$(date +%s)
-left() { echo $(( 575 - ($(date +%s) - start) )); }
+CALL_S=${CALL_S:-575}
+left() { echo $(( CALL_S - ($(date +%s) - start) )); }
 # bench tp at worlds 4 and 2 into $OUT/diag, each bounded by `cap` s and by the call's time left less `margin`;
 # the archive is refreshed after each (bench tp writes its rows after every case: a timeout keeps them)
 bench_tp_worlds() {
