@@ -123,6 +123,9 @@ elif [ "$part" = c2 ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && TANDEM_RS_PIECES=auto timeout -s INT -k 10 $t python3 -m tandem bench \
     tp -n 4 --reps 5 --out "$OUT/diag" 2>&1 | tail -24
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = c3 ]; then
+  # c2 without the bench (little device time left): the whole of test_tp with claims and pieces on by default
+  timeout -s INT -k 20 $(( $(left) - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3)"; exit 2
 fi
