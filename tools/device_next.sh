@@ -20,7 +20,8 @@ OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
 start=$(date +%s)
-left() { echo $(( 575 - ($(date +%s) - start) )); }
+CALL_S=${CALL_S:-575}
+left() { echo $(( CALL_S - ($(date +%s) - start) )); }
 # bench tp at worlds 4 and 2 into $OUT/diag, each bounded by `cap` s and by the call's time left less `margin`;
 # the archive is refreshed after each (bench tp writes its rows after every case: a timeout keeps them)
 bench_tp_worlds() {
@@ -102,6 +103,34 @@ elif [ "$part" = t4 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "test_ag_gemm_and_gemm_rs_match_torch or 1000_launches or emulated" 2>&1 | tail -15
+elif [ "$part" = c1 ]; then
+  # 2026-12-05: tile claims (TANDEM_TP_CLAIM=1, off by default), the joined reduction (TANDEM_RS_JOIN=1) and the
+  # AG+GEMM release fix: their tests and the core test_tp cases, then the world-4 trace of claims against the
+  # static stride (whole chunks, pieces, pieces joined)
+  timeout -s INT -k 20 $(( $(left) - 240 )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "tile_claims or gathered_view or test_ag_gemm_and_gemm_rs_match_torch or in_pieces or 1000_launches"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 \
+    --variants "base;TANDEM_TP_CLAIM=1;TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4;TANDEM_TP_CLAIM=1,TANDEM_RS_PIECES=4,TANDEM_RS_JOIN=1" \
+    --out "$OUT/diag/trace_w4" 2>&1 | tail -60
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = c2 ]; then
+  # the whole of test_tp with tile claims on (the default since 2026-12-05), then bench tp at world 4 with the
+  # fused RS/AR in pieces (TANDEM_RS_PIECES=auto: the candidate default)
+  timeout -s INT -k 20 $(( $(left) - 200 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && TANDEM_RS_PIECES=auto timeout -s INT -k 10 $t python3 -m tandem bench \
+    tp -n 4 --reps 5 --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = c3 ]; then
+  # c2 without the bench (little device time left): the whole of test_tp with claims and pieces on by default
+  timeout -s INT -k 20 $(( $(left) - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+elif [ "$part" = c4 ]; then
+  # the test_tp cases most at risk with claims and pieces on by default (cross-node paths, back-to-back launches
+  # and graphs, the late-rank claims test that failed on its own count at 3447567)
+  timeout -s INT -k 20 $(( $(left) - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "emulated or 1000_launches or late or test_ag_gemm_and_gemm_rs_match_torch"
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4)"; exit 2
 fi

@@ -508,6 +508,10 @@ void bind_kernels(py::module_& m) {
   k.def("tp_timeline_slots", &tp::timeline_slots, "Diagnostic: slots per block in tp_timeline_snapshot().");
   k.def("tp_last_fused_rs_pieces", &tp::last_fused_rs_pieces,
         "Diagnostic: pieces a chunk took in the last fused GEMM+RS/AR launch (1: whole chunks; TANDEM_RS_PIECES).");
+  k.def("tp_last_fused_rs_joined", &tp::last_fused_rs_joined,
+        "Diagnostic: whether the last fused GEMM+RS/AR launch joined its reduction (TANDEM_RS_JOIN=1).");
+  k.def("tp_last_fused_claims", &tp::last_fused_claims,
+        "Diagnostic: whether the last fused TP launch took its GEMM tiles by tile claims (the default; TANDEM_TP_CLAIM=0: the static stride).");
   k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
   // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------

@@ -55,6 +55,58 @@ def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
 
 
+CLAIM_AG_SHAPES = [(1024, 4096, 512), (136, 520, 1032), (1000, 1024, 512)]
+CLAIM_RS_SHAPES = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
+
+
+def _check_tile_claims(res, world, dtypes, late_rank=None):
+    for r in res:
+        assert len(r["ag"]) == len(dtypes) * 2 * len(CLAIM_AG_SHAPES), len(r["ag"])
+        for c in r["ag"]:
+            assert c["claims"] and c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+        for c in r["rs"]:
+            assert c["claims"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
+        for c in r["ar"]:
+            assert c["claims"] and c["wrong"] == 0 and c["rows"] == c["shape"][0], c
+        # the pieces kernel ran with claims where the shape has more than one piece (TANDEM_RS_PIECES=3), and the
+        # joined reduction exactly where it was asked for and pieces ran
+        assert any(c["pieces"] > 1 for c in r["rs"]), [c["pieces"] for c in r["rs"]]
+        for c in r["rs"] + r["ar"]:
+            assert c["joined"] == (c["join"] and c["pieces"] > 1), c
+        assert any(c["joined"] for c in r["rs"]) and any(c["joined"] for c in r["ar"])
+        for c in r["static_vs_claims"]:
+            assert c["claims_ran"] == [False, True] and c["differing"] == [0, 0, 0] and c["finite"], c
+    if late_rank is not None:
+        assert res[late_rank]["late"] and all(r["late"] is None for q, r in enumerate(res) if q != late_rank)
+    for i in range(len(res[0]["ar"])):
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])  # world 1 runs the plain GEMM (no fused kernel)
+def test_fused_ops_with_tile_claims_match_torch_and_the_static_order(run_ranks, world):
+    res = run_ranks(f"{W}:tile_claims", world, ag_shapes=CLAIM_AG_SHAPES, rs_shapes=CLAIM_RS_SHAPES,
+                    dtypes=["bfloat16", "float16"], repeats=2, timeout_s=300)
+    _check_tile_claims(res, world, ["bfloat16", "float16"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
+    # rank 1's GEMM clusters from row 1 of its grid start 3 ms late (TANDEM_TP_LATE): the resident cluster
+    # (row 0) claims their tiles; the chunks complete by tile counts, without the blocks that computed none
+    res = run_ranks(f"{W}:tile_claims", world, ag_shapes=CLAIM_AG_SHAPES, rs_shapes=CLAIM_RS_SHAPES,
+                    dtypes=["bfloat16"], repeats=2, rank_env={1: {"TANDEM_TP_LATE": "1:3000"}}, timeout_s=300)
+    _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_gathered_view_holds_until_this_ranks_next_launch(run_ranks, world, mode):
+    res = run_ranks(f"{W}:gathered_view_outlives_peer_launches", world, m_local=512, n=1024, k=1024, mode=mode,
+                    timeout_s=180)
+    for r in res:
+        assert r["wrong"] == [0], r  # the slow rank's view, read ~50 ms late, still holds the first launch's rows
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_fp8_gemm_rs_and_ar_match_the_fixed_order_sum(run_ranks, world):
     # FP8 e4m3 operands with tensor-wise and row-wise scales (issue 23, part 3; the unfused path): exact against

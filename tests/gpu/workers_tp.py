@@ -225,6 +225,114 @@ def repeat_and_graph(launches, m_local, n, k):
                 ar_ok=ar_ok, graph_ok=graph_ok, ar_digest=_digest(first_ar))
 
 
+def _set_env(**values):
+    # TANDEM_* variables that the kernels' host side reads at every launch; None removes one
+    for name, v in values.items():
+        if v is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(v)
+
+
+def _random(shape, seed, dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
+    """The fused ops with tile claims (TANDEM_TP_CLAIM=1): against the bit-exact references (structured data), and
+    bit for bit against the static persistent stride on random data (a tile's arithmetic does not depend on
+    which cluster computes it), GEMM+RS/AR whole-chunk and in pieces, each case `repeats` launches in a row (the
+    claim counters' reset and the ring tags of consecutive epochs). `late` ("c:us", set by the test in one rank's
+    environment as TANDEM_TP_LATE) starts that rank's GEMM clusters from row c late: claims give their tiles to
+    the resident clusters, and the chunks complete by tile counts, without the blocks that computed none. The
+    pieces cases run once more with the joined reduction (TANDEM_RS_JOIN=1), the same bits."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(ag=[], rs=[], ar=[], static_vs_claims=[], late=os.environ.get("TANDEM_TP_LATE"))
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            # whole chunks; pieces; pieces with the joined reduction (GEMM blocks join it: TANDEM_RS_JOIN)
+            for pieces, join in ((None, None), (3, None), (3, 1)):
+                _set_env(TANDEM_TP_CLAIM=1, TANDEM_RS_PIECES=pieces, TANDEM_RS_JOIN=join)
+                for _ in range(repeats):
+                    if pieces is None:
+                        for (m_local, n, k) in ag_shapes:
+                            out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "fused", False))
+                            out["ag"][-1]["claims"] = bool(K.tp_last_fused_claims())
+                    for (mr, n, k) in rs_shapes:
+                        for case in (lambda: _rs_case(comm, mr, n, k, dtype, "fused"),
+                                     lambda: _ar_case(comm, mr, n, k, dtype, "fused", "two_shot")):
+                            c = case()
+                            c.update(claims=bool(K.tp_last_fused_claims()), pieces=K.tp_last_fused_rs_pieces(),
+                                     join=bool(join), joined=bool(K.tp_last_fused_rs_joined()))
+                            out["ar" if "algo" in c else "rs"].append(c)
+                # random data: claims against the static stride, bit for bit
+                for (m_local, n, k) in ag_shapes[:2]:
+                    a = _random((m_local, k), 10 + rank, dtype)
+                    b = _random((k, n), 20, dtype)
+                    ra = _random((m_local * world, k), 30 + rank, dtype)
+                    outs = {}  # TANDEM_TP_CLAIM=0: the static stride
+                    for claim in (0, 1):
+                        _set_env(TANDEM_TP_CLAIM=claim)
+                        outs[claim] = (tp.ag_gemm(comm, a, b, mode="fused").clone(),
+                                       tp.gemm_rs(comm, ra, b, mode="fused").clone(),
+                                       tp.gemm_ar(comm, ra, b, mode="fused", algo="two_shot").clone(),
+                                       bool(K.tp_last_fused_claims()))
+                    torch.cuda.synchronize()
+                    comm.check()
+                    out["static_vs_claims"].append(dict(
+                        shape=[m_local, n, k], dtype=name, pieces=pieces, join=join,
+                        claims_ran=[outs[0][3], outs[1][3]],
+                        differing=[int((x != y).sum()) for x, y in zip(outs[0][:3], outs[1][:3])],
+                        finite=bool(all(torch.isfinite(x.float()).all() for x in outs[1][:3]))))
+    finally:
+        _set_env(TANDEM_TP_CLAIM=None, TANDEM_RS_PIECES=None, TANDEM_RS_JOIN=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def gathered_view_outlives_peer_launches(m_local, n, k, mode, sleep_ms=50):
+    """ag_gemm(return_gathered=True)'s view stays this rank's until this rank's next launch: each rank in turn
+    reads its gathered view only ~sleep_ms after its launch, while its peers launch the op again with other data
+    (a release at the end of the fused kernel let them overwrite it)."""
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    dtype = torch.bfloat16
+    b = _b(k, n, 1, dtype)
+    first = _ints(world * m_local, k, 0, dtype)
+    second = _ints(world * m_local, k, 3, dtype)
+    cycles = (sleep_ms * 1_000_000) * 2  # torch.cuda._sleep counts clock cycles (~2 GHz)
+    wrong = []
+    for slow in range(world):
+        comm.barrier()
+        _, gathered = tp.ag_gemm(comm, first[rank * m_local:(rank + 1) * m_local].clone(), b, mode=mode,
+                                 return_gathered=True)
+        if rank == slow:
+            torch.cuda._sleep(cycles)  # this rank's stream reads the view late
+            snapshot = gathered.clone()
+        else:
+            # the peers go on with the next launch (other data); it may not overwrite the slow rank's view
+            tp.ag_gemm(comm, second[rank * m_local:(rank + 1) * m_local].clone(), b, mode=mode)
+        if rank == slow:
+            torch.cuda.synchronize()
+            wrong.append(int((snapshot != first).sum()))
+            # the slow rank's own second launch, which its peers' second launches wait for
+            tp.ag_gemm(comm, second[rank * m_local:(rank + 1) * m_local].clone(), b, mode=mode)
+        torch.cuda.synchronize()
+        comm.check()
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return dict(wrong=wrong, mode=mode)
+
+
 def rejects():
     comm = Communicator(heap_bytes=64 << 20, timeout_s=10)
     a = _ints(256, 64, 0, torch.bfloat16)

@@ -47,7 +47,7 @@ args = ap.parse_args()
 K = n.native().kernels
 SLOTS = K.tp_timeline_slots()
 KNOBS = ("TANDEM_TP_SWIZZLE", "TANDEM_TP_RASTER", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE", "TANDEM_RS_PIECES",
-         "TANDEM_TP_TRACE")
+         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE", "TANDEM_RS_JOIN")
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world, sms = comm.rank, comm.world_size, comm.sm_count
 stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
@@ -86,7 +86,7 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize(op, rows, c, variant):
+def summarize(op, rows, c, pieces):
     """Per-role medians in microseconds (blocks below c are the comm role: the role rows come first)."""
     if not rows:
         return {}
@@ -103,7 +103,7 @@ def summarize(op, rows, c, variant):
         out["copy_steps_us"] = [med([(s[i] - s[0]) / 1e3 for s in comm_rows if i in s and 0 in s])
                                 for i in range(1, world + 1)]
         return out
-    if "PIECES" in variant:  # GEMM blocks stamp slot 1 + s when step s (piece s // W of chunk s % W) is stored
+    if pieces > 1:  # GEMM blocks stamp slot 1 + s when step s (piece s // W of chunk s % W) is stored
         out["gemm_done_at_us"] = [med([(s[i] - t0) / 1e3 for s in gemm if i in s]) for i in range(1, 40)
                                   if any(i in s for s in gemm)]
         out["reduce_pieces"] = [dict(acquired_at_us=med([(s[1 + 2 * j] - t0) / 1e3 for s in comm_rows if 1 + 2 * j in s]),
@@ -112,6 +112,10 @@ def summarize(op, rows, c, variant):
                                 for j in range(19) if any(1 + 2 * j in s for s in comm_rows)]
         out["gather_us"] = med([(s[41] - s[40]) / 1e3 for s in comm_rows if 40 in s and 41 in s])
         out["reduce_end_us"] = med([(s[46] - t0) / 1e3 for s in comm_rows if 46 in s])
+        if any(42 in s for s in gemm):  # the joined reduction (TANDEM_RS_JOIN=1): slots 42 joined, 43 left
+            out["join"] = {f"{who}_{what}_us": med([(s[slot] - t0) / 1e3 for s in blocks if slot in s])
+                           for who, blocks in (("gemm", gemm), ("reduce", comm_rows))
+                           for what, slot in (("joined_at", 42), ("left_at", 43))}
         return out
     steps = []
     for st in range(world):
@@ -161,8 +165,10 @@ for shape in args.shapes.split(","):
                         base_out = got
                     r["differs_from_first"] = int((got != base_out).sum())
                     r["fused_ms"] = timed(call)
+                    r["claims"] = bool(K.tp_last_fused_claims())
+                    r["pieces"] = K.tp_last_fused_rs_pieces() if op != "ag_gemm" else 1
                     rows = timeline(call)
-                    r.update(summarize(op, rows, c, v))
+                    r.update(summarize(op, rows, c, r["pieces"]))
                     r["raw"] = {str(blk): [sm, {str(s): t for s, t in st.items()}] for blk, (sm, st) in rows.items()}
                 except Exception as e:  # noqa: BLE001 - report, go on
                     r["error"] = str(e).splitlines()[0][:200]
@@ -179,7 +185,7 @@ if rank == 0:
         print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
               f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
               f"cuBLAS {r['cublas_ms']:.3f} ms; {r.get('differs_from_first', '-')} elements differ from the first "
-              f"variant {r.get('error', '')}")
+              f"variant{' (tile claims)' if r.get('claims') else ''} {r.get('error', '')}")
         if "span_us" not in r:
             continue
         print(f"  span {f(r['span_us'])}, start spread {f(r['start_spread_us'])} ({r['late_blocks']} of "
@@ -192,6 +198,8 @@ if rank == 0:
             print("  reduce pieces (acquired at, add): " + "; ".join(
                 f"@{f(s['acquired_at_us'])} +{f(s['add_us'])}" for s in r["reduce_pieces"])
                   + f"; gather {f(r['gather_us'])}; reduce blocks end @{f(r['reduce_end_us'])}")
+            if "join" in r:
+                print("  joined reduction: " + ", ".join(f"{k} {f(v)}" for k, v in r["join"].items()))
             continue
         print("  GEMM steps (wait/compute/stores, done at): " + "; ".join(
             f"{f(s['wait_us'])}/{f(s['compute_us'])}/{f(s['stores_us'])} @{f(s['done_at_us'])}" for s in r["gemm_steps"]))

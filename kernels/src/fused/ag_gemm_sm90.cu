@@ -8,8 +8,11 @@
 //            the last of the C blocks sets arrive[r] = e locally; then for each peer q = r+1, r+2, ...:
 //            wait ready[q] >= e - 1 (q no longer reads its gathered A of e - 1), bulk-put the slice to q,
 //            and the last of the C blocks for q sets arrive[r] = e on q (release after all C slices)
-//   GEMM     tiles of chunk c start once arrive[c] >= e (scheduler), chunk r first
-//   end      the last block of the launch sets ready[r] = e on every peer and completes the epoch
+//   GEMM     tiles of chunk c start once arrive[c] >= e (scheduler), chunk r first; with tile claims
+//            (the default; TANDEM_TP_CLAIM=0: the static stride) each cluster takes its next tile from a counter
+//   end      the last block of the launch completes the epoch. It does not release the gathered buffer: this
+//            rank's stream may still read it (ag_gemm(return_gathered=True): valid until this rank's next
+//            launch), so only the next launch's start says ready[r] = e to the peers
 //
 // Across nodes (N nodes of L consecutive ranks, rank r = (n, l)) a chunk crosses the network once per node:
 //   copy     own rows -> the rank (n', l) of every other node n' first (proxy; arrive[r] = e there), then this
@@ -47,6 +50,9 @@ struct AgParams {
   int ranks_per_node;  // L; world / L nodes
   runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1). Copy blocks: 0 start, 1 own rows copied, 1+i
                                // destination i sent; GEMM blocks: 0 start, 1 done; every block 46 at the end
+  gemm::TileClaims* claims;    // the GEMM's tile claims (null: the static persistent stride)
+  int late_cluster;            // TANDEM_TP_LATE (tests): GEMM clusters from this row start late_us late
+  uint32_t late_us;
 };
 
 template <class P>
@@ -125,6 +131,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   dispatch_roles(
       p.copy_rows_y * static_cast<int>(gridDim.x), p.gemm_role, [&](int cb) { ag_copy_role(p, cb, e, smem); },
       [&] {
+        if (p.late_us != 0 && static_cast<int>(blockIdx.y) - p.copy_rows_y >= p.late_cluster)
+          runtime::hold_block_us(p.late_us);
         GemmKernel op;
         op(p.gemm, smem);
         p.timeline.stamp(1);
@@ -142,8 +150,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         st = wait_until_backoff(comm, &ctl->arrive[c], Cmp::kGe, e, kRolePollNs, c);
       return;
     }
-    for (int q = 0; q < comm.world; ++q)
-      if (q != comm.rank) (void)signal(comm, &ctl->ready[comm.rank], e, SignalOp::kSet, q);
+    // No release here (ready[r] = e on the peers): the gathered A stays this rank's until its next launch,
+    // whose start releases it. (Releasing it here let a peer's next launch overwrite rows that this rank's
+    // stream still read through the gathered view: training's backward reads it after the forward.)
+    if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, 1);
   });
 }
 
@@ -154,9 +164,10 @@ uint32_t poll_sleep_ns() {
   return kDefaultPollSleepNs;
 }
 
-template <class Element>
+template <class Element, bool kClaims = false>
 Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::string* why) {
-  using G = gemm::detail::Sm90Gemm<Element, gemm::ArrivalSchedulerTag>;
+  using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kClaims, gemm::ArrivalClaimsSchedulerTag,
+                                                                gemm::ArrivalSchedulerTag>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world, rank = a.comm.rank;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -173,6 +184,10 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
   p.gemm_role = gemm_role;
   p.ranks_per_node = Topology::of(rank, world, a.ranks_per_node).L;
   p.timeline.stamps = timeline_for_launch(stream);
+  p.claims = kClaims ? reinterpret_cast<gemm::TileClaims*>(ws + kControlBytes) : nullptr;
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = gemm_role ? knobs.late_us : 0u;
   dim3 grid;
   if (gemm_role) {
     gemm::GemmArgs g;
@@ -189,7 +204,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     g.sm_count = plan.sm_count - plan.comm_blocks;
     auto args = G::arguments(g);
     args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
-    args.scheduler.max_swizzle_size = FusedKnobs::from_env().swizzle;
+    args.scheduler.max_swizzle_size = knobs.swizzle;
     gemm::ArrivalSchedule& s = args.scheduler.arrival;
     s.comm = a.comm;
     s.flags = p.ctl->arrive;
@@ -200,12 +215,16 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     s.tile_m = 128;
     s.source_of_chunk0 = 0;
     s.poll_sleep_ns = poll_sleep_ns();
+    s.claims = p.claims;
+    s.claim_call = 0;
     if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this AG+GEMM problem");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     // The scheduler's grid first (persistent, raster along N: (cluster M = 2, clusters)), then pin it.
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
     const dim3 gg = Kernel::get_grid_shape(p.gemm);
     if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+      return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
     args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
@@ -240,20 +259,26 @@ SmPlan default_plan(int sm_count) {
   return p;
 }
 
-size_t gathered_offset(const AgGemmArgs&) { return kControlBytes; }
+size_t gathered_offset(const AgGemmArgs&) { return kControlBytes + kClaimBytes; }
+
+template <class Tag>
+cudaError_t preload_ag_kernels_with() {
+  cudaFuncAttributes attr{};
+  const cudaError_t a =
+      cudaFuncGetAttributes(&attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::bfloat16_t, Tag>::Kernel>);
+  const cudaError_t b =
+      cudaFuncGetAttributes(&attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::half_t, Tag>::Kernel>);
+  return a != cudaSuccess ? a : b;
+}
 
 cudaError_t preload_ag_kernels() {
-  cudaFuncAttributes attr{};
-  const cudaError_t a = cudaFuncGetAttributes(
-      &attr, ag_gemm_kernel<gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel>);
-  const cudaError_t b = cudaFuncGetAttributes(
-      &attr, ag_gemm_kernel<gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel>);
-  return a != cudaSuccess ? a : b;
+  return tile_claims_enabled() ? preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>()
+                               : preload_ag_kernels_with<gemm::ArrivalSchedulerTag>();
 }
 
 size_t workspace_size(const AgGemmArgs& a) {
   const size_t esize = 2;
-  return kControlBytes + static_cast<size_t>(a.comm.world) * a.m_local * a.k * esize;
+  return kControlBytes + kClaimBytes + static_cast<size_t>(a.comm.world) * a.m_local * a.k * esize;
 }
 
 static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
@@ -276,8 +301,14 @@ Status can_implement(const AgGemmArgs& a, std::string* why) { return check_ag(a,
 
 Status run(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
   if (const Status s = check_ag(a, true, why); s != Status::kOk) return s;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+  // Tile claims on one node (across nodes the static stride, until the cross-node tests have run with claims)
+  const bool claims = tile_claims_enabled() && Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node).N == 1;
+  g_last_fused_claims = claims;
+  if (a.dtype == DType::kFP16)
+    return claims ? run_typed<cutlass::half_t, true>(a, stream, true, why)
+                  : run_typed<cutlass::half_t>(a, stream, true, why);
+  return claims ? run_typed<cutlass::bfloat16_t, true>(a, stream, true, why)
+                : run_typed<cutlass::bfloat16_t>(a, stream, true, why);
 }
 
 Status run_all_gather(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {

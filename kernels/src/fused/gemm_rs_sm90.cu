@@ -43,6 +43,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -58,6 +59,9 @@ namespace {
 using namespace detail;
 
 constexpr int kMaxFusedRsWorld = 8;  // chunk GEMM parameter sets travel in the kernel argument
+// The joined reduction's items: about this many 16-byte vectors (128 KiB of output, W x that read), so that a
+// claim and its barriers stay small against the item's memory time.
+constexpr int64_t kJoinItemVectors = 8192;
 
 enum class RsMode : int { kFused = 0, kReduceOnly = 1, kWaitReady = 2 };
 
@@ -90,6 +94,17 @@ struct RsParams {
   int pieces;
   int piece_rows;
   int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
+  // Tile claims (default; TANDEM_TP_CLAIM=0 off): the GEMM's clusters claim tiles from shared counters, so a chunk (piece) is
+  // complete when its tiles are (counted in units: tiles_of_block), not when every GEMM block has passed it.
+  gemm::TileClaims* claims;  // null: the static persistent stride
+  int64_t chunk_tiles;       // the scheduler's work tiles of a chunk (blocks_per_problem)
+  int64_t piece_tiles;       // ... of a piece (pieces)
+  int late_cluster;          // TANDEM_TP_LATE (tests): GEMM clusters from this row start late_us late
+  uint32_t late_us;
+  // Joined reduction (TANDEM_RS_JOIN=1; pieces with claims): this rank's rows in join_items items a piece, claimed
+  // by the reduce blocks and by GEMM blocks done with their GEMM (run_joined).
+  bool join;
+  int join_items;
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk
@@ -99,7 +114,7 @@ constexpr int kSlotGatherStart = 40, kSlotGatherEnd = 41, kSlotEnd = 46;
 
 // The chunk the GEMM computes at step s: other nodes first (node n+1, ...; local index 0 .. L-1), then this node's
 // chunks l+1, l+2, ..., l (one node: r+1, r+2, ..., r).
-__device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
+__host__ __device__ __forceinline__ int rs_chunk_at(const Topology& t, int s, bool common_order) {
   if (common_order && t.N == 1) return s;
   const int remote = (t.N - 1) * t.L;
   if (s < remote) return t.rank_of(t.node_at(1 + s / t.L), s % t.L);
@@ -117,6 +132,37 @@ __device__ __forceinline__ void announce_chunk(const P& p, const Topology& t, in
     (void)signal(p.comm, &p.ctl->node_arrive[t.node_of(o) * t.L + t.local], e, SignalOp::kSet,
                  t.rank_of(t.node, t.local_of(o)));
   }
+}
+
+// Pieces with tile claims: clusters run ahead into later calls while a slow one still holds a tile of an earlier
+// piece, so the pieces of a chunk can complete out of order. piece_arrive counts rows, a prefix of the chunk,
+// so it may only grow over complete pieces: each completer (thread 0 of the block whose tiles completed piece j
+// of chunk o) marks its piece, and the one whose mark extends the contiguous prefix signals it, under a local
+// lock so that two such signals land in the order they were made (causality orders the two stores to the
+// owner's flag: the later, larger value wins). The last prefix also announces the whole chunk and clears the
+// chunk's marks for the next launch.
+template <class P>
+__device__ __forceinline__ void publish_piece_prefix(const P& p, const Topology& t, int o, int j, uint64_t e) {
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const uint64_t bit = 1ull << j;
+  const uint64_t mask = runtime::atom_or_acq_rel_gpu(&ctl->piece_done[o], bit) | bit;
+  const int prefix = __ffsll(static_cast<long long>(~mask)) - 1;  // trailing ones (pieces <= kMaxPieces < 64)
+  if (j >= prefix) return;  // an earlier piece is missing: its completer publishes this one too
+  if (!runtime::lock_local(&ctl->piece_lock[o], p.comm)) return;
+  if (static_cast<uint64_t>(prefix) > local_load(&ctl->piece_signaled[o])) {
+    const int64_t rows = static_cast<int64_t>(prefix) * p.piece_rows;
+    const bool last = prefix >= p.pieces;
+    (void)signal(p.comm, &ctl->piece_arrive[p.comm.rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+    if (last) {
+      announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+      local_store(&ctl->piece_done[o], 0);
+      local_store(&ctl->piece_signaled[o], 0);
+    } else {
+      local_store(&ctl->piece_signaled[o], static_cast<uint64_t>(prefix));
+    }
+  }
+  runtime::unlock_local(&ctl->piece_lock[o]);
 }
 
 // The CUDA type of a CUTLASS element (the role primitives of roles/stream.cuh take CUDA's).
@@ -155,7 +201,8 @@ __device__ __forceinline__ void copy_slice(uint4* dst, const uint4* src, int64_t
 }
 
 template <class Element, class P>
-__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e);
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e,
+                               bool published = false);
 
 // One node, one pass in registers over every rank's partial of this rank's rows, in the fixed order q = r-1,
 // r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
@@ -206,6 +253,107 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
     if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(2 + 2 * j);
   }
   return true;
+}
+
+// The joined reduction (one node, pieces, tile claims; TANDEM_RS_JOIN=1). This rank's rows are cut into items:
+// p.join_items slices of each piece, in piece order. Reduce blocks and GEMM blocks that are done with their GEMM
+// take items from one counter (ctl->reduce_claim) and reduce each in one pass in registers, in the fixed order:
+// the same fp32 adds as reduce_pieces, so the same bits. A reduce block takes the next item and waits for its
+// piece; a GEMM block takes an item only if every rank's piece is already there (device::test, one acquire load
+// a rank) and leaves otherwise: it must not hold an SM waiting, since a peer's cluster may need one (MPS gives
+// no co-residency). So the reduce blocks alone finish the reduction, and the GEMM blocks only speed it up. The
+// block whose item completes the count (last_of_units) publishes AR's reduced rows; the reduce blocks gather.
+// `bcast`: 8 bytes of the block's shared memory (GEMM blocks: after their GEMM, whose storage is free by then).
+template <class Element, class P>
+__device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, volatile int64_t* bcast) {
+  using namespace tandem::device;
+  using T = typename CudaType<Element>::type;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  Control* ctl = p.ctl;
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const char* my_rows = p.partial + static_cast<size_t>(rank) * chunk_bytes;
+  char* own_out = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(rank) * chunk_bytes : nullptr;
+  const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
+  const int64_t total = static_cast<int64_t>(p.pieces) * p.join_items;
+  const uint4* src[kMaxFusedRsWorld];
+  for (int s = 0; s < world; ++s) {
+    src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
+    if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
+  }
+  const auto piece_end = [&](int64_t item) {
+    const int64_t r1 = (item / p.join_items + 1) * static_cast<int64_t>(p.piece_rows);
+    return r1 < p.chunk_rows ? r1 : p.chunk_rows;
+  };
+  p.timeline.stamp(42);
+  uint64_t done = 0;
+  Status st = Status::kOk;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      int64_t item = -1;
+      for (;;) {
+        const int64_t c = static_cast<int64_t>(local_load(&ctl->reduce_claim));
+        if (c >= total) break;
+        if (!reduce_block) {  // a GEMM block: only an item whose piece every rank has announced
+          bool ready = true;
+          for (int q = 0; q < world && ready; ++q) ready = test(comm, &ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, piece_end(c)), q);
+          if (!ready) break;
+        }
+        if (atomicCAS(reinterpret_cast<unsigned long long*>(&ctl->reduce_claim), static_cast<unsigned long long>(c),
+                      static_cast<unsigned long long>(c + 1)) == static_cast<unsigned long long>(c)) {
+          item = c;
+          break;
+        }
+      }
+      if (item >= 0 && reduce_block) {
+        for (int s = 0; s < world && st == Status::kOk; ++s) {
+          const int q = ((rank - 1 - s) % world + world) % world;
+          st = wait_until_backoff(comm, &ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, piece_end(item)), kRolePollNs, q);
+        }
+        if (st != Status::kOk) item = -1;
+      }
+      *bcast = item;
+    }
+    __syncthreads();
+    const int64_t item = *bcast;
+    __syncthreads();  // everyone has read bcast before thread 0 writes the next item
+    if (item < 0) break;
+    const int64_t r0 = (item / p.join_items) * static_cast<int64_t>(p.piece_rows), r1 = piece_end(item);
+    const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row, part = item % p.join_items;
+    const int64_t lo = v0 + nv * part / p.join_items, hi = v0 + nv * (part + 1) / p.join_items;
+    (void)roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.out),
+                                     reinterpret_cast<uint4*>(own_out));
+    __syncthreads();
+    ++done;
+  }
+  p.timeline.stamp(43);
+  // AR: the block whose items complete the count publishes this rank's reduced rows to the node (its stores
+  // and, through the counter's acquire-release, every other block's are ordered before the signal).
+  if (threadIdx.x == 0 && last_of_units(&ctl->reduce_items_done, done, static_cast<uint64_t>(total)) &&
+      p.gather_out != nullptr) {
+    for (int q = 0; q < world; ++q)
+      if (q != rank) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, q);
+  }
+  if (reduce_block && block_ok(st)) {
+    const int64_t nvec = p.chunk_elems / 8;
+    const Topology t = Topology::of(rank, world, p.ranks_per_node);
+    gather_reduced<Element>(p, t, rb, nvec * rb / p.reduce_blocks, nvec * (rb + 1) / p.reduce_blocks, e,
+                            /*published=*/true);
+  }
+}
+
+// After CUTLASS's warp-specialized kernel a block's warpgroups keep its register split (the producer at
+// LoadRegisterRequirement, the consumers at MmaRegisterRequirement); code that every warp then runs needs one
+// count again: the kernel's own (an even share of the register file).
+template <class GemmKernel>
+__device__ __forceinline__ void even_out_registers() {
+  constexpr uint32_t kEven = (65536u / GemmKernel::MaxThreadsPerBlock) & ~7u;
+  // setmaxnreg.inc waits until the registers are free: the counts must add up (40 + 2 x 232 = 3 x 168)
+  static_assert(GemmKernel::LoadRegisterRequirement <= kEven && GemmKernel::MmaRegisterRequirement >= kEven &&
+                    GemmKernel::LoadRegisterRequirement + 2 * GemmKernel::MmaRegisterRequirement <= 3 * kEven,
+                "the even register count must fit the warp-specialized split");
+  if (threadIdx.x < 128) cutlass::arch::warpgroup_reg_alloc<kEven>();
+  else cutlass::arch::warpgroup_reg_dealloc<kEven>();
 }
 
 template <class Element, bool kPieces, class P>
@@ -275,7 +423,8 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
 
 // AR (p.gather_out set): publish this rank's reduced rows and gather every owner's; RS: nothing.
 template <class Element, class P>
-__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e) {
+__device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e,
+                               bool published) {
   using namespace tandem::device;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank;
@@ -294,7 +443,8 @@ __device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo
       if (!block_ok(st)) return;
     }
   }
-  if (threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
+  // (joined reduction: the block that completed the last item published them)
+  if (!published && threadIdx.x == 0 && last_of(&ctl->reduce_done, p.reduce_blocks)) {
     for (int l = 0; l < t.L; ++l)
       if (l != t.local) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, t.rank_of(t.node, l));
   }
@@ -366,6 +516,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
   using namespace tandem::device;
+  constexpr bool kClaims = GemmKernel::TileScheduler::kTileClaims;
   Control* ctl = p.ctl;
   const DeviceComm& comm = p.comm;
   const int rank = comm.rank, world = comm.world;
@@ -385,6 +536,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   // the runtime's roles over the grid (reduce rows first, then the GEMM's), with both bodies inline here
   if (runtime::is_compute_block(p.reduce_rows_y * static_cast<int>(gridDim.x), p.mode == RsMode::kFused)) {
     Status st = Status::kOk;
+    if (p.late_us != 0 && static_cast<int>(blockIdx.y) - p.reduce_rows_y >= p.late_cluster)
+      runtime::hold_block_us(p.late_us);
     // Pieces: steps (o, j) = piece j of chunk o in the order j-major, o = 0, 1, ... (the same on every rank);
     // else chunk by chunk, owner r+1 first.
     for (int s = 0; s < world * (kPieces ? p.pieces : 1); ++s) {
@@ -413,14 +566,35 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       complete_bulk_stores();
       __syncthreads();
       p.timeline.stamp(!kPieces ? 3 + 3 * s : (1 + s < kSlotGatherStart ? 1 + s : kSlotGatherStart - 1));
-      if constexpr (kPieces) {
-        if (threadIdx.x == 0 && last_of(&ctl->local_count[o * p.pieces + j], p.gemm_blocks)) {
-          const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
-          const bool last = rows >= p.chunk_rows;
-          (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
-          if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+      // Whose stores complete the chunk (piece): the last GEMM block past it, or with claims the block whose
+      // tiles bring its count to the total (a block that got none of its tiles takes no part).
+      const auto completes = [&](uint64_t* counter, int64_t tiles) {
+        if constexpr (!kClaims) {
+          return last_of(counter, p.gemm_blocks);
+        } else {
+          const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + (blockIdx.y - p.reduce_rows_y) * gridDim.x];
+          return last_of_units(counter, mine, static_cast<uint64_t>(tiles));
         }
-      } else if (threadIdx.x == 0 && last_of(&ctl->local_count[o], p.gemm_blocks)) {
+      };
+      if constexpr (kPieces) {
+        const int64_t left = p.chunk_tiles - j * p.piece_tiles;
+        if (threadIdx.x == 0 &&
+            completes(&ctl->local_count[o * p.pieces + j], left < p.piece_tiles ? left : p.piece_tiles)) {
+          if constexpr (kClaims) {
+            publish_piece_prefix(p, t, o, j, e);
+          } else {
+            const int64_t rows = (j + 1) * static_cast<int64_t>(p.piece_rows);
+            const bool last = rows >= p.chunk_rows;
+            (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, last ? p.chunk_rows : rows), SignalOp::kSet, o);
+            if (last) announce_chunk(p, t, o, e);  // an owner reducing whole chunks waits for this
+          }
+        }
+      } else if (kClaims && p.one_shot) {
+        // one-shot with claims: the chunks complete in any order, so the whole partial is complete when every
+        // chunk's tiles are (one count over the launch), not when the last step's are
+        if (threadIdx.x == 0 && completes(&ctl->one_shot_tiles, world * p.chunk_tiles))
+          for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->arrive[rank], e, SignalOp::kSet, q);
+      } else if (threadIdx.x == 0 && completes(&ctl->local_count[o], p.chunk_tiles)) {
         if (!p.one_shot) {
           // an owner reducing in pieces waits for the rows (one node)
           if (t.N == 1) (void)signal(comm, &ctl->piece_arrive[rank], rows_flag(e, p.chunk_rows), SignalOp::kSet, o);
@@ -430,13 +604,30 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         }
       }
     }
+    if constexpr (kPieces && kClaims) {
+      if (p.join) {  // done with the GEMM: join the reduction (its items whose inputs are there)
+        even_out_registers<GemmKernel>();
+        run_joined<Element>(p, e, /*reduce_block=*/false, -1, reinterpret_cast<volatile int64_t*>(smem));
+      }
+    }
   } else {
     const int rb = runtime::grid_block_index();
     if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
-    else rs_reduce_role<Element, kPieces>(p, rb, e);
+    else if constexpr (kPieces && kClaims) {
+      // (a single call site after both roles spilled 2.6-3.4 KB against 1.4 KB for these two: ptxas, nvcc 13.0)
+      if (p.join) run_joined<Element>(p, e, /*reduce_block=*/true, rb, reinterpret_cast<volatile int64_t*>(smem));
+      else rs_reduce_role<Element, kPieces>(p, rb, e);
+    } else {
+      rs_reduce_role<Element, kPieces>(p, rb, e);
+    }
   }
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+    if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
+    if (p.join) {  // every block is done: no claim is pending (and a lost item leaves no count behind)
+      local_store(&ctl->reduce_claim, 0);
+      local_store(&ctl->reduce_items_done, 0);
+    }
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
     if (p.mode == RsMode::kReduceOnly) {  // the next (plain) GEMM may overwrite the partial buffer
       Status st = Status::kOk;
@@ -445,10 +636,12 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   });
 }
 
-// Workspace: control block | node flags | piece table | partial (M x N) | recv (N > 1: N x chunk) | acc (fp32 chunk).
+// Workspace: control block | node flags | piece table | tile claims | partial (M x N) | recv (N > 1: N x chunk) |
+// acc (fp32 chunk).
 constexpr size_t round256(size_t b) { return (b + 255) & ~size_t(255); }
 constexpr size_t kPieceTableOffset = kControlBytes + round256(kNodeFlagBytes);
-constexpr size_t kPartialOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
+constexpr size_t kClaimOffset = kPieceTableOffset + round256(sizeof(int32_t) * kMaxGemmBlocks);
+constexpr size_t kPartialOffset = kClaimOffset + kClaimBytes;
 Topology topology_of(const GemmRsArgs& a) { return Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node); }
 size_t recv_offset(const GemmRsArgs& a) { return kPartialOffset + round256(static_cast<size_t>(a.m) * a.n * 2); }
 size_t acc_offset(const GemmRsArgs& a) {
@@ -489,11 +682,15 @@ PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, con
   return pp;
 }
 
-template <class Element, bool kPieces = false>
+template <bool kPieces, bool kClaims>
+using RsSchedulerTag = std::conditional_t<
+    kPieces, std::conditional_t<kClaims, gemm::ArrivalPiecesClaimsSchedulerTag, gemm::ArrivalPiecesSchedulerTag>,
+    std::conditional_t<kClaims, gemm::ArrivalClaimsSchedulerTag, gemm::ArrivalSchedulerTag>>;
+
+template <class Element, bool kPieces = false, bool kClaims = false>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
                  std::string* why, Stages stages = Stages::kAll) {
-  using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kPieces, gemm::ArrivalPiecesSchedulerTag,
-                                                                gemm::ArrivalSchedulerTag>>;
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -510,6 +707,11 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.node_flags = reinterpret_cast<NodeFlags*>(ws + kControlBytes);
   const FusedKnobs knobs = FusedKnobs::from_env();
   p.common_order = knobs.common_order;
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = fused ? knobs.late_us : 0u;
+  // the joined reduction: pieces with claims (one node, two-shot: the pieces' conditions); items of about
+  // kJoinItemVectors 16-byte vectors (at least that many unless there would be fewer items than reduce blocks)
+  p.join = kPieces && kClaims && fused && knobs.join;
   p.fused_one_pass = knobs.one_pass;
   p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
@@ -526,6 +728,14 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   if (kPieces && (!fused || pieces.pieces <= 1)) return fail(why, "no pieces for this launch", Status::kInternal);
   p.pieces = pieces.pieces;
   p.piece_rows = pieces.rows;
+  p.piece_tiles = pieces.len;
+  if (p.join) {
+    const int64_t piece_vectors = static_cast<int64_t>(pieces.rows) * (a.n / 8);
+    const int64_t items = piece_vectors / kJoinItemVectors;
+    p.join_items = static_cast<int>(items > plan.comm_blocks ? items : plan.comm_blocks);
+  }
+  if (fused) detail::g_last_fused_joined = p.join;
+  p.claims = kClaims && fused ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
   auto chunk_args = [&](int o, int sm_count) {
     gemm::GemmArgs g;
     g.m = mr;
@@ -575,6 +785,20 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.chunk_rows = mr;
     args.scheduler.arrival.piece_len = pieces.len;
     args.scheduler.arrival.piece_of_block = kPieces ? p.piece_of_block : nullptr;
+    // Claims: one counter a call, numbered by the step that makes it, so that later calls have larger numbers
+    // (the ring tags' order): pieces, step j * W + o; whole chunks, the step at which this rank computes chunk o.
+    // The scheduler reads the epoch for its ring tags from the control block.
+    args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.comm = a.comm;  // names the rank of an error the claims record
+    if (kPieces) {
+      args.scheduler.arrival.claim_call = o;
+      args.scheduler.arrival.claim_stride = world;
+    } else {
+      const Topology t = topology_of(a);
+      for (int s = 0; s < world; ++s)
+        if (rs_chunk_at(t, s, knobs.common_order) == o) args.scheduler.arrival.claim_call = s;
+    }
+    args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS chunk");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (o == 0) {
@@ -588,7 +812,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
     args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
     p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
+    p.chunk_tiles = static_cast<int64_t>(p.gemm[o].scheduler.blocks_per_problem_);
   }
+  if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
   p.reduce_rows_y = plan.comm_blocks / 2;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
   if (p.pieces > 1 && p.gemm_blocks > kMaxGemmBlocks) return fail(why, "too many GEMM blocks for the piece table", Status::kInternal);
@@ -607,6 +834,10 @@ bool env_is(const char* name, const char* value) {
 uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first traced launch
 }  // namespace
 int g_last_fused_pieces = 0;
+bool g_last_fused_claims = false;
+bool g_last_fused_joined = false;
+
+bool tile_claims_enabled() { return !env_is("TANDEM_TP_CLAIM", "0"); }
 
 uint64_t* timeline_for_launch(cudaStream_t stream) {
   if (!env_is("TANDEM_TP_TRACE", "1")) return nullptr;
@@ -631,6 +862,15 @@ FusedKnobs FusedKnobs::from_env() {
   k.common_order = env_is("TANDEM_RS_ORDER", "common");
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
+  k.join = env_is("TANDEM_RS_JOIN", "1");
+  if (const char* v = std::getenv("TANDEM_TP_LATE")) {
+    int c = 0;
+    unsigned us = 0;
+    if (std::sscanf(v, "%d:%u", &c, &us) == 2 && c >= 0) {
+      k.late_cluster = c;
+      k.late_us = us;
+    }
+  }
   return k;
 }
 
@@ -646,17 +886,26 @@ cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
 
 int timeline_slots() { return runtime::kTimelineSlots; }
 int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
+bool last_fused_claims() { return detail::g_last_fused_claims; }
+bool last_fused_rs_joined() { return detail::g_last_fused_joined; }
+
+template <class Element, bool kPieces, bool kClaims>
+cudaError_t preload_rs_kernel() {
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>::Kernel;
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
+}
 
 cudaError_t preload_rs_kernels() {
-  using B = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalSchedulerTag>::Kernel;
-  using H = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalSchedulerTag>::Kernel;
-  using BP = gemm::detail::Sm90Gemm<cutlass::bfloat16_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
-  using HP = gemm::detail::Sm90Gemm<cutlass::half_t, gemm::ArrivalPiecesSchedulerTag>::Kernel;
-  cudaFuncAttributes attr{};
-  const cudaError_t e[] = {cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, B, false>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, H, false>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::bfloat16_t, BP, true>),
-                           cudaFuncGetAttributes(&attr, gemm_rs_kernel<cutlass::half_t, HP, true>)};
+  // The unfused path's (static) kernels always; the fused ones of the current tile-claim setting.
+  const bool claims = tile_claims_enabled();
+  const cudaError_t e[] = {
+      preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
+      preload_rs_kernel<cutlass::half_t, false, false>(),
+      claims ? preload_rs_kernel<cutlass::bfloat16_t, false, true>() : cudaSuccess,
+      claims ? preload_rs_kernel<cutlass::half_t, false, true>() : cudaSuccess,
+      claims ? preload_rs_kernel<cutlass::bfloat16_t, true, true>() : preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
+      claims ? preload_rs_kernel<cutlass::half_t, true, true>() : preload_rs_kernel<cutlass::half_t, true, false>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -705,12 +954,22 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
   const bool pieces = piece_count > 1;
-  if (fused) detail::g_last_fused_pieces = piece_count;
-  if (a.dtype == DType::kFP16)
-    return pieces ? run_typed<cutlass::half_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
-                  : run_typed<cutlass::half_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
-  return pieces ? run_typed<cutlass::bfloat16_t, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
-                : run_typed<cutlass::bfloat16_t>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  // Tile claims (default on one node; TANDEM_TP_CLAIM=0 off) in the fused kernel only: the unfused GEMM is a
+  // kernel of its own. Across nodes the static stride stays until the cross-node tests have run with claims.
+  const bool claims = fused && tile_claims_enabled() && topology_of(a).N == 1;
+  if (fused) {
+    detail::g_last_fused_pieces = piece_count;
+    detail::g_last_fused_claims = claims;
+  }
+  const auto typed = [&](auto element) {
+    using Element = decltype(element);
+    if (claims)
+      return pieces ? run_typed<Element, true, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                    : run_typed<Element, false, true>(a, stream, fused, kAllReduce, one_shot, why, stages);
+    return pieces ? run_typed<Element, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
+                  : run_typed<Element>(a, stream, fused, kAllReduce, one_shot, why, stages);
+  };
+  return a.dtype == DType::kFP16 ? typed(cutlass::half_t{}) : typed(cutlass::bfloat16_t{});
 }
 
 Status run(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {

@@ -14,6 +14,7 @@
 #include "tandem/kernels/runtime/trace.cuh"
 #include "tandem/device.cuh"
 #include "tandem/kernels/fused/tp_gemm.h"
+#include "tandem/kernels/gemm/gemm.h"
 
 namespace tandem::kernels::tp::detail {
 
@@ -33,7 +34,10 @@ constexpr int kMaxCollectiveBlocks = 16;
 // At the start of the workspace, 4 KiB. Arrays are indexed by rank.
 struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t reduce_done;            // local: AR reduce blocks done with this rank's rows
-  uint64_t pad1[15];
+  uint64_t reduce_claim;           // local: the joined reduction's next unclaimed item (reset by the last block)
+  uint64_t reduce_items_done;      // local: the joined reduction's items done (last_of_units)
+  uint64_t one_shot_tiles;         // local, tile claims: AR one-shot tiles stored, every chunk (last_of_units)
+  uint64_t pad1[12];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -48,6 +52,12 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t piece_arrive[kMaxWorld];  // RS/AR, one node: rows_flag(e, rows) = rank r's partial of my rows is
                                      // complete up to row `rows` (pieces: after each piece; whole chunks: at
                                      // the end of the chunk)
+  // Pieces with tile claims (pieces of a chunk may complete out of order), per chunk o (the fused RS takes at
+  // most 8 ranks): the pieces stored (a bit each), the prefix signalled to o, and the lock that orders the
+  // prefix signals (publish_piece_prefix).
+  uint64_t piece_done[8];
+  uint64_t piece_signaled[8];
+  uint64_t piece_lock[8];
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -61,6 +71,12 @@ __host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
 }
 // The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
 constexpr int kMaxGemmBlocks = 256;
+// The fused GEMM roles' tile claims (gemm::TileClaims), in the workspace: on by default on one node (H200,
+// 2026-12-05: world 4, 16384x8192x4096, GEMM+RS 7.70 -> 6.09 ms, in pieces 5.17 -> 4.42, AG+GEMM 8.77 -> 8.09);
+// TANDEM_TP_CLAIM=0 gives the static persistent stride, which ranks on several nodes keep for now (their tests
+// have not run with claims).
+constexpr size_t kClaimBytes = (sizeof(gemm::TileClaims) + 255) & ~size_t(255);
+bool tile_claims_enabled();
 
 // Node layout of a TP op: W ranks in N = W / L nodes of L consecutive ranks (rank = node * L + local). One node
 // (L = W) is the load/store case; with N > 1 peers of other nodes are reached through the proxy, and every
@@ -105,6 +121,7 @@ using runtime::dispatch_roles;
 using runtime::fail;
 using runtime::finish_block;
 using runtime::last_of;
+using runtime::last_of_units;
 using runtime::launch_clustered;
 using runtime::split16;
 using runtime::workspace_in_heap;
@@ -119,17 +136,28 @@ using runtime::WorkspaceCarver;
 //   TANDEM_RS_ORDER=common  every rank computes the chunks in the same order 0, 1, ... (default: owner r+1 first)
 //   TANDEM_RS_REDUCE=onepass  the fused reduction waits for every partial, then one pass in registers (default:
 //                         one step per partial as it lands, fp32 accumulator in memory)
-//   TANDEM_RS_PIECES=auto|S  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
+//   TANDEM_RS_PIECES=auto|S|0  the fused GEMM+RS/AR (one node, two-shot) computes each chunk in pieces of whole
 //                         cluster rows, every rank in the same order (piece 0 of every owner, then piece 1, ...),
-//                         and the owner reduces each piece in one pass as soon as every rank has it
+//                         and the owner reduces each piece in one pass as soon as every rank has it (default
+//                         auto; 0: whole chunks)
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
-extern int g_last_fused_pieces;  // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+extern int g_last_fused_pieces;   // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
+extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
+extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
+//   TANDEM_TP_CLAIM=0     the fused GEMM roles take tiles by the static persistent stride (default: tile claims)
+//   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
+//                         join the reduction (items claimed by reduce and GEMM blocks alike)
+//   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
+//                         late, as clusters that MPS made resident late do (tile claims give their tiles away)
 struct FusedKnobs {
+  int late_cluster = 0;
+  uint32_t late_us = 0;
+  bool join = false;
   int swizzle = 1;
   bool raster_m = false;
   bool common_order = false;
   bool one_pass = false;
-  int pieces = 0;  // TANDEM_RS_PIECES: 0 = whole chunks (default), -1 = auto, else at most this many a chunk
+  int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
   static FusedKnobs from_env();
 };
 

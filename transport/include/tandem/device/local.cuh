@@ -9,6 +9,8 @@
 // local_store(p, v)       relaxed store at gpu scope: visible to other blocks of this GPU, no ordering.
 // local_publish(p, v)     release store at gpu scope: every write this thread made (or observed through an
 //                         acquire) before it is visible to a block that reads v with an acquire load.
+// local_acquire(p)        acquire load at gpu scope: pairs with local_publish (what the publisher wrote before it
+//                         is visible to this thread once it reads the published value).
 // fence_system()          fence.acq_rel.sys: this thread's earlier accesses before its later ones, for every
 //                         observer, the host and peers included (fence(comm) without a communicator).
 // now_ns()                the GPU's global timer in ns: monotonic on one GPU, not comparable across GPUs.
@@ -28,6 +30,7 @@ namespace tandem::device {
 __device__ __forceinline__ uint64_t local_load(const uint64_t* p) { return impl::ld_relaxed_gpu(p); }
 __device__ __forceinline__ void local_store(uint64_t* p, uint64_t v) { impl::st_relaxed_gpu(p, v); }
 __device__ __forceinline__ void local_publish(uint64_t* p, uint64_t v) { impl::st_release_gpu(p, v); }
+__device__ __forceinline__ uint64_t local_acquire(const uint64_t* p) { return impl::ld_acquire_gpu(p); }
 __device__ __forceinline__ void fence_system() { impl::fence_acq_rel_sys(); }
 __device__ __forceinline__ uint64_t now_ns() { return impl::globaltimer_ns(); }
 

@@ -19,6 +19,10 @@
 //    (rank, op kWaitUntil, `peer`, expected and last observed value) for the host, raises the abort flag so
 //    that every other wait of this rank stops too, and returns kTimeout.
 //
+// test(...) is one poll and never waits: true if `*flag <cmp> value` held at that load, with the same ordering on
+// success as a wait of that order (acquire by default) and the same scope rule. For a thread that must not hold
+// its SM waiting (a GEMM block offered optional work: it takes the work only if its inputs are there).
+//
 // wait_until_backoff(...) is wait_until with a __nanosleep(sleep_ns) after every poll that failed: for flags
 // that many waiters poll at once (every block of a persistent grid waiting for one chunk), where back-to-back
 // polls of one L2 line slow down the very writers being waited for. It adds up to sleep_ns to the latency.
@@ -39,6 +43,9 @@ __device__ Status wait_until(const DeviceComm& comm, const uint64_t* flag, Cmp c
 
 __device__ Status wait_until_backoff(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value,
                                      uint32_t sleep_ns, int peer = -1, Order order = Order::kOrdered);
+
+__device__ bool test(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value, int peer = -1,
+                     Order order = Order::kOrdered);
 
 }  // namespace tandem::device
 

@@ -103,6 +103,12 @@ int timeline_slots();  // stamps per block in the snapshot (rows of blocks in gr
 // Diagnostic: how many pieces a chunk took in this process's last fused GEMM+RS/AR launch (1: whole chunks;
 // TANDEM_RS_PIECES), so that a test of the pieces schedule knows it ran.
 int last_fused_rs_pieces();
+// Diagnostic: whether this process's last fused TP launch (AG+GEMM, GEMM+RS or GEMM+AR) took its GEMM tiles by
+// tile claims (TANDEM_TP_CLAIM=1) rather than the static persistent stride.
+bool last_fused_claims();
+// Diagnostic: whether the last fused GEMM+RS/AR launch ran the joined reduction (TANDEM_RS_JOIN=1; pieces with
+// tile claims).
+bool last_fused_rs_joined();
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 

@@ -23,17 +23,27 @@ namespace tandem::kernels::gemm {
 // without pieces carry none of the pieces' state through their mainloop.
 struct ArrivalSchedulerTag {};
 struct ArrivalPiecesSchedulerTag {};
+// The same two with tile claims (ArrivalSchedule::claims) instead of the static persistent stride.
+struct ArrivalClaimsSchedulerTag {};
+struct ArrivalPiecesClaimsSchedulerTag {};
+
+// The launch's last block (every block done: no claim is pending) zeroes the counters of the `calls` calls the
+// launch made, for the next launch on the stream.
+__device__ __forceinline__ void tile_claims_reset(TileClaims* claims, int calls) {
+  for (int c = 0; c < calls && c < kClaimCalls; ++c) claims->next[c] = 0u;
+}
 
 }  // namespace tandem::kernels::gemm
 
 namespace cutlass::gemm::kernel::detail {
 
-template <bool kPieces>
+template <bool kPieces, bool kClaims = false>
 class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   using Base = PersistentTileSchedulerSm90;
 
  public:
   using WorkTileInfo = typename Base::WorkTileInfo;
+  static constexpr bool kTileClaims = kClaims;  // for the kernels around it
   struct Arguments : Base::Arguments {
     tandem::kernels::gemm::ArrivalSchedule arrival{};
   };
@@ -77,9 +87,10 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       linear_ = uint64_t(blockIdx.x) * gy + by;
     }
     stride_ = gx * gy * uint64_t(gridDim.z);
+    int32_t piece = 0;
     if constexpr (kPieces) {
       // This call's piece: written by the block's thread 0 before the call (a block barrier orders it).
-      const int32_t piece = *static_cast<const volatile int32_t*>(arrival_.piece_of_block + linear_);
+      piece = *static_cast<const volatile int32_t*>(arrival_.piece_of_block + linear_);
       const uint64_t begin = uint64_t(piece) * uint64_t(arrival_.piece_len);
       linear_ += begin;
       end_ = begin + uint64_t(arrival_.piece_len);
@@ -87,6 +98,16 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     if (arrival_.epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
       arrival_.epoch = tandem::device::local_load(arrival_.epoch_counter) + 1;
+    }
+    if constexpr (kClaims) {
+      // A 2x1 cluster is a row of the pinned GEMM grid (gemm_grid_x == 2, checked by the host). linear_ keeps
+      // the call's first index (pieces) plus the block's place in its cluster; claim v is the cluster tile at
+      // linear_ + 2 v. seq_ numbers this thread's work tiles.
+      cluster_ = int32_t(by);
+      call_ = arrival_.claim_call + piece * arrival_.claim_stride;
+      linear_ -= by * gx;
+      tag0_ = (arrival_.epoch << 26) | (uint64_t(call_ & 63) << 20);
+      if (threadIdx.x == 0) arrival_.claims->tiles_of_block[by * gx + blockIdx.x] = 0u;
     }
 #endif
   }
@@ -96,13 +117,30 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     return get_current_work();
   }
 
-  CUTLASS_DEVICE WorkTileInfo get_current_work() const { return work_for(linear_, /*wait=*/true); }
+  CUTLASS_DEVICE WorkTileInfo get_current_work() {
+    if constexpr (kClaims) {
+      const uint32_t v = claimed(seq_);
+      if (v == kNoTile) return WorkTileInfo::invalid_work_tile();
+      WorkTileInfo w = work_for(linear_ + 2u * uint64_t(v), /*wait=*/true);
+      if (threadIdx.x == 0 && seq_ >= counted_) {  // the producer thread sees each tile once
+        counted_ = seq_ + 1;
+        if (w.is_valid()) arrival_.claims->tiles_of_block[cluster_ * 2 + int32_t(blockIdx.x)] += 1u;
+      }
+      return w;
+    } else {
+      return work_for(linear_, /*wait=*/true);
+    }
+  }
 
-  CUTLASS_DEVICE void advance_to_next_work(uint32_t advance_count = 1) { linear_ += stride_ * advance_count; }
+  CUTLASS_DEVICE void advance_to_next_work(uint32_t advance_count = 1) {
+    if constexpr (kClaims) seq_ += advance_count;
+    else linear_ += stride_ * advance_count;
+  }
 
   CUTLASS_DEVICE bool is_last_tile(WorkTileInfo& work, uint32_t advance_count = 1) const {
     if (continue_current_work(work)) return false;
-    return !work_for(linear_ + stride_ * advance_count, /*wait=*/false).is_valid();
+    if constexpr (kClaims) return false;  // unknown until claimed; CUTLASS uses it only as a hint (GDC)
+    else return !work_for(linear_ + stride_ * advance_count, /*wait=*/false).is_valid();
   }
 
   CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo work) {
@@ -117,6 +155,41 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   }
 
  private:
+  static constexpr uint32_t kNoTile = 0xffffffffu;
+
+  // Claims: the cluster tile of this cluster's work tile number `seq`. The first CTA's thread 0 (the mainloop
+  // producer's lane 0, the first of the cluster's threads to need each tile: the consumers follow it through the
+  // shared-memory pipeline) takes it from the call's counter and publishes it in the cluster's ring slot (value,
+  // then the tag with release); every other thread waits for the slot's tag (acquire, gpu scope). A slot is
+  // rewritten kClaimRingSlots tiles later, which the producer cannot reach before the cluster's slowest reader
+  // has read it: it runs at most a pipeline's stages ahead of either CTA's consumers (the B tiles are multicast
+  // into both CTAs' stages).
+  //
+  // The readers' wait is the kernel's one wait without a timeout, of the same kind as CUTLASS's own pipeline
+  // waits (unbounded mbarrier waits between the warps of one cluster): it waits for a thread of the same
+  // cluster, co-resident by construction, that publishes every claim before it waits for anything (its arrival
+  // waits come after, and are bounded). Giving up would be worse than waiting: a reader that went on without its
+  // claim would leave the cluster's CTAs computing different tiles, and CUTLASS's pipeline would hang. (A cap --
+  // a clock with an error record, or a spin count with a trap -- cost 200-230 bytes more spills in every claims
+  // kernel: ptxas, nvcc 13.0.)
+  CUTLASS_DEVICE uint32_t claimed(uint64_t seq) {
+    tandem::kernels::gemm::TileClaims::Slot* slot =
+        &arrival_.claims->ring[cluster_][seq % tandem::kernels::gemm::kClaimRingSlots];
+    const uint64_t tag = tag0_ | (seq & 0xfffffu);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && seq >= published_) {
+      published_ = seq + 1;
+      const uint32_t v = atomicAdd(&arrival_.claims->next[call_ & 63], 1u);
+      const bool valid = linear_ + 2u * uint64_t(v) < end_ &&
+                         Base::get_current_work_for_linear_idx(linear_ + 2u * uint64_t(v)).is_valid();
+      const uint32_t value = valid ? v : kNoTile;
+      tandem::device::local_store(&slot->value, uint64_t(value));
+      tandem::device::local_publish(&slot->tag, tag);
+      return value;
+    }
+    while (tandem::device::local_acquire(&slot->tag) < tag) __nanosleep(64);
+    return uint32_t(tandem::device::local_load(&slot->value));
+  }
+
   // The base maps a linear index to (M, N) with its raster order and swizzle; the M block is then rotated so
   // that the block holding the first row of chunk `first_chunk` comes first, rounded down to an even block so
   // that the clusters (2 M blocks) stay whole, and the tile is handed out once every chunk it reads has landed.
@@ -167,6 +240,13 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   uint64_t linear_ = 0;
   uint64_t stride_ = 1;
   uint64_t end_ = ~uint64_t(0);  // the end of this call's piece (pieces), else unbounded
+  // Claims only:
+  int32_t cluster_ = 0;       // this cluster's row of the GEMM grid (its ring)
+  int32_t call_ = 0;          // this call's counter
+  uint64_t tag0_ = 0;         // (epoch << 26) | (call << 20): the ring tags of this call
+  uint64_t seq_ = 0;          // this thread's current work tile number
+  uint64_t published_ = 0;    // the claimer: tiles claimed so far
+  uint64_t counted_ = 0;      // thread 0: tiles counted into tiles_of_block
 };
 
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
@@ -178,6 +258,16 @@ template <class ArchTag, class TileShape, class ClusterShape, uint32_t Scheduler
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
   using Scheduler = TandemArrivalScheduler<true>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalClaimsSchedulerTag, ArchTag, TileShape, ClusterShape,
+                             SchedulerPipelineStageCount> {
+  using Scheduler = TandemArrivalScheduler<false, true>;
+};
+template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
+struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesClaimsSchedulerTag, ArchTag, TileShape,
+                             ClusterShape, SchedulerPipelineStageCount> {
+  using Scheduler = TandemArrivalScheduler<true, true>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail

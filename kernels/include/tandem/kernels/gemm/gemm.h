@@ -37,6 +37,23 @@ struct GemmArgs {
   int max_swizzle = 1;
 };
 
+// Shared state of the tile claims (ArrivalSchedule::claims), in a workspace the caller owns; any initial contents
+// except `next`, which must be zero before a launch's first claim (workspace zeroed once, then tile_claims_reset
+// by the launch's last block: no claim is made after every block has finished).
+constexpr int kClaimCalls = 64;       // calls of the GEMM within one launch (GEMM+RS: chunks x pieces)
+constexpr int kClaimClusters = 128;   // clusters of the GEMM grid
+constexpr int kClaimRingSlots = 32;   // claims a cluster publishes ahead of its slowest reader (> pipeline stages)
+struct TileClaims {
+  uint32_t next[kClaimCalls];  // the next unclaimed cluster tile of each call
+  // Per cluster: the claims of its first CTA's producer thread, which the cluster's other threads read (tag =
+  // (epoch << 26) | (call << 20) | sequence number, released after the value; tags only grow).
+  struct Slot {
+    uint64_t tag;
+    uint64_t value;
+  } ring[kClaimClusters][kClaimRingSlots];
+  uint32_t tiles_of_block[2 * kClaimClusters];  // valid tiles the block's last call computed (its thread 0)
+};
+
 // What the arrival-aware variant waits for before computing a tile (the AG+GEMM mainloop's contract):
 // A's rows come in `chunks` chunks of `chunk_rows`; chunk c may be read once flags[c] >= epoch.
 struct ArrivalSchedule {
@@ -70,6 +87,16 @@ struct ArrivalSchedule {
   // block barrier) before the call. 0 = the whole problem in one call.
   int32_t piece_len = 0;
   const int32_t* piece_of_block = nullptr;
+  // Tile claims (the *ClaimsSchedulerTag instantiations only): instead of the static persistent stride, each
+  // cluster takes its next tile from a counter shared by the GEMM grid (TileClaims, in the caller's workspace),
+  // so that clusters that start late (not resident: MPS gives no co-residency) find the tiles already taken by
+  // the resident ones instead of holding back the chunks that wait for them. claim_call numbers this call among
+  // the calls of one launch in the order every block makes them (its counter, and the order of the ring tags:
+  // a later call must have a larger number); pieces add piece * claim_stride. The caller zeroes the counters
+  // before the next launch (tile_claims_reset) and reads how many tiles each block computed (tiles_of_block).
+  TileClaims* claims = nullptr;
+  int32_t claim_call = 0;
+  int32_t claim_stride = 0;
 };
 
 // kOk, or kInvalidArgument with the reason in *why (if given): shape, alignment (16-byte rows for TMA),

@@ -49,6 +49,54 @@ __device__ __forceinline__ bool last_of(uint64_t* counter, uint64_t total) {
   return true;
 }
 
+// last_of for work counted in units (tiles) rather than blocks: every block adds the units it completed (none:
+// it does not take part), and the one whose units bring the counter to `total` gets true and resets it. Called
+// by thread 0 after the block's work is ordered before it (__syncthreads), like last_of.
+__device__ __forceinline__ bool last_of_units(uint64_t* counter, uint64_t units, uint64_t total) {
+  if (units == 0 || atom_add_acq_rel_gpu(counter, units) + units != total) return false;
+  tandem::device::local_store(counter, 0);
+  return true;
+}
+
+// A lock between blocks of one GPU (a local word, 0 = free), for the rare case where a few remote stores must land
+// in the order the blocks make them (runtime users: the pieces' prefix signals). The holder only runs a few
+// instructions, so the spin is short; it is bounded all the same (the communicator's timeout, then false and an
+// error record, abort flag up). Acquire on success; unlock_local releases.
+__device__ __forceinline__ bool lock_local(uint64_t* lock, const tandem::DeviceComm& comm) {
+  uint64_t since = 0;
+  for (uint32_t spins = 1;; ++spins) {
+    uint64_t old;
+    asm volatile("atom.acquire.gpu.global.cas.b64 %0, [%1], 0, 1;" : "=l"(old) : "l"(lock) : "memory");
+    if (old == 0) return true;
+    __nanosleep(32);
+    if (spins % 1024 == 0) {
+      const uint64_t now = tandem::device::now_ns();
+      if (since == 0) since = now;
+      else if (comm.timeout_ns != 0 && now - since > comm.timeout_ns) {
+        tandem::device::report(comm, tandem::Status::kTimeout, tandem::DeviceOp::kWaitUntil, comm.rank, 0, old);
+        return false;
+      }
+    }
+  }
+}
+__device__ __forceinline__ void unlock_local(uint64_t* lock) { tandem::device::local_publish(lock, 0); }
+
+__device__ __forceinline__ uint64_t atom_or_acq_rel_gpu(uint64_t* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.gpu.global.or.b64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
+// Diagnostics and tests: hold the calling block for `us` microseconds before its work (thread 0 sleeps, then a
+// block barrier), as a block that the hardware made resident late would start (TANDEM_TP_LATE).
+__device__ __forceinline__ void hold_block_us(uint32_t us) {
+  if (threadIdx.x == 0) {
+    const uint64_t until = tandem::device::impl::globaltimer_ns() + uint64_t(us) * 1000u;
+    while (tandem::device::impl::globaltimer_ns() < until) __nanosleep(1000);
+  }
+  __syncthreads();
+}
+
 // This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
 template <class ControlBlock>
 __device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {

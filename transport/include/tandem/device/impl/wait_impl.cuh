@@ -98,4 +98,13 @@ __device__ __forceinline__ Status wait_until(const DeviceComm& comm, const uint6
   return wait_until_backoff(comm, flag, cmp, value, 0, peer, order);
 }
 
+__device__ __forceinline__ bool test(const DeviceComm& comm, const uint64_t* flag, Cmp cmp, uint64_t value, int peer,
+                                     Order order) {
+  // the wait's load, once: the same order and scope choice
+  const bool gpu = impl::wait_at_gpu_scope(comm, peer);
+  const uint64_t v = order == Order::kRelaxed ? (gpu ? impl::ld_relaxed_gpu(flag) : impl::ld_relaxed_sys(flag))
+                                              : (gpu ? impl::ld_acquire_gpu(flag) : impl::ld_acquire_sys(flag));
+  return impl::compare(v, cmp, value);
+}
+
 }  // namespace tandem::device
