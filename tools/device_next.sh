@@ -14,6 +14,11 @@
 # 2026-12-05 07:00: superseded by branch next-device4 (= next-device3 + the AG+GEMM release fix + the joined RS/AR
 # reduction, none of it run; the device went away at 04:55 that session): build it and follow its copy of this
 # file, parts d3, d1, d2 first.
+# 2026-12-05 14:00: the branches above were lost with the old checkout; claims, the release fix and the join were
+# rebuilt and merged into main (claims2). Next on main: c3 (test_tp whole: the emulated-nodes, disagreement,
+# out-of-step and pipelined cases have not run with claims and pieces on), then bench tp at worlds 4 and 2
+# (c2's bench: the fused column with claims + pieces, for the issue-21 table and the shipped tune table), then
+# the cross-node claims (lift the N == 1 gate in ag_gemm_sm90.cu / gemm_rs_sm90.cu and run the emulated nodes).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
