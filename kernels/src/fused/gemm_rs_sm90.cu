@@ -204,6 +204,23 @@ template <class Element, class P>
 __device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo, int64_t hi, uint64_t e,
                                bool published = false);
 
+// The fixed summation order of owner c's rows: source s (0 .. W-1) is rank c-1-s, so c's own partial comes last.
+__device__ __forceinline__ int reduce_source(int owner, int world, int s) {
+  return ((owner - 1 - s) % world + world) % world;
+}
+
+// Every rank's partial of this rank's rows (`my_rows` in the symmetric partial buffer), in that order; false if a
+// peer has no load/store mapping (refused on the host).
+__device__ __forceinline__ bool partial_sources(const tandem::DeviceComm& comm, const char* my_rows,
+                                                const uint4** src) {
+  for (int s = 0; s < comm.world; ++s) {
+    src[s] = reinterpret_cast<const uint4*>(
+        tandem::device::peer_ptr(comm, my_rows, reduce_source(comm.rank, comm.world, s)));
+    if (src[s] == nullptr) return false;
+  }
+  return true;
+}
+
 // One node, one pass in registers over every rank's partial of this rank's rows, in the fixed order q = r-1,
 // r-2, ..., r (the same fp32 adds as the step-by-step path: the same bits), W reads and one write per element
 // instead of about 5 W through an fp32 accumulator in memory. The rows go in `pieces` pieces of piece_rows rows,
@@ -224,10 +241,7 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
   // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
   // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
   const uint4* src[kMaxFusedRsWorld];
-  for (int s = 0; s < world; ++s) {
-    src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
-    if (src[s] == nullptr) return false;  // refused on the host (load/store peers only)
-  }
+  if (!partial_sources(comm, my_rows, src)) return false;  // refused on the host (load/store peers only)
   for (int j = 0; j < pieces; ++j) {
     const int64_t r0 = static_cast<int64_t>(j) * piece_rows;
     const int64_t r1 = r0 + piece_rows < p.chunk_rows ? r0 + piece_rows : p.chunk_rows;
@@ -235,7 +249,7 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
     Status st = Status::kOk;
     if (threadIdx.x == 0) {
       for (int s = 0; s < world && st == Status::kOk; ++s) {
-        const int q = ((rank - 1 - s) % world + world) % world;
+        const int q = reduce_source(rank, world, s);
         if constexpr (kPieceFlags)
           st = wait_until_backoff(comm, &p.ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, r1), kRolePollNs, q);
         else
@@ -277,10 +291,7 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
   const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
   const int64_t total = static_cast<int64_t>(p.pieces) * p.join_items;
   const uint4* src[kMaxFusedRsWorld];
-  for (int s = 0; s < world; ++s) {
-    src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, my_rows, ((rank - 1 - s) % world + world) % world));
-    if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
-  }
+  if (!partial_sources(comm, my_rows, src)) return;  // refused on the host (load/store peers only)
   const auto piece_end = [&](int64_t item) {
     const int64_t r1 = (item / p.join_items + 1) * static_cast<int64_t>(p.piece_rows);
     return r1 < p.chunk_rows ? r1 : p.chunk_rows;
@@ -307,7 +318,7 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
       }
       if (item >= 0 && reduce_block) {
         for (int s = 0; s < world && st == Status::kOk; ++s) {
-          const int q = ((rank - 1 - s) % world + world) % world;
+          const int q = reduce_source(rank, world, s);
           st = wait_until_backoff(comm, &ctl->piece_arrive[q], Cmp::kGe, rows_flag(e, piece_end(item)), kRolePollNs, q);
         }
         if (st != Status::kOk) item = -1;
@@ -501,7 +512,7 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   for (int c = 0; c < world; ++c) {
     const uint4* src[kMaxFusedRsWorld];
     for (int s = 0; s < world; ++s) {
-      const int q = ((c - 1 - s) % world + world) % world;
+      const int q = reduce_source(c, world, s);
       src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + c * chunk_bytes, q));
       if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
     }

@@ -91,8 +91,8 @@ __device__ __forceinline__ uint64_t atom_or_acq_rel_gpu(uint64_t* p, uint64_t v)
 // block barrier), as a block that the hardware made resident late would start (TANDEM_TP_LATE).
 __device__ __forceinline__ void hold_block_us(uint32_t us) {
   if (threadIdx.x == 0) {
-    const uint64_t until = tandem::device::impl::globaltimer_ns() + uint64_t(us) * 1000u;
-    while (tandem::device::impl::globaltimer_ns() < until) __nanosleep(1000);
+    const uint64_t until = tandem::device::now_ns() + uint64_t(us) * 1000u;
+    while (tandem::device::now_ns() < until) __nanosleep(1000);
   }
   __syncthreads();
 }
