@@ -136,6 +136,20 @@ elif [ "$part" = c4 ]; then
   # and graphs, the late-rank claims test that failed on its own count at 3447567)
   timeout -s INT -k 20 $(( $(left) - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "emulated or 1000_launches or late or test_ag_gemm_and_gemm_rs_match_torch"
+elif [ "$part" = d1 ]; then
+  # 2026-12-05 (second session): the whole of test_tp with claims and pieces on by default and the claims now
+  # across emulated nodes too, then bench tp at world 4 and 2 with what is left
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-0} - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  bench_tp_worlds 240 10
+elif [ "$part" = d2 ]; then
+  # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  bench_tp_worlds 240 60
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 3 --sweep \
+    --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d1, d2)"; exit 2
 fi

@@ -140,14 +140,16 @@ def test_bad_input_is_rejected_before_launch(run_ranks, world):
         assert all(v == 3 for v in r.values()), r
 
 
-@pytest.mark.parametrize("ranks_per_node", [2, 1])
-def test_tp_ops_across_emulated_nodes(run_ranks, ranks_per_node):
-    # world 4 as 2 nodes x 2 ranks, and as 4 nodes x 1 rank: traffic between nodes goes through the CPU proxy (TCP)
+@pytest.mark.parametrize("ranks_per_node,claim", [(2, None), (1, None), (2, "0")])
+def test_tp_ops_across_emulated_nodes(run_ranks, ranks_per_node, claim):
+    # world 4 as 2 nodes x 2 ranks, and as 4 nodes x 1 rank: traffic between nodes goes through the CPU proxy (TCP);
+    # the fused GEMM roles with tile claims (the default) and with the static stride (TANDEM_TP_CLAIM=0)
     res = run_ranks(f"{W}:emulated_nodes", 4, ranks_per_node=ranks_per_node,
                     ag_shapes=[(256, 512, 512), (512, 1024, 2048)],
-                    rs_shapes=[(256, 512, 1024), (300, 520, 1032)], launches=20, timeout_s=240)
+                    rs_shapes=[(256, 512, 1024), (300, 520, 1032)], launches=20, claim=claim, timeout_s=240)
     for r in res:
         assert r["has_proxy"] and r["num_nodes"] == 4 // ranks_per_node, r
+        assert r["claims"] == [claim is None] * 4, r["claims"]
         assert r["ranks_per_node"] == ranks_per_node, r
         assert len(r["ag"]) == 4 and len(r["rs"]) == 4 and len(r["ar"]) == 4, r
         for c in r["ag"]:

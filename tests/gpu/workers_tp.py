@@ -384,18 +384,26 @@ def _rs_reference_nodes(owner, world, L, parts, mr, dtype):
     return acc.to(dtype)
 
 
-def emulated_nodes(ag_shapes, rs_shapes, launches=20):
+def emulated_nodes(ag_shapes, rs_shapes, launches=20, claim=None):
     """The TP ops with peers on other emulated nodes (their traffic goes through the CPU proxy, TCP): AG+GEMM,
     GEMM+RS and GEMM+AR (two-shot), fused and unfused, against torch references in the cross-node order; AR
     outputs bit-identical across ranks; `launches` back-to-back launches identical (cross-epoch reuse of the
-    buffers the proxy reads and writes); the one-shot AR refused (one node only)."""
+    buffers the proxy reads and writes); the one-shot AR refused (one node only). `claim` sets TANDEM_TP_CLAIM
+    (None: the default, tile claims on); out["claims"] records whether each fused launch took claims."""
+    from tandem._native import native
+
+    K = native().kernels
+    _set_env(TANDEM_TP_CLAIM=claim)
     comm = Communicator(heap_bytes=1 << 30, timeout_s=60)
     rank, world = comm.rank, comm.world_size
     L = comm.native.uniform_ranks_per_node
-    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.native.num_nodes, ranks_per_node=L, ag=[], rs=[], ar=[])
+    out = dict(has_proxy=comm.has_proxy, num_nodes=comm.native.num_nodes, ranks_per_node=L, ag=[], rs=[], ar=[],
+               claims=[])
     for (m_local, n, k) in ag_shapes:
         for mode in ("fused", "unfused"):
             out["ag"].append(_ag_case(comm, m_local, n, k, torch.bfloat16, mode, in_place=False))
+            if mode == "fused":
+                out["claims"].append(bool(K.tp_last_fused_claims()))
     for (mr, n, k) in rs_shapes:
         m = mr * world
         parts = _rs_partials(world, m, n, k, torch.bfloat16)
@@ -405,6 +413,8 @@ def emulated_nodes(ag_shapes, rs_shapes, launches=20):
         exact = sum((pa.float() @ pb.float()) for pa, pb in parts)
         for mode in ("fused", "unfused"):
             rs = tp.gemm_rs(comm, a, b, mode=mode)
+            if mode == "fused":
+                out["claims"].append(bool(K.tp_last_fused_claims()))
             ar = tp.gemm_ar(comm, a, b, mode=mode, algo="two_shot")
             torch.cuda.synchronize()
             comm.check()
@@ -438,6 +448,7 @@ def emulated_nodes(ag_shapes, rs_shapes, launches=20):
         out["one_shot_refused"] = None
     except TandemError as e:
         out["one_shot_refused"] = e.status
+    _set_env(TANDEM_TP_CLAIM=None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

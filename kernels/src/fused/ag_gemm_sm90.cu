@@ -301,8 +301,9 @@ Status can_implement(const AgGemmArgs& a, std::string* why) { return check_ag(a,
 
 Status run(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
   if (const Status s = check_ag(a, true, why); s != Status::kOk) return s;
-  // Tile claims on one node (across nodes the static stride, until the cross-node tests have run with claims)
-  const bool claims = tile_claims_enabled() && Topology::of(a.comm.rank, a.comm.world, a.ranks_per_node).N == 1;
+  // Tile claims (default; TANDEM_TP_CLAIM=0 the static stride), on one node and across nodes alike: a claimed
+  // tile still waits for its chunk's arrival flag, which the proxy sets for chunks from other nodes
+  const bool claims = tile_claims_enabled();
   g_last_fused_claims = claims;
   if (a.dtype == DType::kFP16)
     return claims ? run_typed<cutlass::half_t, true>(a, stream, true, why)

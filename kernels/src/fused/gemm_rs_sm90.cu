@@ -965,9 +965,10 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
   const bool pieces = piece_count > 1;
-  // Tile claims (default on one node; TANDEM_TP_CLAIM=0 off) in the fused kernel only: the unfused GEMM is a
-  // kernel of its own. Across nodes the static stride stays until the cross-node tests have run with claims.
-  const bool claims = fused && tile_claims_enabled() && topology_of(a).N == 1;
+  // Tile claims (default; TANDEM_TP_CLAIM=0 off) in the fused kernel only: the unfused GEMM is a kernel of its
+  // own. Across nodes too: a chunk's claims are numbered by the step at which this rank computes it
+  // (rs_chunk_at of the node topology), so the ring tags still grow call by call.
+  const bool claims = fused && tile_claims_enabled();
   if (fused) {
     detail::g_last_fused_pieces = piece_count;
     detail::g_last_fused_claims = claims;
