@@ -142,6 +142,17 @@ elif [ "$part" = d1 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-0} - 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py
   mkdir -p "$OUT/diag"
   bench_tp_worlds 240 10
+elif [ "$part" = d0 ]; then
+  # the test_tp cases not run since claims and pieces became the default (and claims across the emulated nodes),
+  # plus the broad correctness cases for the reread 372866e; then the world-4 trace of the fused grid on fewer SMs
+  # than the rank's share (does a smaller grid make every rank's 2-CTA clusters resident under MPS?)
+  timeout -s INT -k 20 $(( $(left) - ${TRACE_S:-200} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k \
+    "emulated or disagree or out_of_step or pipelined or bad_input or with_tile_claims_match or test_ag_gemm_and_gemm_rs_match_torch"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6,2 --sm-counts 0,30,28,24 \
+    --reps 3 --out "$OUT/diag/trace_w4" 2>&1 | grep -v "^ *raw" | tail -60
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -151,5 +162,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d1, d2)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2)"; exit 2
 fi
