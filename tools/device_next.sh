@@ -153,6 +153,21 @@ elif [ "$part" = d0 ]; then
     tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6,2 --sm-counts 0,30,28,24 \
     --reps 3 --out "$OUT/diag/trace_w4" 2>&1 | grep -v "^ *raw" | tail -60
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = d3 ]; then
+  # the fused grid and piece count under MPS: at world 4 a grid of 28 of 32 SMs had every rank's clusters resident
+  # (GEMM+RS 5.0 -> 4.2 ms; AG+GEMM slower); which grid and pieces, at worlds 4 and 2, at two shapes
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  V="base;TANDEM_RS_PIECES=4;TANDEM_RS_PIECES=2"
+  timeout -s INT -k 10 $(( $(left) / 2 )) python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4,6,8 --sm-counts 0,30,28 \
+    --variants "$V" --reps 3 --out "$OUT/diag/grid_w4" > "$OUT/diag/grid_w4.log" 2>&1; tail -3 "$OUT/diag/grid_w4.log"
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar,ag_gemm --comm-blocks 4,6,8 \
+    --sm-counts 0,62,60,56 --variants "$V" --reps 3 --out "$OUT/diag/grid_w2" > "$OUT/diag/grid_w2.log" 2>&1
+  tail -3 "$OUT/diag/grid_w2.log"
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -162,5 +177,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3)"; exit 2
 fi
