@@ -168,6 +168,21 @@ elif [ "$part" = d3 ]; then
     --sm-counts 0,62,60,56 --variants "$V" --reps 3 --out "$OUT/diag/grid_w2" > "$OUT/diag/grid_w2.log" 2>&1
   tail -3 "$OUT/diag/grid_w2.log"
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = d4 ]; then
+  # the fused GEMM+RS/AR grid at 7/8 of the share on a GPU shared by 4+ ranks (tp_plan.fused_grid_sms): the
+  # world-4 correctness cases that run it, what the ranks see, then bench tp at world 4
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k \
+    "test_ag_gemm_and_gemm_rs_match_torch[4] or in_pieces_match_torch[4] or 1000_launches_identical_and_cuda_graph_replay[4] or late_match_torch[4]"
+  timeout 60 python3 -m tandem.launch -n 4 -- python3 -c "
+import tandem, tandem.ops.tp as tp
+c = tandem.Communicator()
+print('rank', c.rank, 'share', c.sm_count, 'ranks_on_device', c.ranks_on_device, 'fused grid rs/ar/ag',
+      tp._fused_sms(c, 'gemm_rs', 0), tp._fused_sms(c, 'gemm_ar', 0), tp._fused_sms(c, 'ag_gemm', 0))
+c.destroy()" 2>&1 | grep rank | head -4
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
+    --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -177,5 +192,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4)"; exit 2
 fi

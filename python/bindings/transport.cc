@@ -257,6 +257,11 @@ void bind_transport(py::module_& m) {
       .def_property_readonly("local_rank", &tandem::Communicator::local_rank)
       .def_property_readonly("device", &tandem::Communicator::device)
       .def_property_readonly("sm_count", &tandem::Communicator::sm_count)
+      .def_property_readonly("ranks_on_device", [](const tandem::Communicator& c) {
+            int n = 1;
+            for (int p = 0; p < c.world(); ++p) n += p != c.rank() && c.peer_on_same_device(p);
+            return n;
+          }, "ranks of this communicator on this process's GPU, itself included (MPS sharing: > 1)")
       .def_property_readonly("heap_kind", [](const tandem::Communicator& c) { return std::string(c.heap_kind()); })
       .def_property_readonly("heap_base", [](const tandem::Communicator& c) {
         return reinterpret_cast<uintptr_t>(c.heap_base());

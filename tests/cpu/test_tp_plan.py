@@ -184,3 +184,21 @@ def test_fused_split_follows_the_shape_and_the_table(tmp_path, monkeypatch):
     import os
     os.utime(path, (2, 2))
     assert tp_plan.fused_split("gemm_rs", 4, 32, 16384, 8192, 1024) >= 4
+
+
+def test_fused_grid_shrinks_only_for_rs_and_ar_on_a_gpu_shared_by_four_or_more(monkeypatch):
+    monkeypatch.delenv("TANDEM_TP_FUSED_SMS", raising=False)
+    # world 4 under MPS (32 SMs a rank): GEMM+RS/AR on 28, AG+GEMM on the whole share
+    assert tp_plan.fused_grid_sms("gemm_rs", 32, 4) == 28
+    assert tp_plan.fused_grid_sms("gemm_ar", 32, 4) == 28
+    assert tp_plan.fused_grid_sms("ag_gemm", 32, 4) == 32
+    assert tp_plan.fused_grid_sms("gemm_rs", 33, 4) == 28  # 7/8 of 33 is 28.9: even, rounded down
+    # one rank a GPU, or two sharing one: the share
+    assert tp_plan.fused_grid_sms("gemm_rs", 132, 1) == 132
+    assert tp_plan.fused_grid_sms("gemm_rs", 66, 2) == 66
+    # the override: a grid (never beyond the share), or 0 for the share
+    monkeypatch.setenv("TANDEM_TP_FUSED_SMS", "24")
+    assert tp_plan.fused_grid_sms("ag_gemm", 32, 4) == 24
+    assert tp_plan.fused_grid_sms("gemm_rs", 16, 1) == 16
+    monkeypatch.setenv("TANDEM_TP_FUSED_SMS", "0")
+    assert tp_plan.fused_grid_sms("gemm_rs", 32, 4) == 32

@@ -139,6 +139,26 @@ def _best_fused(t_gemm, nbytes, role, mem, sms, world):
     return next((c, t) for c, t in times if t <= fastest * 1.02 + 5e-6)
 
 
+def fused_grid_sms(op: str, sms: int, ranks_on_device: int) -> int:
+    """The fused kernel's grid (SMs) when the caller leaves sm_count 0: the rank's share, except GEMM+RS/AR on a
+    GPU shared by 4 or more ranks (MPS), where 7/8 of it (even).
+
+    Why: the fused kernels run on 2-CTA clusters, and MPS does not place every rank's clusters at once. At world
+    4 (32 SMs a rank of 132) one rank's 7 of 16 clusters started 1-3 ms late in every traced launch; on 28 SMs
+    every cluster of every rank was resident, and GEMM+RS/AR, whose owners wait for every rank's pieces, ran
+    10-20 % faster (tools/diag/tp_trace.py --sm-counts, H100, 2026-12-05; docs/results.md). AG+GEMM (a late
+    rank delays only itself) was faster on the whole share, and at world 2 (66 SMs a rank) no grid down to 56
+    made both ranks resident nor changed the time beyond noise. TANDEM_TP_FUSED_SMS=<n> sets the grid (0: the
+    share)."""
+    env = os.environ.get("TANDEM_TP_FUSED_SMS")
+    if env is not None and env.strip() != "":
+        want = int(env)
+        return min(want, sms) if want > 0 else sms
+    if op in ("gemm_rs", "gemm_ar") and ranks_on_device >= 4 and sms >= 16:
+        return (sms * 7 // 8) & ~1
+    return sms
+
+
 def fused_split(op: str, world: int, sms: int, m: int, n: int, k: int) -> int:
     """comm_blocks for mode="fused" when the caller leaves it 0: the tuned table's split if its entry for this shape
     is a fused one, else the cost model's best split. (Before 2026-12-04 it was a sixteenth of the rank's SMs

@@ -312,6 +312,8 @@ class Communicator:
     local_rank = _native_property("local_rank")
     device = _native_property("device")
     sm_count = _native_property("sm_count", doc="SMs this rank may use (its MPS share)")
+    ranks_on_device = _native_property("ranks_on_device",
+                                       doc="ranks of this communicator on this rank's GPU, itself included")
     heap_kind = _native_property("heap_kind")
     heap_bytes = _native_property("heap_bytes")
     has_proxy = _native_property("has_proxy", doc="peers on other nodes go through the CPU proxy")
