@@ -146,7 +146,7 @@ def fused_grid_sms(op: str, sms: int, ranks_on_device: int) -> int:
     Why: the fused kernels run on 2-CTA clusters, and MPS does not place every rank's clusters at once. At world
     4 (32 SMs a rank of 132) one rank's 7 of 16 clusters started 1-3 ms late in every traced launch; on 28 SMs
     every cluster of every rank was resident, and GEMM+RS/AR, whose owners wait for every rank's pieces, ran
-    10-20 % faster (tools/diag/tp_trace.py --sm-counts, H100, 2026-12-05; docs/results.md). AG+GEMM (a late
+    5-15 % faster (tools/diag/tp_trace.py --sm-counts, H100, 2026-12-05; docs/results.md). AG+GEMM (a late
     rank delays only itself) was faster on the whole share, and at world 2 (66 SMs a rank) no grid down to 56
     made both ranks resident nor changed the time beyond noise. TANDEM_TP_FUSED_SMS=<n> sets the grid (0: the
     share)."""
