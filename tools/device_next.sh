@@ -19,6 +19,14 @@
 # out-of-step and pipelined cases have not run with claims and pieces on), then bench tp at worlds 4 and 2
 # (c2's bench: the fused column with claims + pieces, for the issue-21 table and the shipped tune table), then
 # the cross-node claims (lift the N == 1 gate in ag_gemm_sm90.cu / gemm_rs_sm90.cu and run the emulated nodes).
+# 2026-12-05 15:50 (second session): ran on H100s (d0, d2, d3, d4, d5; results in docs/results.md): test_tp's
+# remaining cases incl. claims across emulated nodes passed; the fused RS/AR grid is 7/8 of the share at 4+ ranks a
+# GPU; bench tp w4/w2 and the tune table are current. Next, in this order:
+#   1. n1 then n2 (the whole GPU suite at main: not run whole since af75616; issue 22 asks before/after);
+#   2. the fused GEMM+RS's GEMM role (1.6-1.9x slower than the core alone on a resident grid, AG's within 5 %):
+#      build with its reduce roles compiled out or not inlined (see the closing note of 2026-12-05 17:30) and
+#      trace as d5 does;
+#   3. bench tp -n 2 at main (the table's world-2 rows are from e6ee925).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
