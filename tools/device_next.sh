@@ -22,11 +22,16 @@
 # 2026-12-05 15:50 (second session): ran on H100s (d0, d2, d3, d4, d5; results in docs/results.md): test_tp's
 # remaining cases incl. claims across emulated nodes passed; the fused RS/AR grid is 7/8 of the share at 4+ ranks a
 # GPU; bench tp w4/w2 and the tune table are current. Next, in this order:
-#   1. n1 then n2 (the whole GPU suite at main: not run whole since af75616; issue 22 asks before/after);
-#   2. the fused GEMM+RS's GEMM role (1.6-1.9x slower than the core alone on a resident grid, AG's within 5 %):
-#      build with its reduce roles compiled out or not inlined (see the closing note of 2026-12-05 17:30) and
-#      trace as d5 does;
-#   3. bench tp -n 2 at main (the table's world-2 rows are from e6ee925).
+#   1. branch sched-by-ref (one commit on main 12754c9+: the arrival scheduler points at its schedule in the
+#      grid-constant parameters instead of copying it with its DeviceComm; ptxas: AG+GEMM 568-616 B stack and
+#      202-282 B spills -> 0, GEMM+RS 848-928 / 778-1968 -> 288-400 / 514-1600; not run): build it, then
+#        tools/device_next.sh d5 (the fused GEMM role against the core alone; main's numbers are in
+#        docs/results.md) and test_tp; if the GEMM role is faster and the tests pass, merge, then bench tp -n 4/-n 2.
+#      If the branch is gone: in kernels/include/tandem/kernels/gemm/arrival_scheduler.hpp make the member
+#      `const ArrivalSchedule* arrival_` (= &p.arrival) plus `uint64_t epoch_` (the one field it sets).
+#   2. n1 then n2 (the whole GPU suite at main: not run whole since af75616; issue 22 asks before/after);
+#   3. GEMM+RS's remaining 288-400 B stack frame (not the scheduler, not the roles: ptxas with the roles
+#      __noinline__ still showed it in the kernel body).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
