@@ -22,7 +22,7 @@
 # 2026-12-05 15:50 (second session): ran on H100s (d0, d2, d3, d4, d5; results in docs/results.md): test_tp's
 # remaining cases incl. claims across emulated nodes passed; the fused RS/AR grid is 7/8 of the share at 4+ ranks a
 # GPU; bench tp w4/w2 and the tune table are current. Next, in this order:
-#   1. branch sched-by-ref (one commit on main 12754c9+: the arrival scheduler points at its schedule in the
+#   1. branch sched-by-ref (one commit on f22801e: the arrival scheduler points at its schedule in the
 #      grid-constant parameters instead of copying it with its DeviceComm; ptxas: AG+GEMM 568-616 B stack and
 #      202-282 B spills -> 0, GEMM+RS 848-928 / 778-1968 -> 288-400 / 514-1600; not run): build it, then
 #        tools/device_next.sh d5 (the fused GEMM role against the core alone; main's numbers are in
