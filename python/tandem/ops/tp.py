@@ -290,6 +290,9 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
         if why and mode == "fused":
             raise invalid(f"the fused kernel cannot run this problem: {why}", op, comm.rank)
         chosen = "UNFUSED" if why else "FUSED"
+    if chosen == "UNFUSED" and sms != int(sm_count):  # auto fell back to unfused: not the fused kernel's grid
+        sms = int(sm_count)
+        x.plan.sm_count = sms
     if chosen == "UNFUSED" and _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1:
         # The unfused path with cuBLAS for the GEMM (see _prepare_ag): wait until every rank read this rank's
         # partial of the previous launch, cuBLAS writes the partial buffer, then the reduction kernel alone.
