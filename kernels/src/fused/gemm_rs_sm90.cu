@@ -94,8 +94,8 @@ struct RsParams {
   int pieces;
   int piece_rows;
   int32_t* piece_of_block;  // workspace: kMaxGemmBlocks entries
-  // Tile claims (default; TANDEM_TP_CLAIM=0 off): the GEMM's clusters claim tiles from shared counters, so a chunk (piece) is
-  // complete when its tiles are (counted in units: tiles_of_block), not when every GEMM block has passed it.
+  // Tile claims (default; TANDEM_TP_CLAIM=0 off): the GEMM's clusters claim tiles from shared counters, so a chunk
+  // (piece) is complete when its tiles are (counted in units: tiles_of_block), not when every GEMM block has passed it.
   gemm::TileClaims* claims;  // null: the static persistent stride
   int64_t chunk_tiles;       // the scheduler's work tiles of a chunk (blocks_per_problem)
   int64_t piece_tiles;       // ... of a piece (pieces)
@@ -209,13 +209,12 @@ __device__ __forceinline__ int reduce_source(int owner, int world, int s) {
   return ((owner - 1 - s) % world + world) % world;
 }
 
-// Every rank's partial of this rank's rows (`my_rows` in the symmetric partial buffer), in that order; false if a
-// peer has no load/store mapping (refused on the host).
-__device__ __forceinline__ bool partial_sources(const tandem::DeviceComm& comm, const char* my_rows,
+// Every rank's partial of owner's rows (`rows`: their place in the symmetric partial buffer), in that order; false
+// if a peer has no load/store mapping (refused on the host).
+__device__ __forceinline__ bool partial_sources(const tandem::DeviceComm& comm, const char* rows, int owner,
                                                 const uint4** src) {
   for (int s = 0; s < comm.world; ++s) {
-    src[s] = reinterpret_cast<const uint4*>(
-        tandem::device::peer_ptr(comm, my_rows, reduce_source(comm.rank, comm.world, s)));
+    src[s] = reinterpret_cast<const uint4*>(tandem::device::peer_ptr(comm, rows, reduce_source(owner, comm.world, s)));
     if (src[s] == nullptr) return false;
   }
   return true;
@@ -241,7 +240,7 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
   // Every thread resolves the sources itself: a __shared__ table would add static shared memory to the fused
   // kernel, whose GEMM blocks already take the most dynamic shared memory a block may have (the launch fails).
   const uint4* src[kMaxFusedRsWorld];
-  if (!partial_sources(comm, my_rows, src)) return false;  // refused on the host (load/store peers only)
+  if (!partial_sources(comm, my_rows, rank, src)) return false;  // refused on the host (load/store peers only)
   for (int j = 0; j < pieces; ++j) {
     const int64_t r0 = static_cast<int64_t>(j) * piece_rows;
     const int64_t r1 = r0 + piece_rows < p.chunk_rows ? r0 + piece_rows : p.chunk_rows;
@@ -291,7 +290,7 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
   const int64_t vec_per_row = p.chunk_elems / (p.chunk_rows * 8);
   const int64_t total = static_cast<int64_t>(p.pieces) * p.join_items;
   const uint4* src[kMaxFusedRsWorld];
-  if (!partial_sources(comm, my_rows, src)) return;  // refused on the host (load/store peers only)
+  if (!partial_sources(comm, my_rows, rank, src)) return;  // refused on the host (load/store peers only)
   const auto piece_end = [&](int64_t item) {
     const int64_t r1 = (item / p.join_items + 1) * static_cast<int64_t>(p.piece_rows);
     return r1 < p.chunk_rows ? r1 : p.chunk_rows;
@@ -511,11 +510,7 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
   for (int c = 0; c < world; ++c) {
     const uint4* src[kMaxFusedRsWorld];
-    for (int s = 0; s < world; ++s) {
-      const int q = reduce_source(c, world, s);
-      src[s] = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial + c * chunk_bytes, q));
-      if (src[s] == nullptr) return;  // refused on the host (load/store peers only)
-    }
+    if (!partial_sources(comm, p.partial + c * chunk_bytes, c, src)) return;  // refused on the host (load/store only)
     roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes), nullptr);
   }
 }

@@ -71,10 +71,10 @@ __host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
 }
 // The fused GEMM's per-block piece table (ArrivalSchedule::piece_of_block), in the workspace.
 constexpr int kMaxGemmBlocks = 256;
-// The fused GEMM roles' tile claims (gemm::TileClaims), in the workspace: on by default on one node (H200,
-// 2026-12-05: world 4, 16384x8192x4096, GEMM+RS 7.70 -> 6.09 ms, in pieces 5.17 -> 4.42, AG+GEMM 8.77 -> 8.09);
-// TANDEM_TP_CLAIM=0 gives the static persistent stride, which ranks on several nodes keep for now (their tests
-// have not run with claims).
+// The fused GEMM roles' tile claims (gemm::TileClaims), in the workspace: on by default, on one node and across
+// nodes (H200, 2026-12-05: world 4, 16384x8192x4096, GEMM+RS 7.70 -> 6.09 ms, in pieces 5.17 -> 4.42, AG+GEMM
+// 8.77 -> 8.09; the emulated-nodes tests passed with them on an H100); TANDEM_TP_CLAIM=0 gives the static
+// persistent stride.
 constexpr size_t kClaimBytes = (sizeof(gemm::TileClaims) + 255) & ~size_t(255);
 bool tile_claims_enabled();
 
