@@ -73,15 +73,15 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
 
   CUTLASS_HOST_DEVICE TandemArrivalScheduler() {}
 
-  CUTLASS_DEVICE explicit TandemArrivalScheduler(Params const& p) : Base(p), arrival_(p.arrival) {
+  CUTLASS_DEVICE explicit TandemArrivalScheduler(Params const& p) : Base(p), arrival_(&p.arrival), epoch_(p.arrival.epoch) {
 #if defined(__CUDA_ARCH__)
     // Tiles are numbered and strided over the GEMM's grid only: blocks beyond it (other roles) never count.
-    const uint64_t gx = arrival_.gemm_grid_x > 0 ? uint64_t(arrival_.gemm_grid_x) : uint64_t(gridDim.x);
-    const uint64_t gy = arrival_.gemm_grid_y > 0 ? uint64_t(arrival_.gemm_grid_y) : uint64_t(gridDim.y);
-    const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_.gemm_block_y0);
+    const uint64_t gx = arrival_->gemm_grid_x > 0 ? uint64_t(arrival_->gemm_grid_x) : uint64_t(gridDim.x);
+    const uint64_t gy = arrival_->gemm_grid_y > 0 ? uint64_t(arrival_->gemm_grid_y) : uint64_t(gridDim.y);
+    const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_->gemm_block_y0);
     // A pinned grid (the fused kernels: (2, clusters) below the role rows) is numbered cluster-minor first in
     // either raster order: the base takes the low bit of the index as the block's place in its 2x1 cluster.
-    if (p.raster_order_ == RasterOrder::AlongN || arrival_.gemm_grid_x > 0) {
+    if (p.raster_order_ == RasterOrder::AlongN || arrival_->gemm_grid_x > 0) {
       linear_ = uint64_t(blockIdx.x) + by * gx;
     } else {
       linear_ = uint64_t(blockIdx.x) * gy + by;
@@ -90,24 +90,24 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     int32_t piece = 0;
     if constexpr (kPieces) {
       // This call's piece: written by the block's thread 0 before the call (a block barrier orders it).
-      piece = *static_cast<const volatile int32_t*>(arrival_.piece_of_block + linear_);
-      const uint64_t begin = uint64_t(piece) * uint64_t(arrival_.piece_len);
+      piece = *static_cast<const volatile int32_t*>(arrival_->piece_of_block + linear_);
+      const uint64_t begin = uint64_t(piece) * uint64_t(arrival_->piece_len);
       linear_ += begin;
-      end_ = begin + uint64_t(arrival_.piece_len);
+      end_ = begin + uint64_t(arrival_->piece_len);
     }
-    if (arrival_.epoch_counter != nullptr) {
+    if (arrival_->epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
-      arrival_.epoch = tandem::device::local_load(arrival_.epoch_counter) + 1;
+      epoch_ = tandem::device::local_load(arrival_->epoch_counter) + 1;
     }
     if constexpr (kClaims) {
       // A 2x1 cluster is a row of the pinned GEMM grid (gemm_grid_x == 2, checked by the host). linear_ keeps
       // the call's first index (pieces) plus the block's place in its cluster; claim v is the cluster tile at
       // linear_ + 2 v. seq_ numbers this thread's work tiles.
       cluster_ = int32_t(by);
-      call_ = arrival_.claim_call + piece * arrival_.claim_stride;
+      call_ = arrival_->claim_call + piece * arrival_->claim_stride;
       linear_ -= by * gx;
-      tag0_ = (arrival_.epoch << 26) | (uint64_t(call_ & 63) << 20);
-      if (threadIdx.x == 0) arrival_.claims->tiles_of_block[by * gx + blockIdx.x] = 0u;
+      tag0_ = (epoch_ << 26) | (uint64_t(call_ & 63) << 20);
+      if (threadIdx.x == 0) arrival_->claims->tiles_of_block[by * gx + blockIdx.x] = 0u;
     }
 #endif
   }
@@ -124,7 +124,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       WorkTileInfo w = work_for(linear_ + 2u * uint64_t(v), /*wait=*/true);
       if (threadIdx.x == 0 && seq_ >= counted_) {  // the producer thread sees each tile once
         counted_ = seq_ + 1;
-        if (w.is_valid()) arrival_.claims->tiles_of_block[cluster_ * 2 + int32_t(blockIdx.x)] += 1u;
+        if (w.is_valid()) arrival_->claims->tiles_of_block[cluster_ * 2 + int32_t(blockIdx.x)] += 1u;
       }
       return w;
     } else {
@@ -174,11 +174,11 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   // kernel: ptxas, nvcc 13.0.)
   CUTLASS_DEVICE uint32_t claimed(uint64_t seq) {
     tandem::kernels::gemm::TileClaims::Slot* slot =
-        &arrival_.claims->ring[cluster_][seq % tandem::kernels::gemm::kClaimRingSlots];
+        &arrival_->claims->ring[cluster_][seq % tandem::kernels::gemm::kClaimRingSlots];
     const uint64_t tag = tag0_ | (seq & 0xfffffu);
     if (blockIdx.x == 0 && threadIdx.x == 0 && seq >= published_) {
       published_ = seq + 1;
-      const uint32_t v = atomicAdd(&arrival_.claims->next[call_ & 63], 1u);
+      const uint32_t v = atomicAdd(&arrival_->claims->next[call_ & 63], 1u);
       const bool valid = linear_ + 2u * uint64_t(v) < end_ &&
                          Base::get_current_work_for_linear_idx(linear_ + 2u * uint64_t(v)).is_valid();
       const uint32_t value = valid ? v : kNoTile;
@@ -198,21 +198,21 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
     if (kPieces && linear >= end_) return WorkTileInfo::invalid_work_tile();  // past this call's piece
     WorkTileInfo w = Base::get_current_work_for_linear_idx(linear);
-    if (!w.is_valid() || arrival_.flags == nullptr) return w;
-    const int64_t rows = int64_t(arrival_.chunk_rows) * arrival_.chunks;
-    const int32_t tm = arrival_.tile_m;
+    if (!w.is_valid() || arrival_->flags == nullptr) return w;
+    const int64_t rows = int64_t(arrival_->chunk_rows) * arrival_->chunks;
+    const int32_t tm = arrival_->tile_m;
     const int32_t m_tiles = int32_t((rows + tm - 1) / tm);
     const int32_t m_blocks = (m_tiles + 1) & ~1;  // the base rounds M up to whole clusters
     // With a swizzle the base pads M further (to whole swizzle groups): such M blocks lie past the last row (no
     // rotation, no wait; the kernel's bounds make them write nothing).
     if (w.M_idx >= m_blocks) return w;
-    const int32_t first = int32_t(int64_t(arrival_.first_chunk) * arrival_.chunk_rows / tm) & ~1;
+    const int32_t first = int32_t(int64_t(arrival_->first_chunk) * arrival_->chunk_rows / tm) & ~1;
     const int32_t rotated = int32_t((int64_t(w.M_idx) + first) % m_blocks);
     w.M_idx = rotated;
     if (wait && rotated < m_tiles) {
       const int64_t row0 = int64_t(rotated) * tm;
       const int64_t row1 = (row0 + tm < rows ? row0 + tm : rows) - 1;
-      const int32_t c0 = int32_t(row0 / arrival_.chunk_rows), c1 = int32_t(row1 / arrival_.chunk_rows);
+      const int32_t c0 = int32_t(row0 / arrival_->chunk_rows), c1 = int32_t(row1 / arrival_->chunk_rows);
       // Only the mainloop producer warp (warp 0 of the cooperative kernel: it issues every TMA load of A) waits,
       // one lane, acquire, bounded, abortable; the other warps take the tile at once and block on the shared-memory
       // pipeline that warp fills after its wait. (Every warp spinning measured ~100x slower copies beside the GEMM:
@@ -223,10 +223,10 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
         if (threadIdx.x == 0) {
           for (int32_t chunk = c0; chunk <= c1; ++chunk) {
             const int peer =
-                arrival_.comm.world > 0 ? (arrival_.source_of_chunk0 + chunk) % arrival_.comm.world : -1;
-            (void)tandem::device::wait_until_backoff(arrival_.comm, arrival_.flags + chunk,
-                                                     tandem::device::Cmp::kGe, arrival_.epoch,
-                                                     arrival_.poll_sleep_ns, peer);
+                arrival_->comm.world > 0 ? (arrival_->source_of_chunk0 + chunk) % arrival_->comm.world : -1;
+            (void)tandem::device::wait_until_backoff(arrival_->comm, arrival_->flags + chunk,
+                                                     tandem::device::Cmp::kGe, epoch_,
+                                                     arrival_->poll_sleep_ns, peer);
           }
         }
         __syncwarp();
@@ -236,7 +236,12 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     return w;
   }
 
-  tandem::kernels::gemm::ArrivalSchedule arrival_{};
+  // The schedule stays where the kernel's parameters are (grid-constant parameter space): a copy in the
+  // scheduler object put the whole ArrivalSchedule, its DeviceComm included, on every thread's stack (ptxas:
+  // a 552-byte stack frame in the arrival GEMM, none in CUTLASS's own scheduler). epoch_ is the one field the
+  // scheduler sets.
+  const tandem::kernels::gemm::ArrivalSchedule* arrival_ = nullptr;
+  uint64_t epoch_ = 0;
   uint64_t linear_ = 0;
   uint64_t stride_ = 1;
   uint64_t end_ = ~uint64_t(0);  // the end of this call's piece (pieces), else unbounded
