@@ -206,6 +206,17 @@ elif [ "$part" = d5 ]; then
     --variants "base;TANDEM_RS_PIECES=0;TANDEM_TP_CLAIM=0;TANDEM_TP_CLAIM=0,TANDEM_RS_PIECES=0" \
     --out "$OUT/diag/noise_w4" 2>&1 | grep -v "^ *raw" | tail -40
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = e1 ]; then
+  # 2026-12-05 (third session): branch sched-by-ref (the arrival scheduler points at its schedule instead of copying
+  # it; ptxas: the fused AG+GEMM stack frame and spills gone, GEMM+RS's cut): the whole of test_tp, then d5's trace
+  # (the fused GEMM role against the core alone on the same 28 SMs at world 4)
+  timeout -s INT -k 20 $(( $(left) - ${TRACE_S:-120} )) bash tools/device_suite.sh tests/gpu/test_tp.py
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 5 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 --sm-counts 28 --reps 3 \
+    --variants "base;TANDEM_TP_CLAIM=0,TANDEM_RS_PIECES=0" \
+    --out "$OUT/diag/noise_w4" 2>&1 | grep -v "^ *raw" | tail -40
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -215,5 +226,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1)"; exit 2
 fi
