@@ -214,7 +214,7 @@ elif [ "$part" = e1 ]; then
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 5 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 \
     tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops gemm_rs,ag_gemm --comm-blocks 6 --sm-counts 28 --reps 3 \
-    --variants "base;TANDEM_TP_CLAIM=0,TANDEM_RS_PIECES=0" \
+    --variants "base;TANDEM_TP_CLAIM=0,TANDEM_RS_PIECES=0" --controls \
     --out "$OUT/diag/noise_w4" 2>&1 | grep -v "^ *raw" | tail -40
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then

@@ -41,6 +41,8 @@ ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--sm-counts", default="0",
                 help="the SMs the fused kernels may use (0: the rank's share), e.g. 0,30,28: does a grid smaller than "
                      "the share make every rank's clusters resident at once? (docs/fused-kernels.md, Residency)")
+ap.add_argument("--controls", action="store_true",
+                help="GEMM+RS/AR: also time the core writing into a heap tensor, and in W launches of M/W rows")
 ap.add_argument("--out", default=os.environ.get("OUT"))
 args = ap.parse_args()
 
@@ -152,12 +154,24 @@ for shape in args.shapes.split(","):
                        for u in args.sm_counts.split(",")):
             x = gemm_args(ga, b, d, use - c)
             core_ms = timed(lambda: K.gemm_variant("coop_128x256_c2", x, stream()))
+            # Controls for the fused GEMM role's slowdown (GEMM+RS/AR: its stores go to the symmetric heap, and it
+            # computes the partial chunk by chunk): the same core writing into a heap tensor, and in W launches
+            # of M/W rows each (the chunks' shape), all ranks at once as above.
+            extra = {}
+            if op != "ag_gemm" and args.controls:
+                dh = comm.empty((ga.shape[0], nn), torch.bfloat16)
+                xh = gemm_args(ga, b, dh, use - c)
+                extra["core_heap_ms"] = timed(lambda: K.gemm_variant("coop_128x256_c2", xh, stream()))
+                mr = ga.shape[0] // world
+                xs = [gemm_args(ga[i * mr:(i + 1) * mr], b, d[i * mr:(i + 1) * mr], use - c) for i in range(world)]
+                extra["core_chunks_ms"] = timed(lambda: [K.gemm_variant("coop_128x256_c2", xi, stream()) for xi in xs])
+                del dh
             base_out = None
             for v in args.variants.split(";"):
                 set_variant(v)
                 call = lambda: fn(comm, a, b, mode="fused", comm_blocks=c, sm_count=use)  # noqa: E731
                 r = dict(op=op, m=m, n=nn, k=k, world=world, sm_count=use, comm_blocks=c, variant=v,
-                         cublas_ms=cublas_ms, core_ms=core_ms)
+                         cublas_ms=cublas_ms, core_ms=core_ms, **extra)
                 try:
                     # every variant computes the same bits as the kernels' own choices (the first variant)
                     got = call().clone()
@@ -184,7 +198,10 @@ if rank == 0:
     for r in results:
         print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
               f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
-              f"cuBLAS {r['cublas_ms']:.3f} ms; {r.get('differs_from_first', '-')} elements differ from the first "
+              f"cuBLAS {r['cublas_ms']:.3f} ms"
+              + (f", core into the heap {r['core_heap_ms']:.3f} ms, core in {r['world']} chunk launches "
+                 f"{r['core_chunks_ms']:.3f} ms" if "core_heap_ms" in r else "")
+              + f"; {r.get('differs_from_first', '-')} elements differ from the first "
               f"variant{' (tile claims)' if r.get('claims') else ''} {r.get('error', '')}")
         if "span_us" not in r:
             continue
