@@ -217,6 +217,19 @@ elif [ "$part" = e1 ]; then
     --variants "base;TANDEM_TP_CLAIM=0,TANDEM_RS_PIECES=0" --controls \
     --out "$OUT/diag/noise_w4" 2>&1 | grep -v "^ *raw" | tail -40
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = e2 ]; then
+  # 2026-12-05 (third session), after sched-by-ref (GEMM+RS 16384x8192x4096 w4: 4.28 -> 3.86 ms on H100; the GEMM
+  # role still 1.5x the core in pieces, 1.17x in whole chunks: a cost per GEMM call): which piece count and comm
+  # blocks, at world 4 on the fused grid (28 SMs); then bench tp at worlds 4 and 2
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - ${BENCH_S:-280} )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
+    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x4096x8192,8192x8192x28672 --ops gemm_rs,gemm_ar \
+    --comm-blocks 6,4 --sm-counts 28 --reps 3 --variants "base;TANDEM_RS_PIECES=4;TANDEM_RS_PIECES=2" \
+    --out "$OUT/diag/pieces_w4" > "$OUT/diag/pieces_w4.log" 2>&1
+  grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/pieces_w4.log" | cut -c1-260
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  bench_tp_worlds 150 5
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -226,5 +239,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1, e2)"; exit 2
 fi
