@@ -224,7 +224,7 @@ elif [ "$part" = e2 ]; then
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   mkdir -p "$OUT/diag"
   t=$(( $(left) - ${BENCH_S:-280} )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
-    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x4096x8192,8192x8192x28672 --ops gemm_rs,gemm_ar \
+    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x4096x8192,8192x8192x28672 --ops gemm_rs \
     --comm-blocks 6,4 --sm-counts 28 --reps 3 --variants "base;TANDEM_RS_PIECES=4;TANDEM_RS_PIECES=2" \
     --out "$OUT/diag/pieces_w4" > "$OUT/diag/pieces_w4.log" 2>&1
   grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/pieces_w4.log" | cut -c1-260
