@@ -32,6 +32,15 @@
 #   2. n1 then n2 (the whole GPU suite at main: not run whole since af75616; issue 22 asks before/after);
 #   3. GEMM+RS's remaining 288-400 B stack frame (not the scheduler, not the roles: ptxas with the roles
 #      __noinline__ still showed it in the kernel body).
+# 2026-12-05 18:00 (third session, H100s again): sched-by-ref merged after test_tp passed whole (35) at b03e126;
+# bench tp w4/w2 and the tune table are current (08d31dd); the rest of the suite: 42 passed at 562351f, but
+# test_transport after its first two cases, test_consumer and test_torchrun were not reached (call time ran out).
+# Next, in this order:
+#   1. branch rs-swizzle (1bcd166 + 564d0f7, not run: pieces of whole swizzle groups, TANDEM_TP_SWIZZLE): build it
+#      and run its copy of this file's part e4 (its tests, the swizzle trace, bench tp with the swizzle). If the
+#      tests pass, merge; if a swizzle wins, make it the fused RS/AR default (or a tune-table column).
+#   2. the GPU suite's unreached files: tests/gpu/test_transport.py test_consumer.py test_torchrun.py.
+#   3. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
