@@ -35,7 +35,7 @@ namespace tandem::kernels::attention {
 namespace {
 
 using namespace cute;
-using tp::detail::fail;
+using runtime::fail;
 
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.

@@ -10,7 +10,8 @@
 
 #include <cmath>
 
-#include "../fused/tp_common.cuh"
+#include "tandem/device.cuh"
+#include "tandem/kernels/runtime/persistent.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/arch/reg_reconfig.h"
@@ -25,8 +26,8 @@ namespace tandem::kernels::attention {
 namespace {
 
 using namespace cute;
-using tp::detail::fail;
-using tp::detail::last_of;
+using runtime::fail;
+using runtime::last_of;
 
 constexpr int kMaxWorldRing = 64;
 constexpr int kMaxCommBlocks = 8;
@@ -86,7 +87,7 @@ Offsets offsets_of(const RingArgs& a) {
   const RingShape& s = a.shape;
   const size_t rows = static_cast<size_t>(s.batch) * s.seq_local;
   Offsets o{};
-  tp::detail::WorkspaceCarver w{0};
+  runtime::WorkspaceCarver w{0};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.control = take(kRingControlBytes);
   o.counters = take(sizeof(uint64_t) * 2 * kMaxWorldRing);  // parties[W], claimed[W]: zeroed per launch

@@ -19,7 +19,7 @@ template <class T>
 __device__ void release_if_last(const Params<T>& p, int step, uint64_t epoch) {
   const Problem& pr = p.pr;
   const uint64_t parties = static_cast<uint64_t>(pr.items) + (step < pr.world - 1 ? pr.comm_blocks : 0);
-  if (tp::detail::atom_add_acq_rel_gpu(&p.parties[step], 1) + 1 != parties) return;
+  if (runtime::atom_add_acq_rel_gpu(&p.parties[step], 1) + 1 != parties) return;
   (void)tandem::device::signal(p.comm, &p.ctl->released[slot_of(pr, step)],
                                schedule::global_step(epoch, pr.world, step),
                                tandem::device::SignalOp::kSet, (pr.rank - 1 + pr.world) % pr.world);
@@ -164,7 +164,7 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
   const int c = static_cast<int>(blockIdx.x);
   const int succ = (pr.rank + 1) % pr.world, pred = (pr.rank - 1 + pr.world) % pr.world;
   size_t lo, hi;
-  tp::detail::split16(p.block_bytes, pr.comm_blocks, c, &lo, &hi);
+  runtime::split16(p.block_bytes, pr.comm_blocks, c, &lo, &hi);
   Status st = Status::kOk;
   for (int i = 0; i + 1 < pr.world; ++i) {  // the last step's block goes nowhere
     const uint64_t g = schedule::global_step(epoch, pr.world, i);
@@ -175,7 +175,7 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
         st = wait_until_backoff(p.comm, &p.ctl->released[next], Cmp::kGe,
                                 schedule::previous_use(epoch, pr.world, pr.slots, i + 1), kArrivalPollNs, succ);
     }
-    if (!tp::detail::block_ok(st)) break;
+    if (!runtime::block_ok(st)) break;
     // step 0 without proxy peers forwards the user's K/V in place; otherwise the slot (slot 0: the staged copy)
     const bool user = i == 0 && pr.step0_slot < 0;
     const char* k_src = user ? p.k_user : p.k_slots + static_cast<size_t>(slot) * p.block_bytes;
@@ -191,7 +191,7 @@ __device__ void comm_role(const Params<T>& p, uint64_t epoch) {
       if (st == Status::kOk && tandem::device::has_proxy(p.comm)) st = quiet(p.comm);  // the proxy read our slot
       release_if_last(p, i, epoch);
     }
-    if (!tp::detail::block_ok(st)) break;
+    if (!runtime::block_ok(st)) break;
   }
 }
 

@@ -11,7 +11,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "../fused/tp_common.cuh"
+#include "tandem/device.cuh"
+#include "tandem/kernels/runtime/persistent.cuh"
 #include "grouped_gemm_sm90.hpp"
 #include "tandem/kernels/moe/moe.h"
 
@@ -19,11 +20,11 @@ namespace tandem::kernels::moe {
 
 namespace {
 
-using tp::detail::block_ok;
-using tp::detail::fail;
-using tp::detail::finish_block;
-using tp::detail::launch_clustered;
-using tp::detail::last_of;
+using runtime::block_ok;
+using runtime::fail;
+using runtime::finish_block;
+using runtime::launch_clustered;
+using runtime::last_of;
 
 // Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
 // diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries. The
@@ -44,7 +45,7 @@ constexpr int32_t kSendChunk = 32;        // pairs a warp sends before the next 
 constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory
                                            // system to the senders
 constexpr int kMaxWorldMoe = 64;
-using tp::detail::WorkspaceCarver;
+using runtime::WorkspaceCarver;
 
 struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written

@@ -33,7 +33,7 @@
 
 namespace tandem::kernels::moe {
 
-namespace {  // (the names it uses from tp::detail are brought in by moe_common.cuh)
+namespace {  // (the names it uses from the runtime are brought in by moe_common.cuh)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host side.

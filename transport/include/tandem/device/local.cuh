@@ -19,8 +19,11 @@
 //                         op and peer) and the abort flag raised: for failures the kernel itself detects (an
 //                         argument it cannot honour, a capacity overrun). Later records are dropped.
 // has_proxy(comm)         whether the communicator has the proxy path (peers on other nodes); host and device.
+// has_proxy(comm, peer)   whether `peer` is reached through that path: another node (no load/store path) and
+//                         a proxy; false for a peer out of [0, world). Device only (reads the peer table).
 #pragma once
 
+#include "tandem/device/impl/addressing.cuh"
 #include "tandem/device/impl/errors.cuh"
 #include "tandem/device/impl/ptx.cuh"
 #include "tandem/device/types.cuh"
@@ -40,5 +43,6 @@ __device__ __forceinline__ void report(const DeviceComm& comm, Status status, De
 }
 
 __host__ __device__ __forceinline__ bool has_proxy(const DeviceComm& comm) { return comm.proxy_slots != nullptr; }
+__device__ __forceinline__ bool has_proxy(const DeviceComm& comm, int peer) { return impl::is_proxy_peer(comm, peer); }
 
 }  // namespace tandem::device

@@ -6,19 +6,16 @@
 // release also orders the caller's earlier writes to its own heap (the payload) before the proxy's reads.
 #pragma once
 
+#include "tandem/device/impl/addressing.cuh"
 #include "tandem/device/impl/errors.cuh"
 #include "tandem/device/impl/ptx.cuh"
+#include "tandem/device/local.cuh"
 #include "tandem/device/types.cuh"
 
 namespace tandem::device::impl {
 
-__device__ __forceinline__ bool has_proxy(const DeviceComm& comm) { return comm.proxy_slots != nullptr; }
-
-__device__ __forceinline__ bool in_heap(const DeviceComm& comm, const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  return c >= comm.heap_base && bytes <= comm.heap_bytes &&
-         static_cast<uint64_t>(c - comm.heap_base) <= comm.heap_bytes - bytes;
-}
+// (has_proxy(comm) is the public one in local.cuh; the bounds check is addressing.cuh's sym_in_heap.)
+using tandem::device::has_proxy;
 
 __device__ inline Status proxy_enqueue(const DeviceComm& comm, proxy::CommandOp op, int peer, const void* src,
                                        const void* dst, size_t bytes, const uint64_t* sig, uint64_t value,
@@ -27,8 +24,9 @@ __device__ inline Status proxy_enqueue(const DeviceComm& comm, proxy::CommandOp 
     report_error(comm, Status::kUnreachablePeer, DeviceOp::kProxy, peer, 0, 0, 0);
     return Status::kUnreachablePeer;
   }
-  if ((bytes > 0 && (!in_heap(comm, src, bytes) || !in_heap(comm, dst, bytes))) ||
-      (sig != nullptr && !in_heap(comm, sig, sizeof(uint64_t)))) {
+  if ((bytes > 0 && (!sym_in_heap(comm, static_cast<const char*>(src), bytes) ||
+                     !sym_in_heap(comm, static_cast<const char*>(dst), bytes))) ||
+      (sig != nullptr && !sym_in_heap(comm, reinterpret_cast<const char*>(sig), sizeof(uint64_t)))) {
     // The proxy moves data by heap offset: sources of remote puts must be symmetric too.
     report_error(comm, Status::kInvalidArgument, DeviceOp::kProxy, peer, bytes,
                  static_cast<uint64_t>(reinterpret_cast<uintptr_t>(src)), 0);
