@@ -22,6 +22,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "tandem/device.cuh"
+#include "tandem/kernels/runtime/persistent.cuh"
 
 namespace tandem::kernels::moe::detail {
 
@@ -107,7 +108,7 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
     if (cute::elect_one_sync()) {
       using namespace tandem::device;
       const uint64_t t0 = a.trace != nullptr ? tandem::device::now_ns() : 0;
-      const uint64_t epoch = tandem::device::local_load(a.epoch_counter) + 1;
+      const uint64_t epoch = tandem::kernels::runtime::epoch_after(a.epoch_counter);
       const int expert = a.expert0 + group;
       tandem::Status st = tandem::Status::kOk;
       for (int s = 0; s < a.world && st == tandem::Status::kOk; ++s) {

@@ -365,3 +365,43 @@ def check_on_device(comm, t, name: str, op: str):
         raise invalid(f"{name} must be a tensor", op, comm.rank)
     if t.device != dev:
         raise invalid(f"{name} must be on the communicator's device {dev}, got {t.device}", op, comm.rank)
+
+
+# ---- the ops' input checks (one place: each op names its own tensors and calls these before anything is
+# allocated; the adapters' can_implement is the last guard before a launch) ----------------------------------
+def check_tensor(t, name: str, op: str, rank: int, *, dims: int, device=None, dims_doc: str = "",
+                 layout: str = "rows"):
+    """`t` is a bf16/fp16 tensor of `dims` dimensions on `device` (None: any CUDA device), laid out for the
+    kernels: layout "rows" (each row contiguous and 16-byte aligned: 2-D operands with a row stride) or
+    "contiguous" (the whole tensor, 16-byte aligned). Raises INVALID_ARGUMENT naming the tensor, op and rank."""
+    if not isinstance(t, torch.Tensor):
+        raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op, rank)
+    if device is not None:
+        if t.device != device:
+            raise invalid(f"{name} must be on the communicator's device {device}, got {t.device}", op, rank)
+    elif not t.is_cuda:
+        raise invalid(f"{name} must be a CUDA tensor, got device {t.device}", op, rank)
+    if t.dim() != dims:
+        raise invalid(f"{name} must be {dims}-D{dims_doc}, got shape {tuple(t.shape)}", op, rank)
+    if t.dtype not in DTYPES:
+        raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, rank)
+    if layout == "rows":
+        if t.stride(-1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
+            raise invalid(f"{name} must have contiguous, 16-byte aligned rows (strides {t.stride()})", op, rank)
+    elif not t.is_contiguous() or t.data_ptr() % 16:
+        raise invalid(f"{name} must be contiguous and 16-byte aligned (strides {t.stride()}, address "
+                      f"{t.data_ptr():#x})", op, rank)
+
+
+def check_mode(mode, modes: tuple, op: str, rank: int):
+    """`mode` is one of the op's `modes`."""
+    if mode not in modes:
+        names = ", ".join(repr(m) for m in modes[:-1]) + f" or {modes[-1]!r}"
+        raise invalid(f"mode must be {names}, got {mode!r}", op, rank)
+
+
+def check_comm_blocks(comm_blocks, op: str, rank: int):
+    """comm_blocks is 0 (the op's plan) or a positive even number (the roles take whole 2-block rows)."""
+    if comm_blocks < 0 or comm_blocks % 2:
+        raise invalid(f"comm_blocks must be 0 (heuristic) or a positive even number, got {comm_blocks}", op, rank)
+

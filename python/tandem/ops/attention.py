@@ -43,18 +43,8 @@ def validate(q, k, v, *, causal: bool, softmax_scale: float, comm_blocks: int, s
     """Check the op's inputs (device: where the tensors must be; softmax_scale 0 means 1/sqrt(d)); raise a
     TandemError (INVALID_ARGUMENT) naming the problem, or return (B, S_l, Hq, Hkv, d). Needs no GPU."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op, rank)
-        if t.device != device:
-            raise invalid(f"{name} must be on the communicator's device {device}, got {t.device}", op, rank)
-        if t.dim() != 4:
-            raise invalid(f"{name} must be 4-D (batch, seq_local, heads, head_dim), got shape {tuple(t.shape)}", op,
-                          rank)
-        if t.dtype not in _DTYPES:
-            raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, rank)
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            raise invalid(f"{name} must be contiguous and 16-byte aligned (strides {t.stride()}, address "
-                          f"{t.data_ptr():#x})", op, rank)
+        rt.check_tensor(t, name, op, rank, dims=4, device=device, dims_doc=" (batch, seq_local, heads, head_dim)",
+                        layout="contiguous")
     if not q.dtype == k.dtype == v.dtype:
         raise invalid(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}", op, rank)
     batch, seq_local, heads_q, head_dim = q.shape

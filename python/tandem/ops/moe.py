@@ -76,13 +76,7 @@ def _ids(comm, topk_ids, tokens, experts, op, check_ids):
 
 
 def _check_rows(comm, t, name, op, dims=2):
-    rt.check_on_device(comm, t, name, op)
-    if t.dim() != dims:
-        raise invalid(f"{name} must be {dims}-D, got shape {tuple(t.shape)}", op, comm.rank)
-    if t.dtype not in _DTYPES:
-        raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, comm.rank)
-    if not t.is_contiguous() or t.data_ptr() % 16:
-        raise invalid(f"{name} must be contiguous and 16-byte aligned", op, comm.rank)
+    rt.check_tensor(t, name, op, comm.rank, dims=dims, device=torch.device("cuda", comm.device), layout="contiguous")
 
 
 def _shape(tokens, max_tokens, hidden, inter, topk, experts_per_rank):
@@ -121,10 +115,8 @@ def _use_fused(mode, world):
 
 def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, check_ids=True):
     op = "moe_dispatch_gemm"
-    if mode not in ("auto", "fused", "unfused"):
-        raise invalid(f"mode must be 'auto', 'fused' or 'unfused', got {mode!r}", op, comm.rank)
-    if comm_blocks < 0 or comm_blocks % 2:
-        raise invalid(f"comm_blocks must be 0 (heuristic) or a positive even number, got {comm_blocks}", op, comm.rank)
+    rt.check_mode(mode, ("auto", "fused", "unfused"), op, comm.rank)
+    rt.check_comm_blocks(comm_blocks, op, comm.rank)
     _check_rows(comm, x, "x", op)
     _check_rows(comm, w, "w", op, dims=3)
     if w.dtype != x.dtype:

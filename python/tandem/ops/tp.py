@@ -55,16 +55,7 @@ def _fused_split(comm, op, m, n, k, sm_count) -> int:
 
 
 def _check_matrix(t, name, op, rank):
-    if not isinstance(t, torch.Tensor):
-        raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op, rank)
-    if not t.is_cuda:
-        raise invalid(f"{name} must be a CUDA tensor, got device {t.device}", op, rank)
-    if t.dim() != 2:
-        raise invalid(f"{name} must be 2-D, got shape {tuple(t.shape)}", op, rank)
-    if t.dtype not in _DTYPES:
-        raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op, rank)
-    if t.stride(1) != 1 or t.stride(0) % 8 or t.data_ptr() % 16:
-        raise invalid(f"{name} must have contiguous, 16-byte aligned rows (strides {t.stride()})", op, rank)
+    rt.check_tensor(t, name, op, rank, dims=2)
 
 
 def _validate(comm, a, b, op):
@@ -86,13 +77,11 @@ def _validate(comm, a, b, op):
 
 
 def _check_mode(mode, op, rank):
-    if mode not in ("auto", "fused", "unfused", "pipelined"):
-        raise invalid(f"mode must be 'auto', 'fused', 'unfused' or 'pipelined', got {mode!r}", op, rank)
+    rt.check_mode(mode, ("auto", "fused", "unfused", "pipelined"), op, rank)
 
 
 def _check_blocks(comm_blocks, op, rank):
-    if comm_blocks < 0 or comm_blocks % 2:
-        raise invalid(f"comm_blocks must be 0 (heuristic) or a positive even number, got {comm_blocks}", op, rank)
+    rt.check_comm_blocks(comm_blocks, op, rank)
 
 
 def _check_nodes(comm, op):

@@ -14,6 +14,7 @@
 #include "tandem/device/local.cuh"
 #include "tandem/device/wait.cuh"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/runtime/persistent.cuh"
 #include "tandem/transport/device_comm.h"
 
 namespace tandem::kernels::gemm {
@@ -97,7 +98,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     }
     if (arrival_->epoch_counter != nullptr) {
       // Written by the previous launch on this stream, which finished before this one started.
-      epoch_ = tandem::device::local_load(arrival_->epoch_counter) + 1;
+      epoch_ = tandem::kernels::runtime::epoch_after(arrival_->epoch_counter);
     }
     if constexpr (kClaims) {
       // A 2x1 cluster is a row of the pinned GEMM grid (gemm_grid_x == 2, checked by the host). linear_ keeps

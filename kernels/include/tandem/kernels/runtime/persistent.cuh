@@ -97,21 +97,40 @@ __device__ __forceinline__ void hold_block_us(uint32_t us) {
   __syncthreads();
 }
 
+// The epoch after the one recorded in `epoch_word`, a control block's `epoch` seen through a pointer by code that
+// has only that word (the GEMM schedulers: ArrivalSchedule::epoch_counter, the MoE grouped GEMM's arrivals).
+// Written by the previous launch on this stream, which finished before this one started: a relaxed load.
+__device__ __forceinline__ uint64_t epoch_after(const uint64_t* epoch_word) {
+  return tandem::device::local_load(epoch_word) + 1;
+}
+
 // This launch's epoch: the control block's last completed epoch + 1 (read once by each block at its start).
 template <class ControlBlock>
 __device__ __forceinline__ uint64_t current_epoch(const ControlBlock* ctl) {
   static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
-  return tandem::device::local_load(&ctl->epoch) + 1;
+  return epoch_after(&ctl->epoch);
+}
+
+// Completes `epoch`: the next launch on the stream computes epoch + 1. finish_block's last block calls it; a
+// kernel family that completes an epoch in a later kernel of its own (MoE's unfused dispatch: the release kernel
+// after the GEMM) calls it there.
+template <class ControlBlock>
+__device__ __forceinline__ void complete_epoch(ControlBlock* ctl, uint64_t epoch) {
+  static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
+  tandem::device::local_store(&ctl->epoch, epoch);
 }
 
 // Every block, at its very end (all threads): the last one runs `on_last` (thread 0) and completes the epoch.
+// last_completes = false: the last block only counts (the counter is ready for the next launch) and runs
+// nothing; a later kernel completes the epoch (complete_epoch).
 template <class ControlBlock, class F>
-__device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last) {
+__device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_blocks, uint64_t epoch, F&& on_last,
+                                             bool last_completes = true) {
   static_assert(is_control_block<ControlBlock>, "a control block derives from runtime::ControlHeader");
   __syncthreads();
-  if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks)) {
+  if (threadIdx.x == 0 && last_of(&ctl->done_blocks, total_blocks) && last_completes) {
     on_last();
-    tandem::device::local_store(&ctl->epoch, epoch);
+    complete_epoch(ctl, epoch);
   }
 }
 
