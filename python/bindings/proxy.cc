@@ -225,6 +225,9 @@ void bind_proxy(py::module_& m) {
             c.bytes = n;
             c.sig_offset = sig;
             c.sig_value = value;
+            if (signal_op != "set" && signal_op != "add")
+              throw tandem::Error(tandem::Status::kInvalidArgument, "proxy.push", -1, peer,
+                                  "signal_op must be 'set' or 'add', got '" + signal_op + "'");
             c.signal_op = signal_op == "add" ? 1 : 0;
             py::gil_scoped_release nogil;
             return q.push(c, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));

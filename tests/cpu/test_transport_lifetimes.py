@@ -110,3 +110,15 @@ def test_asan_catches_the_unsafe_teardown_order(asan_driver):
     # did) is reported, so the clean runs above mean something
     r = _asan(asan_driver, "unsafe_order")
     assert r.returncode != 0 and "heap-use-after-free" in r.stderr, r.stderr[-4000:]
+
+
+@needs_native
+def test_proxy_queue_refuses_an_unknown_signal_op():
+    from tandem.errors import TandemError
+
+    q = native().CommandQueue(4, 0)
+    with pytest.raises(TandemError, match="signal_op must be 'set' or 'add', got 'sum'"):
+        q.push("signal", 1, sig=8, value=1, signal_op="sum", timeout_s=0.1)
+    assert q.tail == 0  # refused before a ticket was taken
+    assert q.push("signal", 1, sig=8, value=1, signal_op="add", timeout_s=0.1) == 0
+    assert q.peek(0)["signal_op"] == "add"

@@ -122,3 +122,17 @@ def test_missing_pyverbs_or_nic_is_a_clear_error():
         return
     with pytest.raises(TandemError, match="no RDMA device"):  # pyverbs present, but no NIC here
         verbs.choose_device(0)
+
+
+@needs_native
+def test_a_command_with_an_unknown_op_or_signal_op_is_refused():
+    # (a misspelt signal_op once became a plain store; an unknown op an IndexError)
+    p = verbs.planner(LOCAL, PEERS)
+    with pytest.raises(TandemError, match="signal_op must be 'set' or 'add', got 'Add'") as e:
+        p.add(dict(op="signal", peer=2, sig=128, value=3, signal_op="Add"), 0)
+    assert e.value.status == 3  # INVALID_ARGUMENT
+    with pytest.raises(TandemError, match="op must be 'put', 'put_signal' or 'signal', got 'putt'"):
+        p.add(dict(op="putt", peer=1, src=0, dst=0, bytes=8), 0)
+    p.add(dict(op="signal", peer=2, sig=128, value=3, signal_op="set"), 0)  # the planner is still usable
+    (w,) = _all(p.take(flush=True))
+    assert w["remote_addr"] == PEERS[2]["base"] + 128

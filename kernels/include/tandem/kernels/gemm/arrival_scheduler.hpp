@@ -10,6 +10,7 @@
 #pragma once
 
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
+#include "cutlass/version.h"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "tandem/device/local.cuh"
 #include "tandem/device/wait.cuh"
@@ -35,6 +36,13 @@ __device__ __forceinline__ void tile_claims_reset(TileClaims* claims, int calls)
 }
 
 }  // namespace tandem::kernels::gemm
+
+// The specializations at the end of this file fill CUTLASS's internal TileSchedulerSelector slot, whose template
+// parameters are those of CUTLASS 4.2 (the version the build pins: pyproject.toml, cmake/FindCUTLASS.cmake). A
+// later CUTLASS changed them; say so here rather than in a page of template errors.
+static_assert(CUTLASS_MAJOR == 4 && CUTLASS_MINOR == 2,
+              "tandem's arrival scheduler is written against CUTLASS 4.2's TileSchedulerSelector: build with "
+              "nvidia-cutlass==4.2.x (or TANDEM_CUTLASS_DIR at a 4.2 source tree)");
 
 namespace cutlass::gemm::kernel::detail {
 
