@@ -36,11 +36,16 @@
 # bench tp w4/w2 and the tune table are current (08d31dd); the rest of the suite: 42 passed at 562351f, but
 # test_transport after its first two cases, test_consumer and test_torchrun were not reached (call time ran out).
 # Next, in this order:
-#   1. branch rs-swizzle (1bcd166 + 564d0f7, not run: pieces of whole swizzle groups, TANDEM_TP_SWIZZLE): build it
-#      and run its copy of this file's part e4 (its tests, the swizzle trace, bench tp with the swizzle). If the
-#      tests pass, merge; if a swizzle wins, make it the fused RS/AR default (or a tune-table column).
-#   2. the GPU suite's unreached files: tests/gpu/test_transport.py test_consumer.py test_torchrun.py.
-#   3. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
+#   1. branch rs-swizzle (rebased on main at 1970ff6; not run: pieces of whole swizzle groups, TANDEM_TP_SWIZZLE):
+#      build it and run its copy of this file's part e4 (its tests, the swizzle trace, bench tp with the swizzle).
+#      If the tests pass, merge; if a swizzle wins, make it the fused RS/AR default (or a tune-table column).
+#   2. the GPU suite's unreached files: tests/gpu/test_transport.py test_consumer.py test_torchrun.py -- and,
+#      since main now carries issue 22's leftovers (5fcac0c, 666a587, b07b255, 1970ff6: SASS identical for every
+#      kernel they touch; the Python input checks and binding checks are new code), the whole suite once on main
+#      (issue 22 asks for it on the H200 before and after).
+#   3. branch moe-finish (e4dc0ea, on 1970ff6; not run: MoE's finish through runtime::finish_block, the combine
+#      kernels' SASS changed): test_moe, then merge.
+#   4. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
