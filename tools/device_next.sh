@@ -45,7 +45,10 @@
 #      (issue 22 asks for it on the H200 before and after).
 #   3. branch moe-finish (e4dc0ea, on 1970ff6; not run: MoE's finish through runtime::finish_block, the combine
 #      kernels' SASS changed): test_moe, then merge.
-#   4. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
+#   4. branch fp8-ag (b7285ab; not run: tandem.ops.scaled_ag_gemm, FP8 AG+GEMM's unfused path, issue 23):
+#      bash tools/device_suite.sh tests/gpu/test_tp.py -k fp8, then merge.
+#   5. branch tp-train (a28b29f; not run: the TP ops' autograd and tandem.nn, issue 24): its part e5.
+#   6. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
