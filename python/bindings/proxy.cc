@@ -203,6 +203,23 @@ const char* op_name(uint32_t op) {
 
 }  // namespace
 
+uint32_t command_op_code(const std::string& op, const char* where, int peer) {
+  static const std::map<std::string, CommandOp> ops{
+      {"put", CommandOp::kPut}, {"put_signal", CommandOp::kPutSignal}, {"signal", CommandOp::kSignal}};
+  const auto it = ops.find(op);
+  if (it == ops.end())
+    throw tandem::Error(tandem::Status::kInvalidArgument, where, -1, peer,
+                        "op must be 'put', 'put_signal' or 'signal', got '" + op + "'");
+  return static_cast<uint32_t>(it->second);
+}
+
+uint32_t signal_op_code(const std::string& signal_op, const char* where, int peer) {
+  if (signal_op != "set" && signal_op != "add")
+    throw tandem::Error(tandem::Status::kInvalidArgument, where, -1, peer,
+                        "signal_op must be 'set' or 'add', got '" + signal_op + "'");
+  return signal_op == "add" ? 1u : 0u;
+}
+
 void bind_proxy(py::module_& m) {
   // The command ring on its own: producers push, a consumer written in Python (the verbs proxy, whose QPs
   // pyverbs owns) peeks in ticket order, releases slots and publishes the retired watermark.
@@ -212,12 +229,8 @@ void bind_proxy(py::module_& m) {
           "push",
           [](CommandQueue& q, const std::string& op, int peer, uint64_t src, uint64_t dst, uint64_t n, uint64_t sig,
              uint64_t value, const std::string& signal_op, uint16_t channel, double timeout_s) {
-            static const std::map<std::string, CommandOp> ops{
-                {"put", CommandOp::kPut}, {"put_signal", CommandOp::kPutSignal}, {"signal", CommandOp::kSignal}};
-            auto it = ops.find(op);
-            if (it == ops.end()) throw tandem::Error(tandem::Status::kInvalidArgument, "proxy.push", -1, peer, "unknown op " + op);
             Command c{};
-            c.op = static_cast<uint32_t>(it->second);
+            c.op = command_op_code(op, "proxy.push", peer);
             c.peer = peer;
             c.channel = channel;
             c.src_offset = src;
@@ -225,10 +238,7 @@ void bind_proxy(py::module_& m) {
             c.bytes = n;
             c.sig_offset = sig;
             c.sig_value = value;
-            if (signal_op != "set" && signal_op != "add")
-              throw tandem::Error(tandem::Status::kInvalidArgument, "proxy.push", -1, peer,
-                                  "signal_op must be 'set' or 'add', got '" + signal_op + "'");
-            c.signal_op = signal_op == "add" ? 1 : 0;
+            c.signal_op = signal_op_code(signal_op, "proxy.push", peer);
             py::gil_scoped_release nogil;
             return q.push(c, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
           },

@@ -62,24 +62,11 @@ void bind_verbs(py::module_& m) {
       .def(
           "add",
           [](WrPlanner& w, const py::dict& c, uint64_t ticket) {
-            static const std::map<std::string, tandem::proxy::CommandOp> ops{
-                {"put", tandem::proxy::CommandOp::kPut},
-                {"put_signal", tandem::proxy::CommandOp::kPutSignal},
-                {"signal", tandem::proxy::CommandOp::kSignal}};
             tandem::proxy::Command cmd{};
             cmd.peer = get<int>(c, "peer", 0);
-            const std::string op = get<std::string>(c, "op", "");
-            const auto it = ops.find(op);
-            if (it == ops.end())
-              throw tandem::Error(tandem::Status::kInvalidArgument, "verbs.plan", -1, cmd.peer,
-                                  "op must be 'put', 'put_signal' or 'signal', got '" + op + "'");
-            cmd.op = static_cast<uint32_t>(it->second);
+            cmd.op = command_op_code(get<std::string>(c, "op", ""), "verbs.plan", cmd.peer);
             cmd.channel = get<uint16_t>(c, "channel", 0);
-            const std::string signal_op = get<std::string>(c, "signal_op", "set");
-            if (signal_op != "set" && signal_op != "add")
-              throw tandem::Error(tandem::Status::kInvalidArgument, "verbs.plan", -1, cmd.peer,
-                                  "signal_op must be 'set' or 'add', got '" + signal_op + "'");
-            cmd.signal_op = signal_op == "add" ? 1 : 0;
+            cmd.signal_op = signal_op_code(get<std::string>(c, "signal_op", "set"), "verbs.plan", cmd.peer);
             cmd.src_offset = get<uint64_t>(c, "src", 0);
             cmd.dst_offset = get<uint64_t>(c, "dst", 0);
             cmd.bytes = get<uint64_t>(c, "bytes", 0);
