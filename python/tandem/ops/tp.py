@@ -262,9 +262,10 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
-    sms, blocks = int(sm_count), int(comm_blocks)
-    if mode == "fused" or (plan is not None and plan[0] == "fused"):
-        sms = _fused_sms(comm, op, sm_count)  # a grid every rank's clusters fit in (MPS)
+    blocks = int(comm_blocks)
+    # mode is now "fused", "auto" (a fused plan) or "unfused": the fused kernel's grid is one every rank's clusters
+    # fit in (MPS)
+    sms = int(sm_count) if mode == "unfused" else _fused_sms(comm, op, sm_count)
     # the call's typed arguments, made once per signature; each call sets the addresses
     x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=_DTYPES[dtype], m=m, n=n, k=k,
                        lda=a.stride(0), ldb=b.stride(0), workspace=ws.data_ptr(),
