@@ -60,7 +60,8 @@ def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
 def test_fused_gemm_rs_and_ar_in_pieces_with_a_swizzle_match_torch(run_ranks, world, swizzle):
     # A swizzle S makes the scheduler walk S cluster rows for each N tile; pieces then hold whole groups of S
     # rows (piece_plan). Shapes with ragged rows, N padded to whole groups (520 -> 3 tiles -> 4; 768 -> 3 -> 4)
-    # and pieces asked for (3) that round up to whole groups: 2 pieces a chunk in every case below.
+    # and pieces asked for (3) that round up to whole groups: 2 pieces a chunk, except 1024 rows at swizzle 4 (one
+    # group of 4 cluster rows: the whole-chunk fallback).
     shapes = {2: [(1000, 1024, 512), (600, 520, 1032), (2048, 512, 256)],
               4: [(2048, 1024, 256), (4096, 768, 128), (1024, 1024, 512)]}[swizzle]
     expected = {2: {1000: 2, 600: 2, 2048: 2}, 4: {2048: 2, 4096: 2, 1024: 1}}[swizzle]
