@@ -252,6 +252,23 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = e4 ]; then
+  # branch rs-swizzle (not run before): the pieces with a swizzle (test_tp's pieces cases, the new swizzle test),
+  # then the world-4 trace: is the fused GEMM+RS's GEMM role (1.5x the core beside the reductions) held back by B
+  # re-read from HBM per cluster row? The core with swizzle 2/4/8 (--controls) and the fused kernel with
+  # TANDEM_TP_SWIZZLE=2/4 (pieces of whole groups), then bench tp at world 4 with the better swizzle if any
+  timeout -s INT -k 20 $(( $(left) - ${TRACE_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "swizzle or in_pieces or tile_claims_match or emulated"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - ${BENCH_S:-150} )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
+    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 6,4 \
+    --sm-counts 28 --reps 3 --controls --variants "base;TANDEM_TP_SWIZZLE=2;TANDEM_TP_SWIZZLE=4;TANDEM_TP_SWIZZLE=8" \
+    --out "$OUT/diag/swizzle_w4" > "$OUT/diag/swizzle_w4.log" 2>&1
+  grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/swizzle_w4.log" | cut -c1-300
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && TANDEM_TP_SWIZZLE=${SWZ:-4} timeout -s INT -k 10 $t python3 -m tandem bench tp \
+    -n 4 --reps 5 --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -261,5 +278,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1, e2, e3)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1, e2, e3, e4)"; exit 2
 fi

@@ -55,6 +55,31 @@ def test_fused_gemm_rs_and_ar_in_pieces_match_torch(run_ranks, world):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
 
 
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("swizzle", [2, 4])
+def test_fused_gemm_rs_and_ar_in_pieces_with_a_swizzle_match_torch(run_ranks, world, swizzle):
+    # A swizzle S makes the scheduler walk S cluster rows for each N tile; pieces then hold whole groups of S
+    # rows (piece_plan). Shapes with ragged rows, N padded to whole groups (520 -> 3 tiles -> 4; 768 -> 3 -> 4)
+    # and pieces asked for (3) that round up to whole groups: 2 pieces a chunk, except 1024 rows at swizzle 4 (one
+    # group of 4 cluster rows: the whole-chunk fallback).
+    shapes = {2: [(1000, 1024, 512), (600, 520, 1032), (2048, 512, 256)],
+              4: [(2048, 1024, 256), (4096, 768, 128), (1024, 1024, 512)]}[swizzle]
+    expected = {2: {1000: 2, 600: 2, 2048: 2}, 4: {2048: 2, 4096: 2, 1024: 1}}[swizzle]
+    res = run_ranks(f"{W}:rs_pieces", world, rs_shapes=shapes, dtypes=["bfloat16"], pieces=3, repeats=2,
+                    swizzle=swizzle, timeout_s=300)
+    for r in res:
+        assert len(r["rs"]) == len(r["ar"]) == len(shapes) * 2
+        for c in r["rs"]:
+            assert c["wrong"] == 0 and c["rel"] < 1e-2, c
+        for c in r["ar"]:
+            assert c["wrong"] == 0 and c["rel"] < 1e-2 and c["rows"] == c["shape"][0], c
+        for c in r["rs"] + r["ar"]:
+            # 1 = the whole-chunk kernel: 1024 rows are one group of 4 cluster rows (the fallback is exercised)
+            assert c["pieces"] == expected[c["shape"][0] // world], c
+    for i in range(len(res[0]["ar"])):
+        assert len({r["ar"][i]["digest"] for r in res}) == 1, i
+
+
 CLAIM_AG_SHAPES = [(1024, 4096, 512), (136, 520, 1032), (1000, 1024, 512)]
 CLAIM_RS_SHAPES = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
 

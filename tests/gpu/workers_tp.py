@@ -104,16 +104,19 @@ def _ar_case(comm, mr, n, k, dtype, mode, algo):
                 rows=out.shape[0], digest=_digest(out))
 
 
-def rs_pieces(rs_shapes, dtypes, pieces, repeats):
+def rs_pieces(rs_shapes, dtypes, pieces, repeats, swizzle=None):
     """The fused GEMM+RS and two-shot GEMM+AR computed in pieces (TANDEM_RS_PIECES, read by the kernels' host side
     at every launch), each case `repeats` times in a row (the piece flags of consecutive epochs), against the same
-    bit-exact references as the whole-chunk kernel."""
+    bit-exact references as the whole-chunk kernel. swizzle: the GEMM scheduler's (TANDEM_TP_SWIZZLE; pieces of
+    whole swizzle groups)."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     from tandem._native import native
 
     K = native().kernels
     os.environ["TANDEM_RS_PIECES"] = str(pieces)
+    if swizzle is not None:
+        os.environ["TANDEM_TP_SWIZZLE"] = str(swizzle)
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     out = dict(rs=[], ar=[])
     try:
@@ -127,6 +130,7 @@ def rs_pieces(rs_shapes, dtypes, pieces, repeats):
                     out["ar"][-1]["pieces"] = K.tp_last_fused_rs_pieces()
     finally:
         os.environ.pop("TANDEM_RS_PIECES", None)
+        os.environ.pop("TANDEM_TP_SWIZZLE", None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

@@ -165,6 +165,11 @@ for shape in args.shapes.split(","):
                 mr = ga.shape[0] // world
                 xs = [gemm_args(ga[i * mr:(i + 1) * mr], b, d[i * mr:(i + 1) * mr], use - c) for i in range(world)]
                 extra["core_chunks_ms"] = timed(lambda: [K.gemm_variant("coop_128x256_c2", xi, stream()) for xi in xs])
+                # the scheduler's swizzle: does the core read B (or A) from HBM again per cluster row when the
+                # ranks share one L2?
+                for sw in (2, 4, 8):
+                    xw = gemm_args(ga, b, d, use - c, swizzle=sw)
+                    extra[f"core_swizzle{sw}_ms"] = timed(lambda: K.gemm_variant("coop_128x256_c2", xw, stream()))
                 del dh
             base_out = None
             for v in args.variants.split(";"):
@@ -200,7 +205,8 @@ if rank == 0:
               f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
               f"cuBLAS {r['cublas_ms']:.3f} ms"
               + (f", core into the heap {r['core_heap_ms']:.3f} ms, core in {r['world']} chunk launches "
-                 f"{r['core_chunks_ms']:.3f} ms" if "core_heap_ms" in r else "")
+                 f"{r['core_chunks_ms']:.3f} ms, core with swizzle 2/4/8 {r['core_swizzle2_ms']:.3f} / "
+                 f"{r['core_swizzle4_ms']:.3f} / {r['core_swizzle8_ms']:.3f} ms" if "core_heap_ms" in r else "")
               + f"; {r.get('differs_from_first', '-')} elements differ from the first "
               f"variant{' (tile claims)' if r.get('claims') else ''} {r.get('error', '')}")
         if "span_us" not in r:

@@ -203,25 +203,42 @@ size_t acc_offset(const GemmRsArgs& a) {
 // goes between the wait and the reduction).
 enum class Stages { kAll, kReduceOnly, kWaitOnly };
 
-// The fused GEMM+RS/AR in pieces (TANDEM_RS_PIECES; one node, two-shot, the scheduler's plain order): pieces of
-// whole rows of 2x1 clusters (256 rows); "auto": at least about four waves of the GEMM's grid each, at most
-// kMaxPieces a chunk; a number S: S pieces (or fewer, of whole cluster rows). 1 = whole chunks.
+// The fused GEMM+RS/AR in pieces (TANDEM_RS_PIECES; one node, two-shot, raster along N): pieces of whole groups
+// of the scheduler's swizzle (S cluster rows of 2x1 clusters: 256 x S rows); "auto": at least about four waves of
+// the GEMM's grid each, at most kMaxPieces a chunk; a number P: P pieces (or fewer, of whole groups). 1 = whole
+// chunks.
+//
+// Why whole swizzle groups: along N with swizzle S the scheduler walks S cluster rows for each N tile, then the
+// next S rows (CUTLASS's get_work_idx_m_and_n), so a piece is one contiguous range of its linear indices exactly
+// when it holds whole groups of S rows. A swizzle lets a piece read each B tile once per S cluster rows instead of
+// once per row: with four ranks sharing one GPU's L2, B (16 MB a rank at 16384x8192x4096) does not stay resident
+// between rows.
 struct PiecePlan {
   int pieces = 1;
   int rows = 0;  // rows of a piece (the last may be shorter)
   int len = 0;   // the scheduler's linear indices of a piece
 };
+// The swizzle CUTLASS's scheduler takes for a chunk (it lowers the asked-for size on small problems), and the N
+// tiles it pads to (it rounds N up to whole swizzle groups too).
+int effective_swizzle(const GemmRsArgs& a, int asked) {
+  const int mr = a.m / a.comm.world;
+  const int ctas_m = ((mr + 127) / 128 + 1) & ~1, ctas_n = (a.n + 255) / 256;
+  return 1 << cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::get_log_swizzle_size(ctas_m, ctas_n,
+                                                                                                     asked);
+}
 PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, const FusedKnobs& knobs) {
   PiecePlan pp;
-  if (knobs.pieces == 0 || topology_of(a).N != 1 || one_shot || knobs.raster_m || knobs.swizzle != 1) return pp;
+  if (knobs.pieces == 0 || topology_of(a).N != 1 || one_shot || knobs.raster_m) return pp;
+  const int swz = effective_swizzle(a, knobs.swizzle);
   const int mr = a.m / a.comm.world;
-  const int tiles_n = (a.n + 255) / 256, m_clusters = ((mr + 127) / 128 + 1) / 2;
+  const int tiles_n = ((a.n + 255) / 256 + swz - 1) / swz * swz, m_clusters = ((mr + 127) / 128 + 1) / 2;
   const int gemm_sms = plan.sm_count - plan.comm_blocks;
-  // auto: at least ~4 waves a piece, at most kMaxPieces; S: as close to S pieces as whole cluster rows allow
+  // auto: at least ~4 waves a piece, at most kMaxPieces; P: as close to P pieces as whole groups allow
   const int want = knobs.pieces > 0 && knobs.pieces < kMaxPieces ? knobs.pieces : kMaxPieces;
   int per = knobs.pieces < 0 ? (4 * gemm_sms + 2 * tiles_n - 1) / (2 * tiles_n) : 1;
   per = per < 1 ? 1 : per;
   per = per < (m_clusters + want - 1) / want ? (m_clusters + want - 1) / want : per;
+  per = (per + swz - 1) / swz * swz;  // whole swizzle groups
   const int pieces = (m_clusters + per - 1) / per;
   if (pieces > 1) {
     pp.pieces = pieces;
@@ -362,6 +379,15 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
     p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
     p.chunk_tiles = static_cast<int64_t>(p.gemm[o].scheduler.blocks_per_problem_);
+    if constexpr (kPieces) {
+      // piece_plan's assumptions about CUTLASS's order, checked against the scheduler it made: along N, the N
+      // tiles padded as assumed, and pieces of whole swizzle groups (each piece one contiguous index range)
+      const auto& sp = p.gemm[o].scheduler;
+      const int64_t tiles_n = static_cast<int64_t>(sp.divmod_cluster_blk_major_.divisor);
+      if (sp.raster_order_ != decltype(sp.raster_order_)::AlongN || pieces.len != (pieces.rows / 128) * tiles_n ||
+          (pieces.rows / 256) % (1 << sp.log_swizzle_size_) != 0)
+        return fail(why, "the pieces do not match the GEMM scheduler's order", Status::kInternal);
+    }
   }
   if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
     return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
