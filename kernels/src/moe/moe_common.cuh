@@ -22,7 +22,6 @@ namespace {
 
 using runtime::block_ok;
 using runtime::fail;
-using runtime::finish_block;
 using runtime::launch_clustered;
 using runtime::last_of;
 
@@ -119,24 +118,28 @@ struct Common {
   int64_t capacity;
 };
 
-// Every block at its very end: the last one waits until the proxy delivered every command (the next launch
-// overwrites what it reads from the heap), tells every rank this one is done with the epoch, and completes it.
-// release = false: the unfused dispatch, whose GEMM (the next kernel) still reads the received rows; the release
-// kernel after it does this part.
+// What the last block of a launch does before the epoch is complete: waits until the proxy delivered every
+// command (the next launch overwrites what it reads from the heap) and tells every rank this one is done with
+// the epoch.
 __device__ __forceinline__ void moe_release(const Common& c, uint64_t e) {
   using namespace tandem::device;
   if (tandem::device::has_proxy(c.comm)) (void)quiet(c.comm);
   for (int q = 0; q < c.comm.world; ++q) (void)signal(c.comm, &c.ctl->ready[c.comm.rank], e, SignalOp::kSet, q);
-  tandem::device::local_store(&c.ctl->epoch, e);
 }
 
+// Every block at its very end (the runtime's finish_block: the last one releases and completes the epoch).
+// release = false: the unfused dispatch, whose GEMM (the next kernel) still reads the received rows; the release
+// kernel after it releases and completes the epoch.
 __device__ __forceinline__ void moe_finish(const Common& c, uint64_t total_blocks, uint64_t e, bool release = true) {
-  __syncthreads();
-  if (threadIdx.x == 0 && last_of(&c.ctl->done_blocks, total_blocks) && release) moe_release(c, e);
+  runtime::finish_block(c.ctl, total_blocks, e, [&] { moe_release(c, e); }, release);
 }
 
 __global__ void moe_release_kernel(Common c) {
-  if (threadIdx.x == 0) moe_release(c, runtime::current_epoch(c.ctl));
+  if (threadIdx.x == 0) {
+    const uint64_t e = runtime::current_epoch(c.ctl);
+    moe_release(c, e);
+    runtime::complete_epoch(c.ctl, e);
+  }
 }
 
 template <class Element>
