@@ -535,7 +535,7 @@ def scaled_gemm_ar(comm, a, b, scale_a, scale_b, *, algo: str = "two_shot"):
 def _gather_words(comm, t16, tag: str, agree: tuple):
     """All-gather the rows of `t16` (m_local x kk 16-bit words, contiguous, kk a multiple of 8) with the AG kernel's
     gather launch alone, into the AG workspace of this shape and `tag`; returns the gathered view (world m_local x
-    kk), valid until the next gather of that workspace (every rank's next call). The words are moved, not read:
+    kk), valid until this rank's next gather of that workspace (its next call). The words are moved, not read:
     any 2-byte-per-word payload (e4m3 pairs, float32 halves) arrives bit for bit."""
     m_local, kk = t16.shape
     ws, gathered = _ag_workspace(comm, m_local, kk, torch.bfloat16, agree, tag=tag)
