@@ -148,6 +148,21 @@ def test_fp8_gemm_rs_and_ar_match_the_fixed_order_sum(run_ranks, world):
         assert len({r["ar"][i]["digest"] for r in res}) == 1, i
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_fp8_ag_gemm_gathers_rows_and_scales_exactly(run_ranks, world):
+    # FP8 e4m3 AG+GEMM (issue 23, part 3; the unfused path): the gathered rows and row scales bit for bit, the
+    # product exact (exactly representable data and power-of-two scales) and equal to torch._scaled_mm on the
+    # concatenated shards; ragged M_local (136, 1000), tensor-wise scales turned row-wise per shard
+    shapes = [(128, 256, 256), (136, 512, 1040), (1000, 1024, 512)]
+    res = run_ranks(f"{W}:scaled_ag", world, ag_shapes=shapes, timeout_s=300)
+    for r in res:
+        assert len(r["cases"]) == 2 * 2 * len(shapes)
+        for c in r["cases"]:
+            assert c["gathered_wrong"] == 0 and c["scales_wrong"] == 0 and c["wrong"] == 0, c
+            assert c["wrong_vs_scaled_mm"] in (0, None), c
+        assert r["refused"] == {"bf16 a": 3, "mixed scales": 3, "a_local not contiguous": 3}, r["refused"]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_1000_launches_identical_and_cuda_graph_replay(run_ranks, world):
     res = run_ranks(f"{W}:repeat_and_graph", world, launches=1000, m_local=256, n=512, k=512, timeout_s=300)

@@ -747,3 +747,50 @@ def scaled_rs_ar(rs_shapes):
     tp.release_workspaces(comm)
     comm.destroy()
     return out
+
+
+def scaled_ag(ag_shapes):
+    """scaled_ag_gemm: the gathered e4m3 rows and row scales bit for bit, and the product exact against the
+    concatenated shards (small integers / 4 and power-of-two scales: every product and sum exact in fp32, one
+    rounding to bf16); torch._scaled_mm on the concatenation, row-wise, as the baseline's cross-check. Each case
+    twice in a row (the gather workspaces' next epoch)."""
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(cases=[])
+    for (ml, n, k) in ag_shapes:
+        for scaling in ("tensor", "row"):
+            shards = [_fp8_rank_operands(ml, n, k, q, scaling) for q in range(world)]
+            a, b, sa, sb = shards[rank]  # b and sb: this rank's own N shard's
+            full = torch.cat([x[0] for x in shards])
+            rows = torch.cat([x[2].reshape(1).expand(ml).reshape(ml, 1) if scaling == "tensor" else x[2]
+                              for x in shards]).contiguous()
+            cols = sb.reshape(1, 1).expand(1, n).contiguous() if scaling == "tensor" else sb
+            ref = ((full.float() @ b.float()) * cols * rows).to(torch.bfloat16)
+            try:
+                smm = torch._scaled_mm(full, b, scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16)
+            except RuntimeError:  # a shape _scaled_mm does not take: no cross-check
+                smm = None
+            for rep in range(2):
+                c, ga, srow = tp.scaled_ag_gemm(comm, a, b, sa, sb)
+                torch.cuda.synchronize()
+                comm.check()
+                out["cases"].append(dict(
+                    shape=[ml, n, k], scaling=scaling, rep=rep,
+                    gathered_wrong=int((ga.view(torch.uint8) != full.view(torch.uint8)).sum()),
+                    scales_wrong=int((srow != rows).sum()), wrong=int((c != ref).sum()),
+                    wrong_vs_scaled_mm=None if smm is None else int((c != smm).sum())))
+    # bad input is refused before any launch
+    a, b, sa, sb = _fp8_rank_operands(64, 64, 64, rank, "row")
+    at, bt, sat, sbt = _fp8_rank_operands(64, 64, 64, rank, "tensor")
+    refused = {}
+    for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
+                       ("a_local not contiguous", (at[::2], bt, sat, sbt))):
+        try:
+            tp.scaled_ag_gemm(comm, *args)
+            refused[name] = None
+        except TandemError as e:
+            refused[name] = e.status
+    out["refused"] = refused
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out

@@ -94,13 +94,14 @@ def _check_nodes(comm, op):
                           9, op, comm.rank)
 
 
-def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
+def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple, tag: str = ""):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
-    after the ranks agree on `agree`), cached per communicator, shape and dtype."""
+    after the ranks agree on `agree`), cached per communicator, shape and dtype (and `tag`: another op's gathers of
+    the same shape get a workspace of their own, so that one op's gathered view is not the other's)."""
     K = native().kernels
     x = rt.kernel_args("AgGemmArgs", m_local=m_local, n=8, k=k, ldb=8, ldc=8)  # the workspace: world, m_local, k
-    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype), K.workspace_size(comm.native, x),
-                      agree=agree)
+    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype) + ((tag,) if tag else ()),
+                      K.workspace_size(comm.native, x), agree=agree)
     off = K.gathered_offset(comm.native, x)
     rows = comm.world_size * m_local
     esize = torch.empty((), dtype=dtype).element_size()
@@ -528,3 +529,67 @@ def scaled_gemm_ar(comm, a, b, scale_a, scale_b, *, algo: str = "two_shot"):
     if algo not in _AR_ALGOS:
         raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "scaled_gemm_ar", comm.rank)
     return _scaled_reduce(comm, "scaled_gemm_ar", a, b, scale_a, scale_b, algo)
+
+
+# ---- FP8: AG+GEMM with e4m3 operands and scales (issue 23, part 3: the unfused path) -------------------------------
+
+def _gather_words(comm, t16, tag: str, agree: tuple):
+    """All-gather the rows of `t16` (m_local x kk 16-bit words, contiguous, kk a multiple of 8) with the AG kernel's
+    gather launch alone, into the AG workspace of this shape and `tag`; returns the gathered view (world m_local x
+    kk), valid until this rank's next gather of that workspace (its next call). The words are moved, not read:
+    any 2-byte-per-word payload (e4m3 pairs, float32 halves) arrives bit for bit."""
+    m_local, kk = t16.shape
+    ws, gathered = _ag_workspace(comm, m_local, kk, torch.bfloat16, agree, tag=tag)
+    K = native().kernels
+    x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[torch.bfloat16], m_local=m_local, n=8, k=kk, ldb=8, ldc=8,
+                       workspace=ws.data_ptr(), plan=dict(sm_count=0, comm_blocks=0))
+    # the gather launch reads a_local and writes the gathered buffer only; B and C are checked (non-null, aligned)
+    # but never read: a_local's address stands in for both
+    x.a_local = x.b = x.c = t16.data_ptr()
+    K.ag_gemm(comm.native, x, rt.mode("GATHER"), rt.stream_handle(t16.device))  # raises if it does not run
+    return gathered
+
+
+def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
+    """all_gather(a_local) @ b with FP8 e4m3 operands and float32 scales as torch._scaled_mm takes them for this
+    rank's shard: scale_a one float32 (the shard's tensor-wise scale) or (M_local, 1); scale_b one float32 or
+    (1, N); a_local row-major and contiguous (M_local x K), b column-major (K x N).
+
+    The gathered rows keep their own shard's scales, so the product is row-wise: C = bf16(s_row * (s_col * (A @
+    B))) with s_row the gathered (W M_local, 1) row scales (a tensor-wise scale_a repeated over its shard's rows)
+    and s_col scale_b (repeated over the N columns if one float). Returns (C (W M_local x N, bf16), the gathered A
+    (e4m3, valid until this rank's next call), s_row (W M_local x 1, float32)).
+
+    The unfused path: the all-gather kernel moves the e4m3 rows (as 16-bit words) and the row scales, then the FP8
+    GEMM (torch.ops.tandem.scaled_gemm) runs on the gathered rows. One node so far."""
+    from .gemm import scaled_gemm_with, scaling_of
+
+    op = "scaled_ag_gemm"
+    for name, t in (("a_local", a_local), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        rt.check_on_device(comm, t, name, op)
+    scaling = scaling_of(a_local, b, scale_a, scale_b, op)
+    world, rank = comm.world_size, comm.rank
+    m_local, k = a_local.shape
+    n = b.shape[1]
+    if not a_local.is_contiguous():
+        raise invalid(f"a_local must be contiguous (strides {a_local.stride()})", op, rank)
+    dev = a_local.device
+    rows_scale = (scale_a.reshape(1).expand(m_local).reshape(m_local, 1) if scaling == "tensor" else scale_a)
+    col_scale = scale_b.reshape(1, 1).expand(1, n).contiguous() if scaling == "tensor" else scale_b
+    if world == 1:
+        s_row = rows_scale.contiguous()
+        return scaled_gemm_with(a_local, b, s_row, col_scale), a_local, s_row
+    _check_nodes(comm, op)
+    if comm.native.num_nodes > 1:
+        raise invalid("the FP8 ops run on one node so far (the gathered rows go to tandem's FP8 GEMM, whose first "
+                      "launch must not sit behind the proxy's copies)", op, rank)
+    agree = op_key(op, m_local=m_local, n=n, k=k, scaling=scaling)
+    # the e4m3 rows as 16-bit words (K is a multiple of 16), and the row scales padded to 16-byte rows (one float32
+    # and three zeros: the gather moves whole 16-byte vectors)
+    gathered_a = _gather_words(comm, a_local.view(torch.bfloat16), "e4m3", agree).view(a_local.dtype)
+    padded = torch.zeros((m_local, 4), dtype=torch.float32, device=dev)
+    padded[:, :1] = rows_scale
+    gathered_s = _gather_words(comm, padded.view(torch.bfloat16), "scales", agree)
+    s_row = gathered_s.view(torch.float32)[:, :1].contiguous()  # a copy: the gathered view is the workspace's
+    return scaled_gemm_with(gathered_a, b, s_row, col_scale), gathered_a, s_row
+
