@@ -252,8 +252,14 @@ elif [ "$part" = e3 ]; then
 elif [ "$part" = e5 ]; then
   # branch tp-train (not run before): the TP ops' autograd and tandem.nn (tests/gpu/test_tp_train.py), and the
   # TP tests around the two new ops (all_gather_rows, ag_gemm_gathered use the AG kernel's gather launch)
-  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp_train.py \
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_tp_train.py \
     tests/gpu/test_tp.py -k "train or test_ag_gemm_and_gemm_rs_match_torch or gathered_view"
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    t=$(( $(left) / 2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $n --reps 3 \
+      --out "$OUT/diag" 2>&1 | tail -6
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build

@@ -14,10 +14,13 @@ Weights are stored as the ops take them, (in_features, out_features) row-major s
 torch.nn.Linear's (out, in) -- so no transpose is made per call. `from_linear` shards a torch.nn.Linear and
 `to_linear` gathers one back (collective). A layer built with `seed` holds exactly the shard of the torch.nn.Linear
 that torch.manual_seed(seed) then torch.nn.Linear(in, out, bias) would make on one GPU (built on the CPU in fp32,
-then cast), so a TP model starts from the same weights as its single-GPU reference.
+then cast), so a TP model starts from the same weights as its single-GPU reference; seed=None draws the
+shard on the device at the same scale (no full matrix on the CPU: large layers, benchmarks).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -34,6 +37,13 @@ def _full_linear(in_features, out_features, bias, seed):
         return torch.nn.Linear(in_features, out_features, bias=bias, dtype=torch.float32)
 
 
+def _device_init(rows, cols, fan_in, dtype, device):
+    """A shard drawn on the device (seed=None): uniform in +-1/sqrt(fan_in), torch.nn.Linear's scale, with no
+    full matrix on the CPU (for benchmarks and for layers too large to build whole)."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return torch.empty(rows, cols, dtype=torch.float32, device=device).uniform_(-bound, bound).to(dtype)
+
+
 def _shard_size(total, world, what, op, rank):
     if total % world:
         raise invalid(f"{what} ({total}) must be a multiple of the world size ({world})", op, rank)
@@ -44,7 +54,7 @@ class ColumnParallelLinear(torch.nn.Module):
     """Y = AG(x) W + b on this rank's output columns; see the module docstring. mode, comm_blocks, sm_count: the
     op's (tandem.ops.ag_gemm)."""
 
-    def __init__(self, comm, in_features: int, out_features: int, bias: bool = True, *, seed: int = 0,
+    def __init__(self, comm, in_features: int, out_features: int, bias: bool = True, *, seed: int | None = 0,
                  dtype=torch.bfloat16, device=None, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
         super().__init__()
         op = "ColumnParallelLinear"
@@ -54,6 +64,11 @@ class ColumnParallelLinear(torch.nn.Module):
         world, rank = comm.world_size, comm.rank
         self.out_local = _shard_size(out_features, world, "out_features", op, rank)
         device = device if device is not None else torch.device("cuda", comm.device)
+        if seed is None:
+            self.weight = torch.nn.Parameter(_device_init(in_features, self.out_local, in_features, dtype, device))
+            self.bias = (torch.nn.Parameter(_device_init(1, self.out_local, in_features, dtype, device)[0])
+                         if bias else None)
+            return
         full = _full_linear(in_features, out_features, bias, seed)
         cols = slice(rank * self.out_local, (rank + 1) * self.out_local)
         self.weight = torch.nn.Parameter(full.weight.detach()[cols].t().contiguous().to(dtype=dtype, device=device))
@@ -99,7 +114,7 @@ class RowParallelLinear(torch.nn.Module):
     sequence-parallel parameters) is not in tandem yet."""
 
     def __init__(self, comm, in_features: int, out_features: int, bias: bool = True, *, sequence_parallel: bool = True,
-                 seed: int = 0, dtype=torch.bfloat16, device=None, mode: str = "auto", comm_blocks: int = 0,
+                 seed: int | None = 0, dtype=torch.bfloat16, device=None, mode: str = "auto", comm_blocks: int = 0,
                  sm_count: int = 0):
         super().__init__()
         op = "RowParallelLinear"
@@ -112,6 +127,11 @@ class RowParallelLinear(torch.nn.Module):
                           "does not do yet: use bias=False, or sequence_parallel=False", op, rank)
         self.in_local = _shard_size(in_features, world, "in_features", op, rank)
         device = device if device is not None else torch.device("cuda", comm.device)
+        if seed is None:
+            self.weight = torch.nn.Parameter(_device_init(self.in_local, out_features, in_features, dtype, device))
+            self.bias = (torch.nn.Parameter(_device_init(1, out_features, in_features, dtype, device)[0])
+                         if bias else None)
+            return
         full = _full_linear(in_features, out_features, bias, seed)
         rows = slice(rank * self.in_local, (rank + 1) * self.in_local)
         self.weight = torch.nn.Parameter(full.weight.detach()[:, rows].t().contiguous().to(dtype=dtype, device=device))

@@ -99,3 +99,24 @@ def test_nn_layers_hold_the_shards_of_the_seeded_linear():
         tnn.RowParallelLinear(comm, 32, 64, bias=True, device="cpu")
     with pytest.raises(TandemError, match=r"x must be \(tokens / world, 64\)"):
         col(torch.zeros(4, 32))
+
+
+def test_bench_trains_naive_baseline_has_the_right_gradients():
+    # bench train's naive baseline writes the block's backward by hand; at world 1 (identity collectives) it must
+    # equal torch's autograd of the same block
+    from tandem.bench.train import naive_block
+
+    torch.manual_seed(0)
+    t, hdim, f = 12, 16, 8
+    x, dy = torch.randn(t, hdim, dtype=torch.float64), torch.randn(t, hdim, dtype=torch.float64)
+    w_gu = torch.randn(hdim, 2 * f, dtype=torch.float64)
+    w_down = torch.randn(f, hdim, dtype=torch.float64)
+    part = torch.empty(t, hdim, dtype=torch.float64)
+    y, dx, dw_gu, dw_down = naive_block(x, dy, w_gu, w_down, f, lambda r, which: r, lambda fn: fn(part),
+                                        lambda: part.clone())
+    xr, gr, dr = (v.clone().requires_grad_(True) for v in (x, w_gu, w_down))
+    h = xr @ gr
+    yr = (torch.nn.functional.silu(h[:, :f]) * h[:, f:]) @ dr
+    yr.backward(dy)
+    for got, want in ((y, yr), (dx, xr.grad), (dw_gu, gr.grad), (dw_down, dr.grad)):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-10)
