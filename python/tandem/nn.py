@@ -109,9 +109,9 @@ class ColumnParallelLinear(torch.nn.Module):
 class RowParallelLinear(torch.nn.Module):
     """Y = RS(x W) (sequence_parallel) or AR(x W) + b on this rank's input columns; see the module docstring.
 
-    bias with sequence_parallel=True is refused: each rank would hold the bias gradient of its own rows only, and
-    summing it over the ranks (an all-reduce of the replicated parameter's gradient, as Megatron does for its
-    sequence-parallel parameters) is not in tandem yet."""
+    With sequence_parallel=True the bias is replicated but each rank adds it to its own rows only: its gradient
+    is summed over the ranks in the backward (torch.ops.tandem.sp_bias_add: the ranks' row sums gathered, then
+    added in rank order), so every rank's bias gets the same, whole gradient."""
 
     def __init__(self, comm, in_features: int, out_features: int, bias: bool = True, *, sequence_parallel: bool = True,
                  seed: int | None = 0, dtype=torch.bfloat16, device=None, mode: str = "auto", comm_blocks: int = 0,
@@ -122,9 +122,6 @@ class RowParallelLinear(torch.nn.Module):
         self._handle = rt.register(comm)
         self.in_features, self.out_features, self.sequence_parallel = in_features, out_features, sequence_parallel
         world, rank = comm.world_size, comm.rank
-        if bias and sequence_parallel and world > 1:
-            raise invalid("bias with sequence_parallel=True needs its gradient summed over the ranks, which tandem "
-                          "does not do yet: use bias=False, or sequence_parallel=False", op, rank)
         self.in_local = _shard_size(in_features, world, "in_features", op, rank)
         device = device if device is not None else torch.device("cuda", comm.device)
         if seed is None:
@@ -143,10 +140,10 @@ class RowParallelLinear(torch.nn.Module):
                           f"{self.in_features} input columns, got {tuple(x.shape)}", "RowParallelLinear",
                           self.comm.rank)
         h = self._handle
-        if self.sequence_parallel:  # (a bias only at world 1: see the class docstring)
+        if self.sequence_parallel:
             y = torch.ops.tandem.gemm_rs(x, self.weight, h, self.mode, self.comm_blocks, self.sm_count)
-        else:
-            y = torch.ops.tandem.gemm_ar(x, self.weight, h, self.mode, self.comm_blocks, self.sm_count)
+            return y if self.bias is None else torch.ops.tandem.sp_bias_add(y, self.bias, h)
+        y = torch.ops.tandem.gemm_ar(x, self.weight, h, self.mode, self.comm_blocks, self.sm_count)
         return y if self.bias is None else y + self.bias
 
     @classmethod

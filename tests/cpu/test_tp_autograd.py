@@ -95,8 +95,8 @@ def test_nn_layers_hold_the_shards_of_the_seeded_linear():
     assert torch.equal(row_ar.bias, _full_linear(32, 64, True, 4).bias)
     with pytest.raises(TandemError, match=r"out_features \(30\) must be a multiple of the world size \(4\)"):
         tnn.ColumnParallelLinear(comm, 64, 30, device="cpu")
-    with pytest.raises(TandemError, match="bias with sequence_parallel=True"):
-        tnn.RowParallelLinear(comm, 32, 64, bias=True, device="cpu")
+    sp = tnn.RowParallelLinear(comm, 32, 64, bias=True, seed=4, dtype=torch.float32, device="cpu")
+    assert torch.equal(sp.bias, _full_linear(32, 64, True, 4).bias)  # replicated on every rank
     with pytest.raises(TandemError, match=r"x must be \(tokens / world, 64\)"):
         col(torch.zeros(4, 32))
 
@@ -120,3 +120,19 @@ def test_bench_trains_naive_baseline_has_the_right_gradients():
     yr.backward(dy)
     for got, want in ((y, yr), (dx, xr.grad), (dw_gu, gr.grad), (dw_down, dr.grad)):
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_sequence_parallel_bias_gradient_is_summed_over_the_ranks():
+    h = tp.register(_stand_in(4))
+
+    def step(x, w, b):
+        y = torch.ops.tandem.sp_bias_add(torch.ops.tandem.gemm_rs(x, w, h, "auto", 0, 0), b, h)
+        return torch.autograd.grad(y.float().sum(), (b,))
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(16, 32, dtype=torch.bfloat16),
+                                            torch.randn(32, 24, dtype=torch.bfloat16),
+                                            torch.randn(24, dtype=torch.bfloat16, requires_grad=True))
+    assert _ops_in(gm) == ["tandem.gemm_rs.default", "tandem.sp_bias_add.default",
+                           "tandem.all_gather_rows.default"], _ops_in(gm)
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out[0].meta["val"].shape) == (24,)

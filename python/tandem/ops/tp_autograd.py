@@ -82,6 +82,35 @@ ag_gemm_gathered_op = rt.define_op(
     "-> (Tensor, Tensor)", _ag_gemm_gathered_impl, _ag_gemm_gathered_fake)
 
 
+def _sp_bias_add_impl(y, bias, comm):
+    """y + bias: the bias of a sequence-parallel row layer (its rows are this rank's rows of the sequence)."""
+    return y + bias
+
+
+def _sp_bias_add_fake(y, bias, comm):
+    return torch.empty_like(y)
+
+
+sp_bias_add_op = rt.define_op("sp_bias_add", "(Tensor y, Tensor bias, SymInt comm) -> Tensor", _sp_bias_add_impl,
+                              _sp_bias_add_fake)
+
+
+def _sp_bias_add_setup(ctx, inputs, output):
+    ctx.comm = inputs[2]
+
+
+def _sp_bias_add_backward(ctx, dy):
+    """The bias is replicated and each rank holds only its rows' dY: its gradient is the sum over every rank's
+    rows, taken as the gather of the ranks' row sums (one row each), then summed in fp32 in rank order (the same
+    bits on every rank)."""
+    partial = dy.float().sum(0, keepdim=True).to(dy.dtype)  # (1, N)
+    every = torch.ops.tandem.all_gather_rows(partial, ctx.comm)  # (W, N)
+    return dy, every.float().sum(0).to(dy.dtype), None
+
+
+torch.library.register_autograd("tandem::sp_bias_add", _sp_bias_add_backward, setup_context=_sp_bias_add_setup)
+
+
 # ---- the backward passes ------------------------------------------------------------------------------------------
 
 def _setup(ctx, inputs, output):
