@@ -18,11 +18,11 @@ BOUND = {"bfloat16": 2e-2, "float16": 4e-3}
 def test_tp_mlp_matches_one_rank_with_the_full_weights(run_ranks, world):
     # tokens a rank: 136 (not a multiple of the 128-row tile: the unfused AG path) and 256; d 256, f 768 (f / world
     # = 768, 384, 256, 192); sequence parallel (RS, the row bias's gradient summed over the ranks) and not (AR);
-    # eager, torch.compile
-    # (fullgraph) and activation checkpointing
+    # eager, torch.compile (fullgraph), activation checkpointing and a CUDA graph of forward + backward
     cases = [(136, 256, 768, "bfloat16", True, "eager"), (256, 256, 768, "bfloat16", True, "eager"),
              (256, 256, 768, "float16", True, "eager"), (136, 256, 768, "bfloat16", False, "eager"),
-             (256, 256, 768, "bfloat16", True, "compile"), (256, 256, 768, "bfloat16", True, "checkpoint")]
+             (256, 256, 768, "bfloat16", True, "compile"), (256, 256, 768, "bfloat16", True, "checkpoint"),
+             (256, 256, 768, "bfloat16", True, "graph")]
     res = run_ranks(f"{W}:mlp_grads", world, cases=cases, timeout_s=400)
     for r in res:
         assert len(r["cases"]) == len(cases)

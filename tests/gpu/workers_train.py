@@ -27,8 +27,8 @@ def mlp_grads(cases):
     row layer's replicated, its gradient summed over the ranks in the sequence-parallel case)
     z = Row(gelu(Column(x))) on this rank's rows of X, loss = sum(z * G) over this rank's output rows (sequence
     parallel) or over every row once (not: every rank computes the whole z, so each rank's loss is the whole
-    loss), and the reference on X in fp32. variant: "eager", "compile" (torch.compile fullgraph) or
-    "checkpoint" (torch.utils.checkpoint around the block). Relative errors of the output and every gradient
+    loss), and the reference on X in fp32. variant: "eager", "compile" (torch.compile fullgraph), "checkpoint"
+    (torch.utils.checkpoint around the block) or "graph" (forward + backward captured in a CUDA graph, replayed). Relative errors of the output and every gradient
     (this rank's shard against the reference's slice)."""
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
@@ -47,16 +47,41 @@ def mlp_grads(cases):
         def block(x_):
             return row(torch.nn.functional.gelu(col(x_)))
 
-        if variant == "compile":
-            run = torch.compile(block, fullgraph=True)
-        elif variant == "checkpoint":
-            def run(x_):
-                return torch.utils.checkpoint.checkpoint(block, x_, use_reentrant=False)
-        else:
-            run = block
-        z = run(x)
         gz = G[rows] if sp else G
-        (z.float() * gz).sum().backward()
+        params = [col.weight, col.bias, row.weight] + ([row.bias] if row.bias is not None else [])
+        if variant == "graph":
+            # forward + backward captured in one CUDA graph (after two warm-up steps on a side stream: workspaces,
+            # agreement, prepared calls), then replayed with this rank's real rows copied into the static input
+            xs = torch.zeros_like(x).requires_grad_(True)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    for p_ in params + [xs]:
+                        p_.grad = None
+                    (block(xs).float() * gz).sum().backward()
+            torch.cuda.current_stream().wait_stream(side)
+            for p_ in params + [xs]:
+                p_.grad = None
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                zs = block(xs)
+                (zs.float() * gz).sum().backward()
+            with torch.no_grad():
+                xs.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            z, x = zs, xs
+        else:
+            if variant == "compile":
+                run = torch.compile(block, fullgraph=True)
+            elif variant == "checkpoint":
+                def run(x_):
+                    return torch.utils.checkpoint.checkpoint(block, x_, use_reentrant=False)
+            else:
+                run = block
+            z = run(x)
+            (z.float() * gz).sum().backward()
         torch.cuda.synchronize()
         comm.check()
         # the reference, fp32 on the full sequence
