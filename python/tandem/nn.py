@@ -84,7 +84,7 @@ class ColumnParallelLinear(torch.nn.Module):
     @classmethod
     def from_linear(cls, comm, linear: torch.nn.Linear, **kw):
         """This rank's shard of `linear` (every rank passes the same weights)."""
-        m = cls(comm, linear.in_features, linear.out_features, linear.bias is not None, **kw)
+        m = cls(comm, linear.in_features, linear.out_features, linear.bias is not None, **dict(kw, seed=None))
         cols = slice(comm.rank * m.out_local, (comm.rank + 1) * m.out_local)
         with torch.no_grad():
             m.weight.copy_(linear.weight[cols].t())
@@ -149,7 +149,7 @@ class RowParallelLinear(torch.nn.Module):
     @classmethod
     def from_linear(cls, comm, linear: torch.nn.Linear, **kw):
         """This rank's shard of `linear` (every rank passes the same weights)."""
-        m = cls(comm, linear.in_features, linear.out_features, linear.bias is not None, **kw)
+        m = cls(comm, linear.in_features, linear.out_features, linear.bias is not None, **dict(kw, seed=None))
         rows = slice(comm.rank * m.in_local, (comm.rank + 1) * m.in_local)
         with torch.no_grad():
             m.weight.copy_(linear.weight[:, rows].t())

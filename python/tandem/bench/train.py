@@ -99,8 +99,8 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
 
     comm = Communicator(heap_bytes=8 << 30, timeout_s=120)
     world, rank = comm.world_size, comm.rank
-    if ffn % world or (2 * ffn) % world:
-        raise SystemExit(f"ffn ({ffn}) must be a multiple of the world size ({world})")
+    if ffn % world or (ffn // world) % 8:
+        raise SystemExit(f"ffn ({ffn}) must be a multiple of 8 x the world size ({world}): 16-byte rows per rank")
     ffn_local = ffn // world
     barrier, _keep = _stream_barrier(comm)
     rows, data = [], []

@@ -94,13 +94,14 @@ def _check_nodes(comm, op):
                           9, op, comm.rank)
 
 
-def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple):
+def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple, tag: str = ""):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
-    after the ranks agree on `agree`), cached per communicator, shape and dtype."""
+    after the ranks agree on `agree`), cached per communicator, shape and dtype (and `tag`: another op's gathers of
+    the same shape get a workspace of their own, so that one op's gathered view is not the other's)."""
     K = native().kernels
     x = rt.kernel_args("AgGemmArgs", m_local=m_local, n=8, k=k, ldb=8, ldc=8)  # the workspace: world, m_local, k
-    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype), K.workspace_size(comm.native, x),
-                      agree=agree)
+    ws = rt.workspace(comm, ("ag_gemm", rt.token(comm), m_local, k, dtype) + ((tag,) if tag else ()),
+                      K.workspace_size(comm.native, x), agree=agree)
     off = K.gathered_offset(comm.native, x)
     rows = comm.world_size * m_local
     esize = torch.empty((), dtype=dtype).element_size()

@@ -9,8 +9,8 @@ torch.library.register_autograd, so torch.compile traces forward and backward wi
 
 X is gathered again in ag_gemm's backward rather than kept from the forward: the forward's gathered rows live
 in the op's workspace only until its next call, and a copy would hold M x K per layer until the backward (the
-memory a sequence-parallel layer saves). The backward runs the forward's mode when it was "fused" or "unfused",
-else "auto", with the plan's own comm_blocks for its shapes. W^T is made contiguous once per backward (the ops
+memory a sequence-parallel layer saves). The backward runs "unfused" after an unfused forward, else "auto" (see
+_bwd_mode), with the plan's own comm_blocks for its shapes. W^T is made contiguous once per backward (the ops
 take row-major operands). The wgrad GEMM runs after the dgrad op on the same stream: no overlap yet.
 """
 
@@ -21,13 +21,13 @@ import torch
 from .._native import native
 from ..errors import invalid
 from . import _runtime as rt
-from .tp import _DTYPES, _ag_workspace, _check_matrix, _run
-
-_BWD_MODES = ("fused", "unfused")
-
+from .tp import _DTYPES, _ag_workspace, _check_nodes, _run
 
 def _bwd_mode(mode: str) -> str:
-    return mode if mode in _BWD_MODES else "auto"
+    """The backward's mode: "unfused" after an unfused forward, else "auto". Not "fused" after a fused forward:
+    the backward's shapes differ (gemm_rs's backward gathers M/W rows, which the fused AG+GEMM takes only in
+    multiples of 8), and auto takes the fused kernel where it runs and is the faster."""
+    return "unfused" if mode == "unfused" else "auto"
 
 
 # ---- the two ops the backward passes need --------------------------------------------------------------------
@@ -37,9 +37,10 @@ def _all_gather_rows_impl(a_local, comm):
     workspace of its own (its gathered view is copied out: the next gather overwrites it)."""
     op = "all_gather_rows"
     c = rt.comm_from_handle(comm, op)
-    _check_matrix(a_local, "a_local", op, c.rank)
+    rt.check_tensor(a_local, "a_local", op, c.rank, dims=2, device=torch.device("cuda", c.device))
     if c.world_size == 1:
         return a_local.clone()
+    _check_nodes(c, op)
     if not a_local.is_contiguous():
         raise invalid(f"a_local must be contiguous (strides {a_local.stride()})", op, c.rank)
     m_local, k = a_local.shape
@@ -101,11 +102,11 @@ def _sp_bias_add_setup(ctx, inputs, output):
 
 def _sp_bias_add_backward(ctx, dy):
     """The bias is replicated and each rank holds only its rows' dY: its gradient is the sum over every rank's
-    rows, taken as the gather of the ranks' row sums (one row each), then summed in fp32 in rank order (the same
-    bits on every rank)."""
-    partial = dy.float().sum(0, keepdim=True).to(dy.dtype)  # (1, N)
-    every = torch.ops.tandem.all_gather_rows(partial, ctx.comm)  # (W, N)
-    return dy, every.float().sum(0).to(dy.dtype), None
+    rows, taken as the gather of the ranks' fp32 row sums (one row each, moved as 16-bit words), then summed in
+    fp32 in rank order (the same bits on every rank)."""
+    partial = dy.float().sum(0, keepdim=True)  # (1, N) fp32, gathered as its bits: (1, 2N) 16-bit words
+    every = torch.ops.tandem.all_gather_rows(partial.view(dy.dtype), ctx.comm).view(torch.float32)  # (W, N)
+    return dy, every.sum(0).to(dy.dtype), None
 
 
 torch.library.register_autograd("tandem::sp_bias_add", _sp_bias_add_backward, setup_context=_sp_bias_add_setup)
@@ -113,8 +114,22 @@ torch.library.register_autograd("tandem::sp_bias_add", _sp_bias_add_backward, se
 
 # ---- the backward passes ------------------------------------------------------------------------------------------
 
+def _in_heap(comm, t) -> bool:
+    """Whether `t` lies in the communicator's symmetric heap (False for tensors without storage: fake, meta)."""
+    try:
+        p = t.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return False
+    n = rt.comm_from_handle(comm, "autograd").native
+    return n.heap_base <= p < n.heap_base + n.heap_bytes
+
+
 def _setup(ctx, inputs, output):
     a, b, comm, mode, _comm_blocks, sm_count = inputs[:6]
+    # an input in the heap is an op's workspace (tp.gathered_buffer: the AG's in-place input), which a later launch
+    # of that workspace rewrites before this backward runs: keep a copy
+    if _in_heap(comm, a):
+        a = a.clone()
     ctx.save_for_backward(a, b)
     ctx.comm, ctx.mode, ctx.sm_count = comm, mode, sm_count
 
