@@ -67,6 +67,17 @@ bench_tp_worlds() {
 }
 if [ "$part" = n1 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_moe.py
+elif [ "$part" = e5 ]; then
+  # branch tp-train (not run before): the TP ops' autograd and tandem.nn (tests/gpu/test_tp_train.py), and the
+  # TP tests around the two new ops (all_gather_rows, ag_gemm_gathered use the AG kernel's gather launch)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_tp_train.py \
+    tests/gpu/test_tp.py -k "train or test_ag_gemm_and_gemm_rs_match_torch or gathered_view"
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    t=$(( $(left) / 2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $n --reps 3 \
+      --out "$OUT/diag" 2>&1 | tail -6
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 elif [ "$part" = n2 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/gpu/test_gemm.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
@@ -249,17 +260,6 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
-elif [ "$part" = e5 ]; then
-  # branch tp-train (not run before): the TP ops' autograd and tandem.nn (tests/gpu/test_tp_train.py), and the
-  # TP tests around the two new ops (all_gather_rows, ag_gemm_gathered use the AG kernel's gather launch)
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_tp_train.py \
-    tests/gpu/test_tp.py -k "train or test_ag_gemm_and_gemm_rs_match_torch or gathered_view"
-  mkdir -p "$OUT/diag"
-  for n in 4 2; do
-    t=$(( $(left) / 2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $n --reps 3 \
-      --out "$OUT/diag" 2>&1 | tail -6
-    tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  done
 elif [ "$part" = d2 ]; then
   # bench tp at worlds 4 and 2 (the issue-21 table: fused with claims and pieces), then the comm_blocks sweep
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
@@ -269,5 +269,5 @@ elif [ "$part" = d2 ]; then
     --shapes 16384x8192x4096 --out "$OUT/diag/sweep" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 else
-  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1, e2, e3, e5)"; exit 2
+  echo "unknown part '$part' (n1, n2, n3, f, t1, g, t, t4, m, c1, c2, c3, c4, d0, d1, d2, d3, d4, d5, e1, e2, e3)"; exit 2
 fi
