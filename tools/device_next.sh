@@ -70,6 +70,17 @@ bench_tp_worlds() {
 }
 if [ "$part" = n1 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_moe.py
+elif [ "$part" = e5 ]; then
+  # branch tp-train (not run before): the TP ops' autograd and tandem.nn (tests/gpu/test_tp_train.py), and the
+  # TP tests around the two new ops (all_gather_rows, ag_gemm_gathered use the AG kernel's gather launch)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_tp_train.py \
+    tests/gpu/test_tp.py -k "train or test_ag_gemm_and_gemm_rs_match_torch or gathered_view"
+  mkdir -p "$OUT/diag"
+  for n in 4 2; do
+    t=$(( $(left) / 2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $n --reps 3 \
+      --out "$OUT/diag" 2>&1 | tail -6
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 elif [ "$part" = n2 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/gpu/test_gemm.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \

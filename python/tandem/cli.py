@@ -11,6 +11,7 @@ commands:
   bench gemm [--out DIR]                   the GEMM core vs cuBLAS, FP8 vs _scaled_mm, world 1
   bench tp -n N [--out DIR]                AG+GEMM / GEMM+RS / GEMM+AR vs cuBLAS + torch collective (naive)
   bench roles -n N [--out DIR]             the comm roles alone: GB/s per SM vs plain copies and cudaMemcpy
+  bench train -n N [--out DIR]             a TP MLP block's forward + backward: tandem.nn fused / unfused vs naive
   bench moe -n N [--out DIR]               MoE dispatch+grouped GEMM fused vs unfused vs torch per expert
   bench attention -n N [--out DIR]         ring attention vs SDPA flash (N = 1) or a torch ring (N > 1)
   tune -n N [--shapes ...] [--out FILE]    measure the TP ops' modes and SM splits; write mode="auto"'s table
@@ -64,6 +65,10 @@ def main(argv=None) -> int:
             from .bench.tp import main as bench_tp
 
             return bench_tp(rest[1:])
+        if rest[0] == "train":
+            from .bench.train import main as bench_train
+
+            return bench_train(rest[1:])
         if rest[0] == "roles":
             from .bench.roles import main as bench_roles
 

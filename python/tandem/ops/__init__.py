@@ -18,3 +18,6 @@ from .tp import scaled_ag_gemm, scaled_gemm_ar, scaled_gemm_rs  # noqa: F401,E40
 from .moe import moe_combine, moe_dispatch_gemm  # noqa: F401,E402  (registers torch.ops.tandem.moe_*)
 from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_attention)
     contiguous_shard, ring_attention, zigzag_shard, zigzag_unshard)
+# the TP ops' backward (torch.library.register_autograd) and the ops it uses: all_gather_rows, ag_gemm_gathered,
+# sp_bias_add
+from . import tp_autograd  # noqa: F401,E402

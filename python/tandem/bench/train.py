@@ -1,0 +1,181 @@
+"""`tandem bench train -n N`: forward + backward of a Llama-style MLP block with tensor and sequence parallelism
+(issue 24), ms per rank (CUDA events, medians, random bf16; every rank at once):
+
+  block    x (tokens / W, hidden) -> h = AG(x) W_gate_up (tokens, 2 ffn / W) -> a = silu(h_gate) * h_up
+           -> y = RS(a W_down) (tokens / W, hidden), then the backward of all of it for a given dy
+  fused    tandem.nn.ColumnParallelLinear / RowParallelLinear with mode="fused" (the backward's ops fused too)
+  unfused  the same layers with mode="unfused"
+  auto     mode="auto"
+  naive    cuBLAS GEMMs and torch collectives over peer views with the same math, autograd by hand, and
+           tandem's stream barrier around every exchange (a correct program: a rank reads a peer's buffer only
+           after the peer wrote it, and overwrites its own only after every peer read it)
+
+Target (issue 24): fused >= 1.15x naive at world 4, tokens 16384, and never slower than unfused.
+
+    python -m tandem bench train -n 4 [--tokens 8192,16384] [--hidden 8192] [--ffn 28672] [--reps 5] [--out DIR]
+"""
+
+from __future__ import annotations
+
+COLUMNS = ["tokens", "hidden", "ffn", "fused ms", "unfused ms", "auto ms", "naive ms", "naive/fused",
+           "unfused/fused"]
+
+
+def naive_block(x, dy, w_gu, w_down, ffn_local, all_gather, write_partial, reduce_scatter):
+    """The block's forward and backward by hand: (y, dx, dW_gate_up, dW_down). all_gather(rows, which) -> every
+    rank's rows; write_partial(fn) runs fn(out) with the partial buffer; reduce_scatter() -> this rank's rows of
+    the sum of the ranks' partials. (At world 1 all three are the identity: tests/cpu checks this against torch's
+    autograd.)"""
+    import torch
+
+    X = all_gather(x, "x").clone()  # kept for dW_gate_up
+    h = X @ w_gu
+    g, u = h[:, :ffn_local], h[:, ffn_local:]
+    sg = torch.nn.functional.silu(g)
+    a = sg * u
+    write_partial(lambda out: torch.matmul(a, w_down, out=out))
+    y = reduce_scatter()
+    DY = all_gather(dy, "dy")
+    da = DY @ w_down.t()
+    dw_down = a.t() @ DY
+    wide = torch.promote_types(g.dtype, torch.float32)  # bf16 in the bench: the derivative in fp32
+    g32, sig = g.to(wide), torch.sigmoid(g.to(wide))
+    dg = (da.to(wide) * u.to(wide) * sig * (1 + g32 * (1 - sig))).to(da.dtype)  # silu'(g) = s (1 + g (1 - s))
+    du = da * sg
+    dh = torch.cat([dg, du], dim=1)
+    dw_gu = X.t() @ dh
+    write_partial(lambda out: torch.matmul(dh, w_gu.t(), out=out))
+    dx = reduce_scatter()
+    return y, dx, dw_gu, dw_down
+
+
+def _naive_step(comm, tl, hidden, ffn_local, w_gu, w_down, barrier):
+    """fn(x, dy) -> naive_block's outputs, its exchanges over peer views between tandem's stream barriers."""
+    import torch
+
+    world, rank = comm.world_size, comm.rank
+    tokens = tl * world
+    rows = slice(rank * tl, (rank + 1) * tl)
+    syms = {"x": comm.empty((tl, hidden), torch.bfloat16), "dy": comm.empty((tl, hidden), torch.bfloat16)}
+    views = {k: [comm.peer_view(t, q) for q in range(world)] for k, t in syms.items()}
+    part = comm.empty((tokens, hidden), torch.bfloat16)
+    part_views = [comm.peer_view(part, q)[rows] for q in range(world)]
+    gathered = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+
+    def all_gather(t, which):
+        syms[which].copy_(t)
+        barrier()  # every rank wrote its rows
+        for q in range(world):
+            gathered[q * tl:(q + 1) * tl].copy_(views[which][q])
+        barrier()  # every rank read them: the buffer may be written again
+        return gathered
+
+    def write_partial(fn):
+        fn(part)
+
+    def reduce_scatter():
+        barrier()  # every rank wrote its partial
+        acc = part_views[0].float()
+        for q in range(1, world):
+            acc += part_views[q].float()
+        out = acc.to(torch.bfloat16)
+        barrier()  # every rank read its rows of every partial
+        return out
+
+    def step(x, dy):
+        return naive_block(x, dy, w_gu, w_down, ffn_local, all_gather, write_partial, reduce_scatter)
+    return step, (syms, part)
+
+
+def run(tokens_list, hidden, ffn, reps, out_dir, command):
+    import torch
+
+    import tandem.nn as tnn
+
+    from ..ops import tp
+    from ..transport import Communicator
+    from . import common
+    from .tp import _stream_barrier
+
+    comm = Communicator(heap_bytes=8 << 30, timeout_s=120)
+    world, rank = comm.world_size, comm.rank
+    if ffn % world or (ffn // world) % 8:
+        raise SystemExit(f"ffn ({ffn}) must be a multiple of 8 x the world size ({world}): 16-byte rows per rank")
+    ffn_local = ffn // world
+    barrier, _keep = _stream_barrier(comm)
+    rows, data = [], []
+
+    def timed(fn):
+        comm.barrier()
+        try:
+            return common.time_launches(fn, warmup=2, reps=reps) * 1e3
+        except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is reported, not fatal
+            if rank == 0:
+                print(f"  skipped: {str(e).splitlines()[0][:160]}")
+            return None
+
+    for tokens in tokens_list:
+        if tokens % world:
+            continue
+        tl = tokens // world
+        x = torch.randn(tl, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_(True)
+        dy = torch.randn(tl, hidden, device="cuda", dtype=torch.bfloat16)
+        r = dict(tokens=tokens, hidden=hidden, ffn=ffn, world=world)
+        w_gu = w_down = None
+        for mode in ("fused", "unfused", "auto"):
+            # gate and up as one column layer: this rank's 2 ffn / W columns, gate first
+            col = tnn.ColumnParallelLinear(comm, hidden, 2 * ffn, bias=False, seed=None, mode=mode)
+            row = tnn.RowParallelLinear(comm, ffn, hidden, bias=False, seed=None, mode=mode)
+            w_gu, w_down = col.weight, row.weight
+
+            def step(col=col, row=row):
+                for p_ in (x, col.weight, row.weight):
+                    p_.grad = None
+                h = col(x)
+                y = row(torch.nn.functional.silu(h[:, :ffn_local]) * h[:, ffn_local:])
+                y.backward(dy)
+
+            r[f"{mode}_ms"] = timed(step)
+            del col, row
+        naive, _bufs = _naive_step(comm, tl, hidden, ffn_local, w_gu.detach(), w_down.detach(), barrier)
+        r["naive_ms"] = timed(lambda: naive(x.detach(), dy))
+        f = r["fused_ms"]
+        r["naive_over_fused"] = r["naive_ms"] / f if f and r["naive_ms"] else None
+        r["unfused_over_fused"] = r["unfused_ms"] / f if f and r["unfused_ms"] else None
+        data.append(r)
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        g = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        rows.append([str(tokens), str(hidden), str(ffn), fmt(r["fused_ms"]), fmt(r["unfused_ms"]), fmt(r["auto_ms"]),
+                     fmt(r["naive_ms"]), g(r["naive_over_fused"]), g(r["unfused_over_fused"])])
+        if rank == 0:
+            print(" | ".join(rows[-1]), flush=True)
+            part_meta = dict(common.header(command), partial=f"{len(data)} of {len(tokens_list)} cases")
+            common.write_outputs(out_dir, f"train_w{world}", part_meta, common.markdown_table(COLUMNS, rows), data)
+        tp.release_workspaces(comm)
+    if rank == 0:
+        meta = common.header(command)
+        table = common.markdown_table(COLUMNS, rows)
+        print(f"# tandem TP MLP block fwd+bwd, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, "
+              f"commit {meta['commit']}, {meta['date']}")
+        print(table)
+        common.write_outputs(out_dir, f"train_w{world}", meta, table, data)
+    comm.destroy()
+
+
+def main(argv=None) -> int:
+    from . import common
+
+    ap = common.parser("train", __doc__, reps=5)
+    ap.add_argument("--tokens", default="8192,16384", help="tokens of the whole sequence, comma-separated")
+    ap.add_argument("--hidden", type=int, default=8192)
+    ap.add_argument("--ffn", type=int, default=28672)
+    a = ap.parse_args(argv)
+    rc = common.relaunch("train", a.nprocs, argv)
+    if rc is not None:
+        return rc
+    run([int(t) for t in a.tokens.split(",")], a.hidden, a.ffn, a.reps, a.out, common.command_line("train", argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""The TP ops' autograd (tandem.ops.tp_autograd), on the CPU: traced forward + backward of a column-then-row
+block through the fake implementations, with a stand-in communicator. What runs on a GPU is
+tests/gpu/test_tp_train.py; this checks which ops the backward is made of and the gradients' shapes."""
+
+import types
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import tandem.ops  # noqa: F401 - registers the ops and their autograd
+from tandem.ops import tp
+
+
+def _stand_in(world=4, rank=1):
+    return types.SimpleNamespace(world_size=world, rank=rank, device=0, destroyed=False)
+
+
+def _ops_in(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "tandem" in str(n.target)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_backward_of_a_column_then_row_block_uses_tandem_ops(world):
+    h = tp.register(_stand_in(world))
+    m_local, d, f_local = 16, 32, 64
+
+    def step(x, w1, w2):
+        y = torch.ops.tandem.ag_gemm(x, w1, h)                        # (W m_local, f_local)
+        z = torch.ops.tandem.gemm_rs(torch.relu(y), w2, h, "auto", 0, 0)  # (m_local, d)
+        return torch.autograd.grad(z.float().square().sum(), (x, w1, w2))
+
+    args = [torch.randn(*s, dtype=torch.bfloat16, requires_grad=True)
+            for s in ((m_local, d), (d, f_local), (f_local, d))]
+    gm = make_fx(step, tracing_mode="fake")(*args)
+    ops = _ops_in(gm)
+    # forward: AG+GEMM, GEMM+RS; backward of gemm_rs: the fused AG+GEMM returning the gathered dY; backward of
+    # ag_gemm: the fused GEMM+RS for dX and the gather of X for dW
+    assert ops == ["tandem.ag_gemm.default", "tandem.gemm_rs.default", "tandem.ag_gemm_gathered.default",
+                   "tandem.gemm_rs.default", "tandem.all_gather_rows.default"], ops
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    shapes = [tuple(o.meta["val"].shape) for o in out]
+    assert shapes == [(m_local, d), (d, f_local), (f_local, d)], shapes
+
+
+def test_backward_of_gemm_ar_needs_no_communication():
+    h = tp.register(_stand_in(4))
+
+    def step(x, w):
+        return torch.autograd.grad(torch.ops.tandem.gemm_ar(x, w, h).float().sum(), (x, w))
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(8, 32, dtype=torch.float16, requires_grad=True),
+                                            torch.randn(32, 16, dtype=torch.float16, requires_grad=True))
+    assert _ops_in(gm) == ["tandem.gemm_ar.default"]
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    h = tp.register(_stand_in(4))
+
+    def dx_only(x, w):  # the weight is frozen: no gather of X for dW
+        return torch.autograd.grad(torch.ops.tandem.ag_gemm(x, w, h).float().sum(), (x,))
+
+    x = torch.randn(8, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(32, 16, dtype=torch.bfloat16)
+    assert _ops_in(make_fx(dx_only, tracing_mode="fake")(x, w)) == ["tandem.ag_gemm.default",
+                                                                    "tandem.gemm_rs.default"]
+
+    def dw_only(x, w):  # gemm_rs with a frozen input: dW from the gathered dY alone
+        return torch.autograd.grad(torch.ops.tandem.gemm_rs(x, w, h, "auto", 0, 0).float().sum(), (w,))
+
+    x = torch.randn(16, 32, dtype=torch.bfloat16)
+    w = torch.randn(32, 16, dtype=torch.bfloat16, requires_grad=True)
+    assert _ops_in(make_fx(dw_only, tracing_mode="fake")(x, w)) == ["tandem.gemm_rs.default",
+                                                                    "tandem.all_gather_rows.default"]
+
+
+def test_nn_layers_hold_the_shards_of_the_seeded_linear():
+    import tandem.nn as tnn
+    from tandem.errors import TandemError
+    from tandem.nn import _full_linear
+
+    comm = _stand_in(world=4, rank=1)
+    col = tnn.ColumnParallelLinear(comm, 64, 32, seed=3, dtype=torch.float32, device="cpu")
+    full = _full_linear(64, 32, True, 3)
+    assert col.weight.shape == (64, 8) and torch.equal(col.weight, full.weight[8:16].t())
+    assert torch.equal(col.bias, full.bias[8:16])
+    # the same seed on one GPU: torch.manual_seed(3) then torch.nn.Linear(64, 32)
+    torch.manual_seed(3)
+    assert torch.equal(torch.nn.Linear(64, 32).weight, full.weight)
+    row = tnn.RowParallelLinear(comm, 32, 64, bias=False, seed=4, dtype=torch.float32, device="cpu")
+    full2 = _full_linear(32, 64, False, 4)
+    assert row.weight.shape == (8, 64) and torch.equal(row.weight, full2.weight[:, 8:16].t())
+    row_ar = tnn.RowParallelLinear(comm, 32, 64, bias=True, sequence_parallel=False, seed=4, dtype=torch.float32,
+                                   device="cpu")
+    assert torch.equal(row_ar.bias, _full_linear(32, 64, True, 4).bias)
+    with pytest.raises(TandemError, match=r"out_features \(30\) must be a multiple of the world size \(4\)"):
+        tnn.ColumnParallelLinear(comm, 64, 30, device="cpu")
+    sp = tnn.RowParallelLinear(comm, 32, 64, bias=True, seed=4, dtype=torch.float32, device="cpu")
+    assert torch.equal(sp.bias, _full_linear(32, 64, True, 4).bias)  # replicated on every rank
+    with pytest.raises(TandemError, match=r"x must be \(tokens / world, 64\)"):
+        col(torch.zeros(4, 32))
+
+
+def test_bench_trains_naive_baseline_has_the_right_gradients():
+    # bench train's naive baseline writes the block's backward by hand; at world 1 (identity collectives) it must
+    # equal torch's autograd of the same block
+    from tandem.bench.train import naive_block
+
+    torch.manual_seed(0)
+    t, hdim, f = 12, 16, 8
+    x, dy = torch.randn(t, hdim, dtype=torch.float64), torch.randn(t, hdim, dtype=torch.float64)
+    w_gu = torch.randn(hdim, 2 * f, dtype=torch.float64)
+    w_down = torch.randn(f, hdim, dtype=torch.float64)
+    part = torch.empty(t, hdim, dtype=torch.float64)
+    y, dx, dw_gu, dw_down = naive_block(x, dy, w_gu, w_down, f, lambda r, which: r, lambda fn: fn(part),
+                                        lambda: part.clone())
+    xr, gr, dr = (v.clone().requires_grad_(True) for v in (x, w_gu, w_down))
+    h = xr @ gr
+    yr = (torch.nn.functional.silu(h[:, :f]) * h[:, f:]) @ dr
+    yr.backward(dy)
+    for got, want in ((y, yr), (dx, xr.grad), (dw_gu, gr.grad), (dw_down, dr.grad)):
+        assert torch.allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_sequence_parallel_bias_gradient_is_summed_over_the_ranks():
+    h = tp.register(_stand_in(4))
+
+    def step(x, w, b):
+        y = torch.ops.tandem.sp_bias_add(torch.ops.tandem.gemm_rs(x, w, h, "auto", 0, 0), b, h)
+        return torch.autograd.grad(y.float().sum(), (b,))
+
+    gm = make_fx(step, tracing_mode="fake")(torch.randn(16, 32, dtype=torch.bfloat16),
+                                            torch.randn(32, 24, dtype=torch.bfloat16),
+                                            torch.randn(24, dtype=torch.bfloat16, requires_grad=True))
+    assert _ops_in(gm) == ["tandem.gemm_rs.default", "tandem.sp_bias_add.default",
+                           "tandem.all_gather_rows.default"], _ops_in(gm)
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert tuple(out[0].meta["val"].shape) == (24,)
