@@ -263,6 +263,18 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = f1 ]; then
+  # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
+  # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
+  # --durations so the next calls can be planned by the clock
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_tp_train.py \
+    tests/gpu/test_moe.py --durations=0 \
+    -k "swizzle or in_pieces or fp8_ag or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or gathered_view or train or moe"
+elif [ "$part" = f2 ]; then
+  # the rest of the suite on integ: test_tp's cases f1 left out, and the files the last session did not reach
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_transport.py \
+    tests/gpu/test_consumer.py tests/gpu/test_torchrun.py --durations=0 \
+    -k "not (swizzle or in_pieces or fp8_ag or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or gathered_view)"
 elif [ "$part" = e4 ]; then
   # branch rs-swizzle (not run before): the pieces with a swizzle (test_tp's pieces cases, the new swizzle test),
   # then the world-4 trace: is the fused GEMM+RS's GEMM role (1.5x the core beside the reductions) held back by B
