@@ -35,9 +35,9 @@ def test_backward_of_a_column_then_row_block_uses_tandem_ops(world):
     gm = make_fx(step, tracing_mode="fake")(*args)
     ops = _ops_in(gm)
     # forward: AG+GEMM, GEMM+RS; backward of gemm_rs: the fused AG+GEMM returning the gathered dY; backward of
-    # ag_gemm: the fused GEMM+RS for dX and the gather of X for dW
+    # ag_gemm: the gather of X, then the GEMM+RS for dX with the wgrad GEMM beside it (one op)
     assert ops == ["tandem.ag_gemm.default", "tandem.gemm_rs.default", "tandem.ag_gemm_gathered.default",
-                   "tandem.gemm_rs.default", "tandem.all_gather_rows.default"], ops
+                   "tandem.all_gather_rows.default", "tandem.gemm_rs_beside_wgrad.default"], ops
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     shapes = [tuple(o.meta["val"].shape) for o in out]
     assert shapes == [(m_local, d), (d, f_local), (f_local, d)], shapes

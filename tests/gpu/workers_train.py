@@ -3,6 +3,8 @@ one rank with the full weights, forward and gradients."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import tandem.nn as tnn
@@ -100,6 +102,29 @@ def mlp_grads(cases):
         if row.bias is not None:
             c["db_row"] = _rel(row.bias.grad, l2.bias.grad)
         out.append(c)
+    # the wgrad GEMM beside the dgrad's RS (TANDEM_WGRAD_OVERLAP, read at each call) against one after the other:
+    # the same inputs give the same gradients bit for bit (count of differing elements per gradient)
+    overlap_diff = {}
+    col = tnn.ColumnParallelLinear(comm, 256, 768, bias=True, seed=1)
+    row = tnn.RowParallelLinear(comm, 768, 256, bias=True, sequence_parallel=True, seed=2)
+    g = torch.Generator(device="cuda").manual_seed(99 + rank)
+    x0 = torch.randn(256, 256, device="cuda", generator=g).to(torch.bfloat16)
+    gz = torch.randn(256, 256, device="cuda", generator=g)
+    grads = {}
+    for flag in ("1", "0"):
+        os.environ["TANDEM_WGRAD_OVERLAP"] = flag
+        try:
+            for p_ in (col.weight, col.bias, row.weight, row.bias):
+                p_.grad = None
+            x = x0.clone().requires_grad_(True)
+            (row(torch.nn.functional.gelu(col(x))).float() * gz).sum().backward()
+            torch.cuda.synchronize()
+            grads[flag] = [t.grad.clone() for t in (x, col.weight, col.bias, row.weight, row.bias)]
+        finally:
+            os.environ.pop("TANDEM_WGRAD_OVERLAP", None)
+    for name, a, b in zip(("dx", "dw_col", "db_col", "dw_row", "db_row"), grads["1"], grads["0"]):
+        overlap_diff[name] = int((a != b).sum())
+    comm.check()
     # sharding round trip: the layers give back the torch.nn.Linear they were sharded from, bit for bit
     lin = torch.nn.Linear(64, 32 * world, dtype=torch.bfloat16, device="cuda")
     lin2 = torch.nn.Linear(32 * world, 64, bias=False, dtype=torch.bfloat16, device="cuda")
@@ -127,4 +152,4 @@ def mlp_grads(cases):
             refused[name] = e.status
     tp.release_workspaces(comm)
     comm.destroy()
-    return dict(cases=out, roundtrip=roundtrip, refused=refused)
+    return dict(cases=out, roundtrip=roundtrip, refused=refused, overlap_diff=overlap_diff)

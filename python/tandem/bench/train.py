@@ -6,6 +6,8 @@
   fused    tandem.nn.ColumnParallelLinear / RowParallelLinear with mode="fused" (the backward's ops fused too)
   unfused  the same layers with mode="unfused"
   auto     mode="auto"
+  auto serial wgrad   mode="auto" with TANDEM_WGRAD_OVERLAP=0: the column layer's wgrad GEMM after its dgrad
+           GEMM+RS on one stream instead of beside it on a side stream (what the overlap buys)
   naive    cuBLAS GEMMs and torch collectives over peer views with the same math, autograd by hand, and
            tandem's stream barrier around every exchange (a correct program: a rank reads a peer's buffer only
            after the peer wrote it, and overwrites its own only after every peer read it)
@@ -17,8 +19,10 @@ Target (issue 24): fused >= 1.15x naive at world 4, tokens 16384, and never slow
 
 from __future__ import annotations
 
-COLUMNS = ["tokens", "hidden", "ffn", "fused ms", "unfused ms", "auto ms", "naive ms", "naive/fused",
-           "unfused/fused"]
+import os
+
+COLUMNS = ["tokens", "hidden", "ffn", "fused ms", "unfused ms", "auto ms", "auto serial wgrad ms", "naive ms",
+           "naive/fused", "unfused/fused", "naive/auto"]
 
 
 def naive_block(x, dy, w_gu, w_down, ffn_local, all_gather, write_partial, reduce_scatter):
@@ -122,7 +126,8 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
         dy = torch.randn(tl, hidden, device="cuda", dtype=torch.bfloat16)
         r = dict(tokens=tokens, hidden=hidden, ffn=ffn, world=world)
         w_gu = w_down = None
-        for mode in ("fused", "unfused", "auto"):
+        for name in ("fused", "unfused", "auto", "auto_serial_wgrad"):
+            mode = name.split("_")[0]
             # gate and up as one column layer: this rank's 2 ffn / W columns, gate first
             col = tnn.ColumnParallelLinear(comm, hidden, 2 * ffn, bias=False, seed=None, mode=mode)
             row = tnn.RowParallelLinear(comm, ffn, hidden, bias=False, seed=None, mode=mode)
@@ -135,18 +140,26 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
                 y = row(torch.nn.functional.silu(h[:, :ffn_local]) * h[:, ffn_local:])
                 y.backward(dy)
 
-            r[f"{mode}_ms"] = timed(step)
+            if name == "auto_serial_wgrad":
+                os.environ["TANDEM_WGRAD_OVERLAP"] = "0"  # read at each call of the backward's op
+            try:
+                r[f"{name}_ms"] = timed(step)
+            finally:
+                os.environ.pop("TANDEM_WGRAD_OVERLAP", None)
             del col, row
         naive, _bufs = _naive_step(comm, tl, hidden, ffn_local, w_gu.detach(), w_down.detach(), barrier)
         r["naive_ms"] = timed(lambda: naive(x.detach(), dy))
         f = r["fused_ms"]
         r["naive_over_fused"] = r["naive_ms"] / f if f and r["naive_ms"] else None
         r["unfused_over_fused"] = r["unfused_ms"] / f if f and r["unfused_ms"] else None
+        a = r["auto_ms"]
+        r["naive_over_auto"] = r["naive_ms"] / a if a and r["naive_ms"] else None
         data.append(r)
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         g = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         rows.append([str(tokens), str(hidden), str(ffn), fmt(r["fused_ms"]), fmt(r["unfused_ms"]), fmt(r["auto_ms"]),
-                     fmt(r["naive_ms"]), g(r["naive_over_fused"]), g(r["unfused_over_fused"])])
+                     fmt(r["auto_serial_wgrad_ms"]), fmt(r["naive_ms"]), g(r["naive_over_fused"]),
+                     g(r["unfused_over_fused"]), g(r["naive_over_auto"])])
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
             part_meta = dict(common.header(command), partial=f"{len(data)} of {len(tokens_list)} cases")

@@ -11,10 +11,23 @@ X is gathered again in ag_gemm's backward rather than kept from the forward: the
 in the op's workspace only until its next call, and a copy would hold M x K per layer until the backward (the
 memory a sequence-parallel layer saves). The backward runs "unfused" after an unfused forward, else "auto" (see
 _bwd_mode), with the plan's own comm_blocks for its shapes. W^T is made contiguous once per backward (the ops
-take row-major operands). The wgrad GEMM runs after the dgrad op on the same stream: no overlap yet.
+take row-major operands).
+
+Overlap of the wgrad GEMM with the dgrad collective (ag_gemm's backward, the column layer's): X is gathered first,
+then one op (tandem::gemm_rs_beside_wgrad) runs dX = RS(dY W^T) on the caller's stream and dW = AG(X)^T dY, a
+plain cuBLAS GEMM, on a side stream forked from it and joined back before the op returns. The GEMM takes the SMs
+the GEMM+RS's reduction leaves idle (its few comm blocks, or the unfused RS kernel after the dgrad GEMM). Only a
+GEMM goes on the side stream, never a second communicating kernel: two kernels that each wait for their peers,
+on two streams of every rank, can each hold SMs the other needs on some rank (a cross-rank deadlock, ended only
+by the timeout). cuBLAS blocks always finish, so the fused kernel's blocks that wait for an SM get one. The fork
+and join are inside one opaque op, so torch.compile and CUDA graph capture see a single node. gemm_rs's backward
+(the row layer's) has no such pair: its wgrad needs the gathered dY that its dgrad (the fused AG+GEMM) produces.
+`TANDEM_WGRAD_OVERLAP=0` runs the two one after the other on the caller's stream (read at each call).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -83,6 +96,58 @@ ag_gemm_gathered_op = rt.define_op(
     "-> (Tensor, Tensor)", _ag_gemm_gathered_impl, _ag_gemm_gathered_fake)
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(dev: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the wgrad GEMM (made once: a graph capture must not create streams)."""
+    s = _SIDE_STREAMS.get(dev.index)
+    if s is None:
+        s = _SIDE_STREAMS[dev.index] = torch.cuda.Stream(device=dev)
+    return s
+
+
+def wgrad_overlap_enabled() -> bool:
+    return os.environ.get("TANDEM_WGRAD_OVERLAP", "1") != "0"
+
+
+def _gemm_rs_beside_wgrad_impl(dy, w_t, x_all, comm, mode="auto", sm_count=0):
+    """(RS(dy @ w_t), x_all^T @ dy): ag_gemm's dgrad by tandem::gemm_rs on the caller's stream and its wgrad by
+    cuBLAS on a side stream beside it (see the module docstring; TANDEM_WGRAD_OVERLAP=0: one after the other)."""
+    op = "gemm_rs_beside_wgrad"
+    c = rt.comm_from_handle(comm, op)
+    rt.check_tensor(x_all, "x_all", op, c.rank, dims=2, device=dy.device)
+    if x_all.shape[0] != dy.shape[0] or x_all.dtype != dy.dtype:
+        raise invalid(f"x_all {tuple(x_all.shape)} {x_all.dtype} must have dy's rows and dtype "
+                      f"({tuple(dy.shape)} {dy.dtype})", op, c.rank)
+    if not wgrad_overlap_enabled():
+        dx = torch.ops.tandem.gemm_rs(dy, w_t, comm, mode, 0, sm_count)
+        return dx, x_all.t() @ dy
+    main = torch.cuda.current_stream(dy.device)
+    side = _side_stream(dy.device)
+    # dw is allocated on the caller's stream, so its memory belongs to that stream; the side stream writes it only
+    # after waiting for everything queued before this op, and the caller's stream waits for the side stream before
+    # anything after this op, so no tensor the side stream touches is freed or reused under it (no record_stream)
+    dw = torch.empty((x_all.shape[1], dy.shape[1]), device=dy.device, dtype=dy.dtype)
+    side.wait_stream(main)
+    dx = torch.ops.tandem.gemm_rs(dy, w_t, comm, mode, 0, sm_count)  # queued first: its kernel launches first
+    with torch.cuda.stream(side):
+        torch.mm(x_all.t(), dy, out=dw)
+    main.wait_stream(side)
+    return dx, dw
+
+
+def _gemm_rs_beside_wgrad_fake(dy, w_t, x_all, comm, mode="auto", sm_count=0):
+    world = rt.comm_from_handle(comm, "gemm_rs_beside_wgrad").world_size
+    return dy.new_empty((dy.shape[0] // world, w_t.shape[1])), dy.new_empty((x_all.shape[1], dy.shape[1]))
+
+
+gemm_rs_beside_wgrad_op = rt.define_op(
+    "gemm_rs_beside_wgrad",
+    '(Tensor dy, Tensor w_t, Tensor x_all, SymInt comm, str mode="auto", SymInt sm_count=0) -> (Tensor, Tensor)',
+    _gemm_rs_beside_wgrad_impl, _gemm_rs_beside_wgrad_fake)
+
+
 def _sp_bias_add_impl(y, bias, comm):
     """y + bias: the bias of a sequence-parallel row layer (its rows are this rank's rows of the sequence)."""
     return y + bias
@@ -138,9 +203,13 @@ def _ag_gemm_backward(ctx, dy):
     x, w = ctx.saved_tensors
     dx = dw = None
     dy = dy.contiguous()
-    if ctx.needs_input_grad[0]:  # RS(dY W^T): this rank's rows of the sum over the ranks' column shards
+    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:  # both: the wgrad GEMM beside the dgrad's RS
+        x_all = torch.ops.tandem.all_gather_rows(x, ctx.comm)
+        dx, dw = torch.ops.tandem.gemm_rs_beside_wgrad(dy, w.t().contiguous(), x_all, ctx.comm,
+                                                       _bwd_mode(ctx.mode), ctx.sm_count)
+    elif ctx.needs_input_grad[0]:  # RS(dY W^T): this rank's rows of the sum over the ranks' column shards
         dx = torch.ops.tandem.gemm_rs(dy, w.t().contiguous(), ctx.comm, _bwd_mode(ctx.mode), 0, ctx.sm_count)
-    if ctx.needs_input_grad[1]:
+    elif ctx.needs_input_grad[1]:
         dw = torch.ops.tandem.all_gather_rows(x, ctx.comm).t() @ dy
     return dx, dw, None, None, None, None
 
