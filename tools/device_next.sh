@@ -270,6 +270,15 @@ elif [ "$part" = f1 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_tp_train.py \
     tests/gpu/test_moe.py --durations=0 \
     -k "swizzle or in_pieces or fp8_ag or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or gathered_view or train or moe"
+  # then, in the time left: bench train at world 4 (issue 24's table, with the wgrad overlap and without), and the
+  # GEMM op with the shipped per-shape table (issue 23: its time with the table was never measured)
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 70 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n 4 --reps 3 \
+    --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 \
+    --no-variants --out "$OUT/diag" 2>&1 | tail -30
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f2 ]; then
   # the rest of the suite on integ: test_tp's cases f1 left out, and the files the last session did not reach
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_transport.py \
