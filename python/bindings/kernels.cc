@@ -251,11 +251,25 @@ void bind_kernels(py::module_& m) {
   k.def("gemm_variant_names", [] { return g::variants::names(); });
   k.def(
       "gemm_variant",
-      [](const std::string& name, const g::GemmArgs& a, uintptr_t stream) {
+      [](const std::string& name, const g::GemmArgs& a, uintptr_t stream, uintptr_t workspace) {
         std::string why;
-        return reason(g::variants::run(name, a, reinterpret_cast<cudaStream_t>(stream), &why), why);
+        return reason(g::variants::run(name, a, reinterpret_cast<cudaStream_t>(stream), &why,
+                                       reinterpret_cast<void*>(workspace)),
+                      why);
       },
-      "bf16 D = A @ B with the named configuration; '' or the reason it did not run.");
+      py::arg("name"), py::arg("args"), py::arg("stream"), py::arg("workspace") = 0,
+      "bf16 D = A @ B with the named configuration; '' or the reason it did not run. workspace: device memory of "
+      "gemm_variant_workspace_size bytes (the split-K / stream-K configurations need one).");
+  k.def(
+      "gemm_variant_workspace_size",
+      [](const std::string& name, const g::GemmArgs& a) {
+        std::string why;
+        size_t bytes = 0;
+        const auto s = g::variants::workspace_size(name, a, &bytes, &why);
+        check(s, why, "gemm_variant_workspace_size", -1);  // raises TandemError with the status
+        return bytes;
+      },
+      "Bytes of workspace gemm_variant needs for these arguments (0 for the unsplit configurations).");
   k.def(
       "gemm_variant_occupancy",
       [](const std::string& name, const g::GemmArgs& a) {

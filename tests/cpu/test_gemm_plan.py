@@ -37,6 +37,20 @@ def test_the_model_stays_on_the_core_unless_another_is_clearly_faster(monkeypatc
     assert gemm_plan.choose(4096, 4096, 4096, 132) == gemm_plan.CORE
 
 
+def test_the_model_splits_k_only_where_the_output_tiles_do_not_fill_the_gpu():
+    # 256 x 4096: 2 x 32 = 64 tiles of 128x128 for 132 SMs; split in 2 along K: 128 units in one wave, each half of
+    # K=14336, at the configuration's rate and the split's extra cost
+    rate = gemm_plan.CONFIGS["splitk2_128x128_c1"][3]
+    assert gemm_plan.predicted("splitk2_128x128_c1", 256, 4096, 14336, 132) == pytest.approx(
+        128 * 128 * 7168 / rate * (1 + gemm_plan.SPLIT_COST))
+    assert gemm_plan.choose(256, 4096, 14336, 132) in gemm_plan.SPLITS
+    assert gemm_plan.choose(100, 8192, 8192, 132) in gemm_plan.SPLITS
+    # enough tiles for every SM: no split
+    for shape in ((4096, 4096, 4096), (16384, 28672, 8192), (1024, 28672, 8192)):
+        assert gemm_plan.choose(*shape, 132) not in gemm_plan.SPLITS, shape
+    assert set(gemm_plan.SPLITS) <= set(gemm_plan.CONFIGS)
+
+
 def test_the_measured_table_wins_and_is_keyed_by_buckets(tmp_path):
     path = gemm_plan.write_table([dict(sms=132, m=3000, n=5000, k=4000, variant="coop_256x128_c1", ms=1.0)])
     assert json.loads(open(path).read())[0]["mb"] == gemm_plan.bucket(3000)

@@ -147,7 +147,7 @@ def variants(shapes, sm_counts):
     """Every measurement configuration of the core (gemm_variants.h), bf16, structured and random data, at the
     given persistent-grid sizes."""
     from tandem._native import native
-    from tandem.ops.gemm import gemm_args
+    from tandem.ops.gemm import gemm_args, variant_workspace
 
     K = native().kernels
     out = []
@@ -158,18 +158,32 @@ def variants(shapes, sm_counts):
                 a, b = _structured(m, n, k, torch.bfloat16)
                 ref = (a.float() @ b.float()).to(torch.bfloat16)
                 d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-                err = K.gemm_variant(name, gemm_args(a, b, d, sms), stream)
+                x = gemm_args(a, b, d, sms)
+                ws = variant_workspace(name, x, a.device)  # split-K / stream-K: the fp32 partials
+                if ws is not None:
+                    ws.fill_(0xAB)  # run() must zero what it relies on itself
+                wp = 0 if ws is None else ws.data_ptr()
+                err = K.gemm_variant(name, x, stream, wp)
                 torch.cuda.synchronize()
                 wrong = int((d != ref).sum()) if not err else None
                 ra = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 rb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-                err2 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream)
+                err2 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream, wp)
                 torch.cuda.synchronize()
+                first = d.clone()
+                err3 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream, wp)  # again: the same bits
+                torch.cuda.synchronize()
+                rerun_same = bool(torch.equal(first, d)) if not err3 else None
                 r64 = ra.double() @ rb.double()
                 rel = float((d.double() - r64).norm() / r64.norm()) if not err2 else None
-                out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2, wrong=wrong, rel=rel))
+                out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2 or err3, wrong=wrong,
+                                rel=rel, rerun_same=rerun_same))
     bad = K.gemm_variant("no_such_variant", gemm_args(a, b, d, 0), stream)
-    return dict(rows=out, unknown=bad)
+    # a split configuration without its workspace is refused, not run on a null pointer
+    x = gemm_args(a, b, d, 0)
+    no_ws = K.gemm_variant("splitk2_128x128_c1", x, stream) if K.gemm_variant_workspace_size(
+        "splitk2_128x128_c1", x) else "needs none"
+    return dict(rows=out, unknown=bad, no_workspace=no_ws)
 
 
 # ---- FP8 GEMM with scales (torch.ops.tandem.scaled_gemm) against torch._scaled_mm -------------------------------

@@ -15,34 +15,66 @@ using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingEpi = cutlass::epilogue::TmaWarpSpecialized;
 
-template <class Config>
-using G = detail::Sm90Gemm<cutlass::bfloat16_t, cutlass::gemm::PersistentScheduler, Config>;
+// How a configuration cuts the K loop: not at all (the persistent scheduler), or through CUTLASS's stream-K
+// scheduler as split-K in `splits` slices or as stream-K (work units balanced over the grid). Both reduce the
+// partial tiles in fp32 in the workspace, in a fixed order (ReductionMode::Deterministic): the same bits every
+// run, not the same bits as the unsplit configurations (another summation order).
+enum class Split { kNone, kSplitK, kStreamK };
+
+template <class Config, Split kSplit>
+using G = detail::Sm90Gemm<cutlass::bfloat16_t,
+                           std::conditional_t<kSplit == Split::kNone, cutlass::gemm::PersistentScheduler,
+                                              cutlass::gemm::StreamKScheduler>,
+                           Config>;
+
+template <class Config, Split kSplit, int kSplits>
+typename G<Config, kSplit>::Device::Arguments split_arguments(const GemmArgs& g) {
+  auto args = G<Config, kSplit>::arguments(g);
+  if constexpr (kSplit != Split::kNone) {
+    using Mode = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams::DecompositionMode;
+    using Reduction = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams::ReductionMode;
+    args.scheduler.splits = kSplit == Split::kSplitK ? kSplits : 1;
+    args.scheduler.decomposition_mode = kSplit == Split::kSplitK ? Mode::SplitK : Mode::StreamK;
+    args.scheduler.reduction_mode = Reduction::Deterministic;
+  }
+  return args;
+}
 
 Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
   if (why) *why = w;
   return s;
 }
 
-template <class Config>
-Status run_config(const GemmArgs& g, cudaStream_t stream, std::string* why) {
-  typename G<Config>::Device op;
-  auto args = G<Config>::arguments(g);
+template <class Config, Split kSplit, int kSplits>
+size_t workspace_config(const GemmArgs& g) {
+  return G<Config, kSplit>::Device::get_workspace_size(split_arguments<Config, kSplit, kSplits>(g));
+}
+
+template <class Config, Split kSplit, int kSplits>
+Status run_config(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
+  using Gemm = G<Config, kSplit>;
+  typename Gemm::Device op;
+  auto args = split_arguments<Config, kSplit, kSplits>(g);
   if (op.can_implement(args) != cutlass::Status::kSuccess) return fail(why, "CUTLASS cannot implement this problem");
-  if (G<Config>::Device::get_workspace_size(args) != 0)
-    return fail(why, "this variant needs a workspace (not supported here)", Status::kInternal);
-  if (op.initialize(args, nullptr, stream) != cutlass::Status::kSuccess)
+  if (Gemm::Device::get_workspace_size(args) != 0 && workspace == nullptr)
+    return fail(why, "this variant needs a workspace of workspace_size() bytes");
+  // initialize() zeroes what the split reduction needs of the workspace (stream-ordered memset)
+  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
     return fail(why, "CUTLASS initialize failed", Status::kCudaError);
   if (op.run(stream) != cutlass::Status::kSuccess)
     return fail(why, std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError()), Status::kCudaError);
   return Status::kOk;
 }
 
-template <class Config>
+template <class Config, Split kSplit, int kSplits>
 Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
-  using Kernel = typename G<Config>::Kernel;
-  auto args = G<Config>::arguments(g);
+  using Kernel = typename G<Config, kSplit>::Kernel;
+  auto args = split_arguments<Config, kSplit, kSplits>(g);
   if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this problem");
-  const auto params = Kernel::to_underlying_arguments(args, nullptr);
+  // the grid does not depend on the workspace's address (a stream-K grid needs one: any non-null pointer serves
+  // here, nothing is launched)
+  static char placeholder_workspace;
+  const auto params = Kernel::to_underlying_arguments(args, &placeholder_workspace);
   const dim3 grid = Kernel::get_grid_shape(params);
   const int smem = static_cast<int>(Kernel::SharedStorageSize);
   const void* fn = reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>);
@@ -54,7 +86,7 @@ Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cute::size<0>(typename G<Config>::ClusterShape{});
+  attr.val.clusterDim.x = cute::size<0>(typename G<Config, kSplit>::ClusterShape{});
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
@@ -70,25 +102,34 @@ Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
   return Status::kOk;
 }
 
-// One entry per variant: its name and its two functions.
+// One entry per variant: its name and its three functions.
 struct Entry {
   const char* name;
-  Status (*run)(const GemmArgs&, cudaStream_t, std::string*);
+  Status (*run)(const GemmArgs&, void*, cudaStream_t, std::string*);
   Status (*occupancy)(const GemmArgs&, Occupancy*, std::string*);
+  size_t (*workspace)(const GemmArgs&);
 };
 
-template <int TM, int TN, int CM, class S, class E>
+template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1>
 constexpr Entry entry(const char* name) {
   using C = detail::Sm90Config<TM, TN, CM, S, E>;
-  return Entry{name, &run_config<C>, &occupancy_config<C>};
+  return Entry{name, &run_config<C, kSplit, kSplits>, &occupancy_config<C, kSplit, kSplits>,
+               &workspace_config<C, kSplit, kSplits>};
 }
 
+// The split ones share two kernel instantiations (128x128 and 128x256 tiles, cooperative, 1-CTA clusters): the
+// decomposition is a runtime argument of the stream-K scheduler. They are for shapes with too few output tiles to
+// fill the GPU (small M with long K: 256 x 4096 x 14336 has 64 tiles of 128 x 128 for 132 SMs).
 const Entry kEntries[] = {
     entry<128, 256, 2, Coop, CoopEpi>("coop_128x256_c2"),
     entry<128, 256, 1, Coop, CoopEpi>("coop_128x256_c1"),
     entry<256, 128, 1, Coop, CoopEpi>("coop_256x128_c1"),
     entry<128, 128, 1, Ping, PingEpi>("pingpong_128x128_c1"),
     entry<128, 128, 2, Ping, PingEpi>("pingpong_128x128_c2"),
+    entry<128, 128, 1, Coop, CoopEpi, Split::kSplitK, 2>("splitk2_128x128_c1"),
+    entry<128, 128, 1, Coop, CoopEpi, Split::kSplitK, 4>("splitk4_128x128_c1"),
+    entry<128, 128, 1, Coop, CoopEpi, Split::kStreamK>("streamk_128x128_c1"),
+    entry<128, 256, 1, Coop, CoopEpi, Split::kStreamK>("streamk_128x256_c1"),
 };
 
 const Entry* find(const std::string& name) {
@@ -121,12 +162,21 @@ std::vector<std::string> names() {
   return v;
 }
 
-Status run(const std::string& name, const GemmArgs& g, cudaStream_t stream, std::string* why) {
+Status run(const std::string& name, const GemmArgs& g, cudaStream_t stream, std::string* why, void* workspace) {
   const Entry* e = find(name);
   if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
   if (g.dtype != DType::kBF16) return fail(why, "the GEMM variants are bf16 only");
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
-  return e->run(g, stream, why);
+  return e->run(g, workspace, stream, why);
+}
+
+Status workspace_size(const std::string& name, const GemmArgs& g, size_t* bytes, std::string* why) {
+  const Entry* e = find(name);
+  if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
+  if (g.dtype != DType::kBF16) return fail(why, "the GEMM variants are bf16 only");
+  if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  *bytes = e->workspace(g);
+  return Status::kOk;
 }
 
 Status occupancy(const std::string& name, const GemmArgs& g, Occupancy* out, std::string* why) {

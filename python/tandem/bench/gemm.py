@@ -40,7 +40,7 @@ def _variants_ms(sets, pick, reps):
 
     from .._native import native
     from ..ops._runtime import stream_handle
-    from ..ops.gemm import gemm_args
+    from ..ops.gemm import gemm_args, variant_workspace
     from . import common
 
     K = native().kernels
@@ -49,11 +49,13 @@ def _variants_ms(sets, pick, reps):
     out = {}
     for name in K.gemm_variant_names():
         args = [gemm_args(x, y, d) for x, y in sets]  # the Args made once, outside the timed calls
+        ws = variant_workspace(name, args[0], a.device)  # the split-K / stream-K ones need one (same shapes: one)
+        wp = 0 if ws is None else ws.data_ptr()
         i = [0]
 
-        def call(name=name, args=args):
+        def call(name=name, args=args, wp=wp):
             i[0] = (i[0] + 1) % len(args)
-            err = K.gemm_variant(name, args[i[0]], stream_handle(a.device))
+            err = K.gemm_variant(name, args[i[0]], stream_handle(a.device), wp)
             if err:
                 raise RuntimeError(err)
 

@@ -49,6 +49,12 @@ def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int =
                        sm_count=int(sm_count), max_swizzle=int(swizzle))
 
 
+def variant_workspace(name: str, x, device) -> torch.Tensor | None:
+    """Device memory for configuration `name` on the Args `x` (None where it needs none: the unsplit ones)."""
+    n = native().kernels.gemm_variant_workspace_size(name, x)
+    return torch.empty(n, dtype=torch.uint8, device=device) if n else None
+
+
 def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: str | None = None) -> torch.Tensor:
     """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
     tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse); variant names the CUTLASS configuration
@@ -79,8 +85,12 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: st
             variant = gemm_plan.choose(m, n, a.shape[1], sms, a.dtype == torch.bfloat16 and swizzle == 1)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
         x = gemm_args(a, b, d, sms, swizzle)
-        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher
-        hit = (x, max(native().kernels.workspace_size(x), 1), None if variant == gemm_plan.CORE else variant)
+        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher (the
+        # split-K / stream-K ones with a workspace of their own size)
+        if variant == gemm_plan.CORE:
+            hit = (x, max(native().kernels.workspace_size(x), 1), None)
+        else:
+            hit = (x, native().kernels.gemm_variant_workspace_size(variant, x), variant)
         if key is not None:
             remember(key, hit)
     else:
@@ -88,7 +98,8 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: st
     x, ws_bytes, variant = hit
     x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
     if variant is not None:
-        why = native().kernels.gemm_variant(variant, x, stream_handle(a.device))
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
+        why = native().kernels.gemm_variant(variant, x, stream_handle(a.device), 0 if ws is None else ws.data_ptr())
         if why:
             # the variant launcher answers a reason (tandem._C.kernels.gemm_variant): a CUDA failure (5)
             raise TandemError(f"tandem: gemm: {variant}: {why}", 5, "gemm", -1)

@@ -14,8 +14,10 @@ shapes it loses to cuBLAS by wave quantization and tile waste (docs/results.md: 
    gain of more than MARGIN: the rates below are estimates until the table has the shape.
 
 Only bf16 takes the other configurations (they are built for bf16); fp16 and swizzles other than 1 stay on the
-core. Every configuration computes every output element with the same K order, so the choice changes time, not
-bits (tests/gpu/test_gemm.py::test_gemm_variants_match_torch).
+core. The unsplit configurations compute every output element with the same K order, so choosing among them changes
+time, not bits; the split-K / stream-K ones (for shapes whose output tiles do not fill the GPU: small M, long K)
+sum fp32 partial tiles in a fixed order, so they are deterministic but round differently
+(tests/gpu/test_gemm.py::test_gemm_variants_match_torch checks both kinds).
 """
 
 from __future__ import annotations
@@ -36,7 +38,18 @@ CONFIGS = {
     "coop_256x128_c1": (256, 128, 1, 0.97),
     "pingpong_128x128_c1": (128, 128, 1, 0.45),
     "pingpong_128x128_c2": (128, 128, 2, 0.46),
+    # split along K (a runtime decomposition of CUTLASS's stream-K scheduler): more work units than output tiles
+    # where the tiles do not fill the GPU, at the cost of summing fp32 partial tiles through the workspace
+    "splitk2_128x128_c1": (128, 128, 1, 0.90),
+    "splitk4_128x128_c1": (128, 128, 1, 0.90),
+    "streamk_128x128_c1": (128, 128, 1, 0.90),
+    "streamk_128x256_c1": (128, 256, 1, 0.97),
 }
+# K slices a configuration cuts each output tile into ("stream" = balanced over the grid, modelled as the slices
+# that fill one wave); unsplit configurations are absent
+SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
+          "streamk_128x256_c1": "stream"}
+SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
 MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tune_h200.json")
@@ -78,8 +91,12 @@ def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
     if cluster > 1:  # clusters are whole: M tiles pad to the cluster
         tiles = math.ceil(math.ceil(m / tm) / cluster) * cluster * math.ceil(n / tn)
     slots = max(cluster, (sms // cluster) * cluster)
-    waves = math.ceil(tiles / slots)
-    return waves * tm * tn * max(k, 1) / rate
+    split = SPLITS.get(name)
+    if split is None:
+        return math.ceil(tiles / slots) * tm * tn * max(k, 1) / rate
+    if split == "stream":  # the K iterations of every tile spread evenly over the grid
+        return tiles * tm * tn * max(k, 1) / slots / rate * (1 + SPLIT_COST)
+    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(max(k, 1) / split) / rate * (1 + SPLIT_COST)
 
 
 def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:

@@ -17,11 +17,20 @@
 namespace tandem::kernels::gemm::variants {
 
 // "coop_128x256_c2" (the core's configuration), "coop_128x256_c1", "coop_256x128_c1", "pingpong_128x128_c1",
-// "pingpong_128x128_c2": schedule_tile_cluster (c2 = clusters of 2 CTAs along M).
+// "pingpong_128x128_c2": schedule_tile_cluster (c2 = clusters of 2 CTAs along M). Split along K (CUTLASS's
+// stream-K scheduler; the partial tiles are summed in fp32 in the workspace, in a fixed order: deterministic, but
+// not the unsplit configurations' bits): "splitk2_128x128_c1", "splitk4_128x128_c1" (K in 2 or 4 slices),
+// "streamk_128x128_c1", "streamk_128x256_c1" (K iterations balanced over the grid).
 std::vector<std::string> names();
 
 // D = A @ B with variant `name` (bf16 only; args.dtype must be kBF16). Persistent grid sized to args.sm_count.
-Status run(const std::string& name, const GemmArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// `workspace`: device memory of workspace_size() bytes (16-byte aligned; none needed where that is 0), used by
+// this launch until it completes; run() zeroes what it needs of it on `stream` first.
+Status run(const std::string& name, const GemmArgs& args, cudaStream_t stream, std::string* why = nullptr,
+           void* workspace = nullptr);
+
+// Bytes of workspace run() needs for these arguments (0 for the unsplit variants).
+Status workspace_size(const std::string& name, const GemmArgs& args, size_t* bytes, std::string* why = nullptr);
 
 struct Occupancy {
   int grid_ctas = 0;            // CTAs the persistent grid launches for args.sm_count
