@@ -49,6 +49,14 @@
 #      bash tools/device_suite.sh tests/gpu/test_tp.py -k fp8, then merge.
 #   5. branch tp-train (a28b29f; not run: the TP ops' autograd and tandem.nn, issue 24): its part e5.
 #   6. issue 21's remaining rows (docs/results.md "Where issue 21 stands"), then issues 22-26.
+# 2026-12-05 20:21 (fourth session, the H200): the four branches above, the wgrad overlap and the split-K GEMM
+# configurations were merged (main d7e5bea) after the whole GPU suite passed there (120: f1, f2 and two
+# device_suite calls; docs/results.md). Not done and next, in this order:
+#   1. rs-swizzle's measurements (its tests passed, its trace and bench did not run): part e4's trace and bench
+#      (TRACE_S/BENCH_S), then make a winning swizzle the fused RS/AR default or a tune-table column (issue 21).
+#   2. bench gemm again: the op with the rebuilt table (gemm_tune_h200.json, split configurations in it), and why
+#      the op runs 8-21 % slower than the same configuration called directly (docs/results.md) (issue 23).
+#   3. bench train -n 4 and -n 2 with more repetitions (--reps 7): the wgrad overlap's effect (issue 24).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
