@@ -101,6 +101,34 @@ def test_nn_layers_hold_the_shards_of_the_seeded_linear():
         col(torch.zeros(4, 32))
 
 
+def test_nn_layers_refuse_parameters_of_another_shard_before_any_launch():
+    import tandem.nn as tnn
+    from tandem.errors import TandemError
+
+    comm = _stand_in(world=4, rank=1)
+    col = tnn.ColumnParallelLinear(comm, 64, 32, seed=3, dtype=torch.float32, device="cpu")
+    row = tnn.RowParallelLinear(comm, 32, 64, seed=4, dtype=torch.float32, device="cpu")
+    # a checkpoint sharded over 2 ranks, loaded on 4: tandem's error names the world it was made for
+    two = _stand_in(world=2, rank=1)
+    col2 = tnn.ColumnParallelLinear(two, 64, 32, seed=3, dtype=torch.float32, device="cpu")
+    row2 = tnn.RowParallelLinear(two, 32, 64, seed=4, dtype=torch.float32, device="cpu")
+    with pytest.raises(TandemError, match=r"weight must be \(64, 8\).*got \(64, 16\): a shard for a world of 2, not 4") as e:
+        col.load_state_dict(col2.state_dict())
+    assert e.value.status == 3
+    with pytest.raises(TandemError, match=r"weight must be \(8, 64\).*got \(16, 64\): a shard for a world of 2, not 4"):
+        row.load_state_dict(row2.state_dict())
+    row.load_state_dict(tnn.RowParallelLinear(comm, 32, 64, seed=9, dtype=torch.float32, device="cpu").state_dict())
+    # a parameter replaced by hand: refused in forward, before the op (no launch on this stand-in could happen)
+    calls = []
+    col.weight = torch.nn.Parameter(torch.zeros(64, 9))
+    with pytest.raises(TandemError, match=r"weight must be \(64, 8\)"):
+        calls.append(col(torch.zeros(4, 64)))
+    row.bias = torch.nn.Parameter(torch.zeros(32))
+    with pytest.raises(TandemError, match=r"bias must be \(64,\)"):
+        calls.append(row(torch.zeros(16, 8)))
+    assert calls == []
+
+
 def test_bench_trains_naive_baseline_has_the_right_gradients():
     # bench train's naive baseline writes the block's backward by hand; at world 1 (identity collectives) it must
     # equal torch's autograd of the same block
