@@ -61,7 +61,8 @@
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
 #   git checkout -b integ2 main && git merge fp8-configs ring-bwd   and run part k1 (their tests, then benches).
-#   If the branches are gone: tools/pending/*.patch.
+#   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
+#   issue 26) is part m1; it merges with the two above too.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
@@ -318,6 +319,9 @@ elif [ "$part" = r1 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 \
     --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = m1 ]; then
+  # branch moe-ffn (not run before): torch.ops.tandem.moe_ffn, the unfused chain (issue 26)
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
