@@ -60,7 +60,7 @@
 # 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
-#   git checkout -b integ2 main && git merge fp8-configs ring-bwd   and run part k1 (their tests, then benches).
+#   git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn   and run part k1 (tests, then benches).
 #   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
 #   issue 26) is part m1; it merges with the two above too.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
@@ -278,11 +278,11 @@ elif [ "$part" = e3 ]; then
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
 elif [ "$part" = k1 ]; then
-  # branch integ2 = main + fp8-configs + ring-bwd (none of the two run before; they merge cleanly): both branches'
-  # tests in one build, then the benches of h1 and r1 in the time left
+  # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn (none run before; they merge cleanly, CPU suite 252
+  # passed on the merge): the three branches' tests in one build, then the benches of h1 and r1 in the time left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py \
-    -k "scaled or fp8 or gradients or backward or matches_sdpa or train"
+    tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
+    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn"
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --out "$OUT/diag" 2>&1 | tail -5
