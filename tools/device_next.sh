@@ -295,10 +295,11 @@ elif [ "$part" = b22 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
   # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn (none run before; they merge cleanly, CPU suite 252
-  # passed on the merge): the three branches' tests in one build, then the benches of h1 and r1 in the time left
+  # passed on the merge): the three branches' tests in one build (pipelined: ring-bwd moved its peer_bases into
+  # _runtime), then the benches of h1 and r1 in the time left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
-    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn"
+    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined"
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --out "$OUT/diag" 2>&1 | tail -5
