@@ -300,6 +300,7 @@ elif [ "$part" = k1 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
     -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined"
+  timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # moe_ffn's GEMM 2 (torch._grouped_mm) alone
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --out "$OUT/diag" 2>&1 | tail -5
@@ -339,6 +340,7 @@ elif [ "$part" = r1 ]; then
 elif [ "$part" = m1 ]; then
   # branch moe-ffn (not run before): torch.ops.tandem.moe_ffn, the unfused chain (issue 26)
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
+  timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # (built above) torch._grouped_mm's behaviour
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
