@@ -8,7 +8,8 @@ Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3f
 tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8), baseline (its name), and the accuracy of tandem's
 result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
 core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
-the data a per-shape choice of configuration is to be built from (issue 23, part 1)."""
+and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, through the op's path): the data the
+per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,28 @@ def _variants_ms(sets, pick, reps):
     return out
 
 
+def _scaled_variants_ms(sets, reps):
+    """ms of each FP8 configuration (gemm_plan.SCALED_CONFIGS) through the op's own path (scaled_gemm_with with
+    the configuration named; None where one cannot run the shape)."""
+    from ..ops import gemm_plan
+    from ..ops.gemm import scaled_gemm_with
+    from . import common
+
+    out = {}
+    for name in gemm_plan.SCALED_CONFIGS:
+        i = [0]
+
+        def call(name=name):
+            i[0] = (i[0] + 1) % len(sets)
+            scaled_gemm_with(*sets[i[0]], config=name)
+
+        try:
+            out[name] = common.time_launches(call, warmup=3, reps=reps) * 1e3
+        except Exception:  # noqa: BLE001 - a configuration that refuses the shape is reported as None
+            out[name] = None
+    return out
+
+
 def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
@@ -97,10 +120,12 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
 
             d = dict(m=m, n=n, k=k, dtype=dtype, scaling=scaling, baseline=base_name,
                      sm_count=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-            if kind == "bfloat16":
-                from ..ops import gemm_plan
+            from ..ops import gemm_plan
 
+            if kind == "bfloat16":
                 d["variant"] = gemm_plan.choose(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
+            else:
+                d["variant"] = gemm_plan.choose_scaled(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
@@ -109,6 +134,8 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 d["differ"] = int((got != ref).sum())
                 if kind == "bfloat16" and variants:
                     d["variants_ms"] = _variants_ms(sets, pick, reps)
+                elif variants:
+                    d["variants_ms"] = _scaled_variants_ms(sets, reps)
             except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
                 d["error"] = str(e).splitlines()[0][:200]
             data.append(d)
