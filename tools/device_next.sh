@@ -271,6 +271,19 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = h1 ]; then
+  # branch fp8-configs (not run before): the FP8 GEMM's six configurations (test_gemm), then bench gemm with every
+  # configuration of both dtypes (the FP8 table's data: python -m tandem tune gemm --from-bench), then bench tp with
+  # the FP8 ops beside bf16 at world 4 (issue 23: FP8 TP ops faster than bf16)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_tp.py -k "scaled or fp8"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 150 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --out "$OUT/diag" 2>&1 | tail -5
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
+    --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
