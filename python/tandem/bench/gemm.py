@@ -5,8 +5,9 @@ of Llama-3-8B and -70B MLP layers (4096/14336 and 8192/28672, both orders), plus
 multiples of 128). CUDA events, warm-ups, median; three input sets rotate so that the L2 does not hold them.
 
 Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3fn), scaling (none / tensor / row),
-tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8), baseline (its name), and the accuracy of tandem's
-result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
+tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8; one call between two events), tandem_ms_inner20
+and baseline_ms_inner20 (20 calls back to back between the events, per call), baseline (its name), and the
+accuracy of tandem's result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
 core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
 and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, through the op's path): the data the
 per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1)."""
@@ -129,6 +130,13 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
+                # the same calls 20 back to back between the events: the host's time a call before its launch no
+                # longer shows unless it exceeds the GPU's (the op ran 8-21 % slower than its configuration
+                # called directly on 2026-12-05: host path, or device?)
+                d["tandem_ms_inner20"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps,
+                                                              inner=20) * 1e3
+                d["baseline_ms_inner20"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps,
+                                                                inner=20) * 1e3
                 got, ref = ours(sets[0]).float(), base(sets[0]).float()
                 d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
                 d["differ"] = int((got != ref).sum())
