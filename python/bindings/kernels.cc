@@ -191,12 +191,12 @@ void bind_kernels(py::module_& m) {
       .value("TENSOR", g::Scaling::kTensor)
       .value("ROW", g::Scaling::kRow);
   py::enum_<g::ScaledConfig>(k, "ScaledConfig", "The CUTLASS configuration of scaled_gemm (scaled_gemm.h)")
-      .value("COOP_128X128_C2", g::ScaledConfig::kCoop128C2)
-      .value("COOP_128X128_C1", g::ScaledConfig::kCoop128C1)
-      .value("COOP_128X128_C1X2", g::ScaledConfig::kCoop128C1x2)
-      .value("PINGPONG_64X128_C1", g::ScaledConfig::kPingpong64C1)
-      .value("SPLITK2_128X128_C1", g::ScaledConfig::kSplitK2Coop128)
-      .value("STREAMK_128X128_C1", g::ScaledConfig::kStreamKCoop128);
+      .value("FP8_COOP_128X128_C2", g::ScaledConfig::kCoop128C2)
+      .value("FP8_COOP_128X128_C1", g::ScaledConfig::kCoop128C1)
+      .value("FP8_COOP_128X128_C1X2", g::ScaledConfig::kCoop128C1x2)
+      .value("FP8_PINGPONG_64X128_C1", g::ScaledConfig::kPingpong64C1)
+      .value("FP8_SPLITK2_128X128_C1", g::ScaledConfig::kSplitK2Coop128)
+      .value("FP8_STREAMK_128X128_C1", g::ScaledConfig::kStreamKCoop128);
   {
     py::class_<g::ScaledGemmArgs> cls(k, "ScaledGemmArgs",
                                       "D (bf16) = scale_a * (scale_b * (A @ B)), A e4m3 row-major, B e4m3 column-major");

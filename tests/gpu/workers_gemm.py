@@ -256,15 +256,18 @@ def scaled_configs(shapes):
             rb = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn).t()
             rsa, rsb = _scales(m, n, scaling, False)
             theirs = torch._scaled_mm(ra, rb, rsa, rsb, out_dtype=torch.bfloat16).float()
+            core = scaled_gemm_with(ra, rb, rsa, rsb, config=gemm_plan.SCALED_CORE)
             for name in gemm_plan.SCALED_CONFIGS:
                 got = scaled_gemm_with(a, b, sa, sb, config=name)
                 mine = scaled_gemm_with(ra, rb, rsa, rsb, config=name)
                 again = scaled_gemm_with(ra, rb, rsa, rsb, config=name)
                 torch.cuda.synchronize()
                 out["rows"].append(dict(shape=[m, n, k], scaling=scaling, config=name,
+                                        split=name in gemm_plan.SCALED_SPLITS,
                                         wrong=int((got != exact).sum()),
                                         rel_vs_scaled_mm=float((mine.float() - theirs).norm() / theirs.norm()),
-                                        rerun_same=bool(torch.equal(mine, again))))
+                                        rerun_same=bool(torch.equal(mine, again)),
+                                        same_as_core=bool(torch.equal(mine, core))))
     try:
         scaled_gemm_with(a, b, sa, sb, config="no_such_config")
     except TandemError as e:

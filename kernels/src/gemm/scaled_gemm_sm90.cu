@@ -191,6 +191,10 @@ size_t workspace_size(const ScaledGemmArgs& g) {
 
 Status run(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  if (workspace == nullptr && workspace_size(g) != 0) {
+    if (why) *why = "this configuration needs a workspace of workspace_size() bytes";
+    return Status::kInvalidArgument;
+  }
   Status status = Status::kInvalidArgument;
   with_config(g.config, [&]<class Config>() {
     constexpr const char* kCannot = "CUTLASS cannot implement this FP8 problem (alignment or shape)";

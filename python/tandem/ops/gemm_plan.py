@@ -16,7 +16,9 @@ shapes it loses to cuBLAS by wave quantization and tile waste (docs/results.md: 
 Only bf16 takes the other configurations (they are built for bf16); fp16 and swizzles other than 1 stay on the
 core. The FP8 GEMM (torch.ops.tandem.scaled_gemm) has configurations of its own (SCALED_CONFIGS, scaled_gemm.h's
 ScaledConfig), chosen the same way by `choose_scaled`; the table keeps them apart by a "kind" per row ("bf16",
-"fp8_tensor", "fp8_row"; a row without one is bf16). The unsplit configurations compute every output element with the same K order, so choosing among them changes
+"fp8_tensor", "fp8_row"; a row without one is bf16). An op decides its configuration on the first call of a call
+signature (its prepared-call cache): a table rewritten later applies to new signatures, and to old ones after
+tandem.ops._runtime's prepared calls are dropped (release_workspaces). The unsplit configurations compute every output element with the same K order, so choosing among them changes
 time, not bits; the split-K / stream-K ones (for shapes whose output tiles do not fill the GPU: small M, long K)
 sum fp32 partial tiles in a fixed order, so they are deterministic but round differently
 (tests/gpu/test_gemm.py::test_gemm_variants_match_torch checks both kinds).
@@ -52,20 +54,24 @@ CONFIGS = {
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
           "streamk_128x256_c1": "stream"}
 MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
+TILE_K = 64  # the bf16 configurations' tile depth (the FP8 ones': SCALED_TILE_K)
+STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model never spreads K thinner
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
 
-# The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased):
+# The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
+# them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
 # name -> (tile M, tile N, cluster M, cluster N, relative per-CTA rate on a full tile). Tiles are 128 deep in K.
-SCALED_CORE = "coop_128x128_c2"
+SCALED_TILE_K = 128
+SCALED_CORE = "fp8_coop_128x128_c2"
 SCALED_CONFIGS = {
-    "coop_128x128_c2": (128, 128, 2, 1, 1.00),
-    "coop_128x128_c1": (128, 128, 1, 1, 0.97),
-    "coop_128x128_c1x2": (128, 128, 1, 2, 1.00),
-    "pingpong_64x128_c1": (64, 128, 1, 1, 0.50),
-    "splitk2_128x128_c1": (128, 128, 1, 1, 0.95),
-    "streamk_128x128_c1": (128, 128, 1, 1, 0.95),
+    "fp8_coop_128x128_c2": (128, 128, 2, 1, 1.00),
+    "fp8_coop_128x128_c1": (128, 128, 1, 1, 0.97),
+    "fp8_coop_128x128_c1x2": (128, 128, 1, 2, 1.00),
+    "fp8_pingpong_64x128_c1": (64, 128, 1, 1, 0.50),
+    "fp8_splitk2_128x128_c1": (128, 128, 1, 1, 0.95),
+    "fp8_streamk_128x128_c1": (128, 128, 1, 1, 0.95),
 }
-SCALED_SPLITS = {"splitk2_128x128_c1": 2, "streamk_128x128_c1": "stream"}
+SCALED_SPLITS = {"fp8_splitk2_128x128_c1": 2, "fp8_streamk_128x128_c1": "stream"}
 KINDS = ("bf16", "fp8_tensor", "fp8_row")
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tune_h200.json")
@@ -107,33 +113,42 @@ def lookup(sms: int, m: int, n: int, k: int, kind: str = "bf16"):
     return _tune_table.lookup((table_path(), SHIPPED), key(sms, m, n, k, kind), _load)
 
 
-def _waves_time(tm, tn, cm, cn, rate, split, m, n, k, sms) -> float:
-    """Waves of output tiles (clusters whole: M tiles pad to cm, N tiles to cn) over the CTAs that run at once,
-    each a full tile's K loop at `rate`; a split configuration cuts each tile's K loop in `split` slices (more work
-    units, each shorter) or, "stream", spreads all K iterations evenly over the grid, at SPLIT_COST extra."""
-    mt = math.ceil(math.ceil(m / tm) / cm) * cm
-    nt = math.ceil(math.ceil(n / tn) / cn) * cn
-    tiles = mt * nt
+def _tiles(tm, tn, cm, cn, m, n) -> int:
+    """Output tiles, clusters whole (M tiles pad to cm, N tiles to cn)."""
+    return math.ceil(math.ceil(m / tm) / cm) * cm * math.ceil(math.ceil(n / tn) / cn) * cn
+
+
+def _waves_time(tm, tn, cm, cn, rate, split, m, n, k, sms, tile_k) -> float:
+    """Waves of output tiles over the CTAs that run at once, each a full tile's K loop (whole k-tiles of depth
+    tile_k) at `rate`. A split configuration cuts each tile's K loop in `split` slices (CUTLASS cuts the count to
+    the k-tiles there are) or, "stream", spreads the k-tiles of every tile over the grid in units of at least
+    STREAM_K_MIN_KTILES, at SPLIT_COST extra; a K of fewer than 2 x STREAM_K_MIN_KTILES k-tiles is never split
+    (the fix-up and the workspace would cost more than the split saves)."""
+    tiles = _tiles(tm, tn, cm, cn, m, n)
     size = cm * cn
     slots = max(size, (sms // size) * size)
-    k = max(k, 1)
+    ktiles = math.ceil(max(k, 1) / tile_k)
     if split is None:
-        return math.ceil(tiles / slots) * tm * tn * k / rate
+        return math.ceil(tiles / slots) * tm * tn * ktiles * tile_k / rate
+    if ktiles < 2 * STREAM_K_MIN_KTILES:
+        return math.inf
     if split == "stream":
-        return tiles * tm * tn * k / slots / rate * (1 + SPLIT_COST)
-    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(k / split) / rate * (1 + SPLIT_COST)
+        per_cta = max(math.ceil(tiles * ktiles / slots), min(ktiles, STREAM_K_MIN_KTILES))
+        return per_cta * tm * tn * tile_k / rate * (1 + SPLIT_COST)
+    split = min(split, ktiles)
+    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(ktiles / split) * tile_k / rate * (1 + SPLIT_COST)
 
 
 def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
     """The wave model's time of bf16 configuration `name` (arbitrary units; only ratios mean anything)."""
     tm, tn, cluster, rate = CONFIGS[name]
-    return _waves_time(tm, tn, cluster, 1, rate, SPLITS.get(name), m, n, k, sms)
+    return _waves_time(tm, tn, cluster, 1, rate, SPLITS.get(name), m, n, k, sms, TILE_K)
 
 
 def predicted_scaled(name: str, m: int, n: int, k: int, sms: int) -> float:
     """The wave model's time of FP8 configuration `name` (arbitrary units)."""
     tm, tn, cm, cn, rate = SCALED_CONFIGS[name]
-    return _waves_time(tm, tn, cm, cn, rate, SCALED_SPLITS.get(name), m, n, k, sms)
+    return _waves_time(tm, tn, cm, cn, rate, SCALED_SPLITS.get(name), m, n, k, sms, SCALED_TILE_K)
 
 
 def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
@@ -185,6 +200,15 @@ def rows_from_bench(paths) -> list:
             if not times:
                 continue
             sms = int(r.get("sm_count") or 132)
+            # a split configuration is taken only where the output tiles fill less than one wave (its workspace
+            # grows with the whole output: 1.9 GB for split-K at 16384 x 28672): a noisy win elsewhere is not worth it
+            splits = SPLITS if kind == "bf16" else SCALED_SPLITS
+            for v in [v for v in times if v in splits]:
+                tm, tn = configs[v][0], configs[v][1]
+                if _tiles(tm, tn, 1, 1, int(r["m"]), int(r["n"])) >= sms:
+                    del times[v]
+            if not times:
+                continue
             best = min(times, key=times.get)
             rows.append(dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best,
                              ms=times[best], candidates=times))
