@@ -271,6 +271,19 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = r1 ]; then
+  # branch ring-bwd (not run before): ring attention's autograd, the unfused backward (test_ring_attention's
+  # gradient cases, worlds 1-4, and the emulated-nodes refusal), then bench attention at world 1 (forward and
+  # backward against SDPA cuDNN and flash) and at world 2 (forward against the torch ring)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-240} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    -k "gradients or backward or matches_sdpa"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 100 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
+    --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -12
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 \
+    --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);

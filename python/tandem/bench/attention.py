@@ -1,6 +1,9 @@
 """Ring attention benchmark, N ranks (MPS on one GPU), bf16, in the same run:
 
-  world 1   tandem's kernel vs torch SDPA's flash backend (sdpa_kernel(FLASH_ATTENTION)) on the same problem;
+  world 1   tandem vs torch SDPA's cuDNN backend (the faster one on this GPU) and its flash backend on the same
+            problem, forward and backward (rows per pass: fwd, bwd; backward timed alone, from a kept graph;
+            tandem's backward is the unfused mode of tandem.ops.attention_backward), keys b, s, hq, hkv, d,
+            causal, pass, tandem_tflops, cudnn_tflops, flash_tflops (backward FLOPs = 2.5 x forward's);
   world N   the global sequence of S rows sharded over the ranks (S / N rows a rank; zigzag when causal),
             tandem's one-kernel ring vs a torch ring in the same process: per step the K/V block goes to the next
             rank by a copy into its symmetric buffer (tandem Communicator peer views: NCCL refuses several ranks on
@@ -18,6 +21,7 @@ warm-ups, median.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -82,6 +86,69 @@ class TorchRing:
         return out.to(q.dtype).transpose(1, 2), lse
 
 
+def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
+    """World 1: tandem against SDPA's cuDNN and flash backends, forward and backward (module docstring)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..ops import attention, tp
+    from . import common
+
+    scale = head_dim ** -0.5
+    gqa = dict(enable_gqa=True) if heads_kv != heads_q else {}
+    rows, data = [], []
+    for seq in seqs:
+        for causal in causals:
+            if causal and seq % 2:
+                continue
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v = (torch.randn(batch, seq, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+                       .requires_grad_(True) for h in (heads_q, heads_kv, heads_kv))
+            do = torch.randn(batch, seq, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      is_causal=causal, scale=scale, **gqa).transpose(1, 2)
+
+            def mine():
+                return attention.ring_attention(comm, q, k, v, causal=causal)[0]
+
+            times = {}
+            for name, fn, backend in (("tandem", mine, None), ("cudnn", sdpa, SDPBackend.CUDNN_ATTENTION),
+                                      ("flash", sdpa, SDPBackend.FLASH_ATTENTION)):
+                ctx = sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+                try:
+                    with ctx:
+                        times[(name, "fwd")] = common.time_launches(lambda: fn(), warmup=3, reps=reps)
+                        o = fn()
+                        times[(name, "bwd")] = common.time_launches(
+                            lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+                except RuntimeError as e:  # a backend that refuses the shape is reported, not fatal
+                    print(f"  {name} skipped at S={seq} causal={causal}: {str(e).splitlines()[0][:120]}")
+            comm.check()
+            fwd_flop = 4.0 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
+            for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop)):
+                tf = {n: (flop / times[(n, pss)] / 1e12 if (n, pss) in times else None)
+                      for n in ("tandem", "cudnn", "flash")}
+                d = dict(b=batch, s=seq, hq=heads_q, hkv=heads_kv, d=head_dim, causal=causal, world=1, **{"pass": pss},
+                         tandem_tflops=tf["tandem"], cudnn_tflops=tf["cudnn"], flash_tflops=tf["flash"],
+                         tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None)
+                data.append(d)
+                fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+                rows.append([str(seq), "yes" if causal else "no", f"{batch}/{heads_q}/{heads_kv}/{head_dim}", pss,
+                             fmt(tf["tandem"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
+                             "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}"])
+                print("| " + " | ".join(rows[-1]) + " |", flush=True)
+            tp.release_workspaces(comm)
+    meta = common.header(command)
+    table = common.markdown_table(["S", "causal", "B/Hq/Hkv/d", "pass", "tandem TFLOP/s", "SDPA cuDNN TFLOP/s",
+                                   "SDPA flash TFLOP/s", "tandem/cuDNN"], rows)
+    print(f"# tandem attention, world 1 — {meta['device']}, commit {meta['commit']}, {meta['date']}")
+    print(table)
+    common.write_outputs(out_dir, "attention_w1", meta, table, data)
+
+
 def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
     import torch
     import torch.nn.functional as F
@@ -94,7 +161,11 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
 
     comm = Communicator(heap_bytes=8 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
-    baseline = "SDPA flash" if world == 1 else "torch ring"
+    if world == 1:
+        run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command)
+        comm.destroy()
+        return
+    baseline = "torch ring"
     scale = head_dim ** -0.5
     gqa = dict(enable_gqa=True) if heads_kv != heads_q else {}
     rows, data = [], []

@@ -21,3 +21,5 @@ from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_at
 # the TP ops' backward (torch.library.register_autograd) and the ops it uses: all_gather_rows, ag_gemm_gathered,
 # sp_bias_add
 from . import tp_autograd  # noqa: F401,E402
+# ring attention's backward (torch.ops.tandem.ring_attention_backward, registered as ring_attention's autograd)
+from . import attention_backward  # noqa: F401,E402
