@@ -50,6 +50,40 @@ def _shard_size(total, world, what, op, rank):
     return total // world
 
 
+def _check_params(module, op: str, shapes: dict, sharded: dict, full: int):
+    """The module's parameters have this rank's shard shapes (shapes: name -> shape; sharded: name -> the dimension
+    split over the ranks). A parameter replaced by hand with another shape is an error before any launch, naming
+    the world size it would fit."""
+    comm = module.comm
+    for name, want in shapes.items():
+        t = getattr(module, name)
+        if t is None or tuple(t.shape) == want:
+            continue
+        raise invalid(_shard_mismatch(name, tuple(t.shape), want, sharded.get(name, 0), full, comm.world_size,
+                                      name in sharded), op, comm.rank)
+
+
+def _shard_mismatch(name, got, want, sharded_dim, full, world, sharded) -> str:
+    msg = f"{name} must be {want} (this rank's shard of a layer over {world} ranks), got {got}"
+    if sharded and len(got) == len(want) and all(g == w for i, (g, w) in enumerate(zip(got, want)) if i != sharded_dim):
+        n = got[sharded_dim]
+        if n and full % n == 0 and full // n != world:
+            msg += f": a shard for a world of {full // n}, not {world}"
+    return msg
+
+
+def _check_loaded(module, state_dict, prefix, op: str, shapes: dict, sharded: dict, full: int):
+    """load_state_dict: a tensor of another shard shape is tandem's error (naming the world it was sharded for)
+    instead of torch's size mismatch."""
+    comm = module.comm
+    for name, want in shapes.items():
+        t = state_dict.get(prefix + name)
+        if t is None or want is None or tuple(t.shape) == want:
+            continue
+        raise invalid(_shard_mismatch(prefix + name, tuple(t.shape), want, sharded.get(name, 0), full,
+                                      comm.world_size, name in sharded), op, comm.rank)
+
+
 class ColumnParallelLinear(torch.nn.Module):
     """Y = AG(x) W + b on this rank's output columns; see the module docstring. mode, comm_blocks, sm_count: the
     op's (tandem.ops.ag_gemm)."""
@@ -74,10 +108,19 @@ class ColumnParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(full.weight.detach()[cols].t().contiguous().to(dtype=dtype, device=device))
         self.bias = (torch.nn.Parameter(full.bias.detach()[cols].to(dtype=dtype, device=device)) if bias else None)
 
+    def _shards(self):
+        """(shapes, sharded dimensions) of this rank's parameters: the weight's and the bias's output columns."""
+        return {"weight": (self.in_features, self.out_local), "bias": (self.out_local,)}, {"weight": 1, "bias": 0}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _check_loaded(self, state_dict, prefix, "ColumnParallelLinear", *self._shards(), self.out_features)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x):
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise invalid(f"x must be (tokens / world, {self.in_features}): this rank's rows of the sequence, got "
                           f"{tuple(x.shape)}", "ColumnParallelLinear", self.comm.rank)
+        _check_params(self, "ColumnParallelLinear", *self._shards(), self.out_features)
         y = torch.ops.tandem.ag_gemm(x, self.weight, self._handle, self.mode, self.comm_blocks, self.sm_count)
         return y if self.bias is None else y + self.bias
 
@@ -134,11 +177,20 @@ class RowParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(full.weight.detach()[:, rows].t().contiguous().to(dtype=dtype, device=device))
         self.bias = torch.nn.Parameter(full.bias.detach().to(dtype=dtype, device=device)) if bias else None
 
+    def _shards(self):
+        """(shapes, sharded dimensions) of this rank's parameters: the weight's input rows (the bias is whole)."""
+        return {"weight": (self.in_local, self.out_features), "bias": (self.out_features,)}, {"weight": 0}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        _check_loaded(self, state_dict, prefix, "RowParallelLinear", *self._shards(), self.in_features)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x):
         if x.dim() != 2 or x.shape[1] != self.in_local:
             raise invalid(f"x must be (tokens, {self.in_local}): every token, this rank's {self.in_local} of the "
                           f"{self.in_features} input columns, got {tuple(x.shape)}", "RowParallelLinear",
                           self.comm.rank)
+        _check_params(self, "RowParallelLinear", *self._shards(), self.in_features)
         h = self._handle
         if self.sequence_parallel:
             y = torch.ops.tandem.gemm_rs(x, self.weight, h, self.mode, self.comm_blocks, self.sm_count)

@@ -141,6 +141,12 @@ def mlp_grads(cases):
                torch.zeros(8, 32, dtype=torch.bfloat16, device="cuda"))),
            ("row input of the wrong width", lambda: tnn.RowParallelLinear(comm, 16 * world, 64, bias=False)(
                torch.zeros(8, 16 * world + 16, dtype=torch.bfloat16, device="cuda")))]
+    def replaced_weight():
+        layer = tnn.ColumnParallelLinear(comm, 64, 8 * world)
+        layer.weight = torch.nn.Parameter(torch.zeros(64, 16, dtype=torch.bfloat16, device="cuda"))
+        return layer(torch.zeros(8, 64, dtype=torch.bfloat16, device="cuda"))
+
+    bad.append(("a weight of another shard shape", replaced_weight))
     if world > 1:
         bad += [("out_features not a multiple of the world", lambda: tnn.ColumnParallelLinear(comm, 64, 8 * world + 1))]
     refused = {}

@@ -49,6 +49,8 @@ CONFIGS = {
 # that fill one wave); unsplit configurations are absent
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
           "streamk_128x256_c1": "stream"}
+TILE_K = 64  # the bf16 configurations' tile depth
+STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model never spreads K thinner
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
 MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
 
@@ -92,11 +94,18 @@ def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
         tiles = math.ceil(math.ceil(m / tm) / cluster) * cluster * math.ceil(n / tn)
     slots = max(cluster, (sms // cluster) * cluster)
     split = SPLITS.get(name)
+    ktiles = math.ceil(max(k, 1) / TILE_K)
+    if split is not None and ktiles < 2 * STREAM_K_MIN_KTILES:
+        return math.inf  # a short K is not worth a split: the fix-up and the workspace cost more than it saves
     if split is None:
-        return math.ceil(tiles / slots) * tm * tn * max(k, 1) / rate
-    if split == "stream":  # the K iterations of every tile spread evenly over the grid
-        return tiles * tm * tn * max(k, 1) / slots / rate * (1 + SPLIT_COST)
-    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(max(k, 1) / split) / rate * (1 + SPLIT_COST)
+        return math.ceil(tiles / slots) * tm * tn * ktiles * TILE_K / rate
+    if split == "stream":
+        # the K iterations of every tile spread over the grid, but CUTLASS's stream-K units are at least
+        # STREAM_K_MIN_KTILES k-tiles (fewer: it falls back to whole tiles)
+        per_cta = max(math.ceil(tiles * ktiles / slots), min(ktiles, STREAM_K_MIN_KTILES))
+        return per_cta * tm * tn * TILE_K / rate * (1 + SPLIT_COST)
+    split = min(split, ktiles)  # CUTLASS cuts the split count to the k-tiles there are
+    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(ktiles / split) * TILE_K / rate * (1 + SPLIT_COST)
 
 
 def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
