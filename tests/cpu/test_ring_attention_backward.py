@@ -98,3 +98,13 @@ def test_the_backward_op_traces_as_one_node():
     assert ops == ["tandem.ring_attention.default", "tandem.ring_attention_backward.default"], ops
     out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     assert [tuple(x.meta["val"].shape) for x in out] == [(1, 8, 4, 64), (1, 8, 2, 64), (1, 8, 2, 64)]
+
+
+def test_lse_is_not_differentiable():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    h = tp.register(types.SimpleNamespace(world_size=2, rank=1, device=0, destroyed=False))
+    with FakeTensorMode():
+        q, k, v = (torch.empty(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        o, lse = torch.ops.tandem.ring_attention(q, k, v, h, True, 0.0, 0, 0, 0)
+        assert o.requires_grad and not lse.requires_grad

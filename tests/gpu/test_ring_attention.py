@@ -96,6 +96,7 @@ GRAD_CASES = [
     [1, 64, 4, 1, 128, True, "float16"],     # MQA, fp16
     [1, 2, 2, 2, 64, True, "bfloat16"],      # tiny S_l
     [1, 250, 4, 2, 64, False, "float16"],    # ragged
+    [1, 1024, 8, 2, 128, True, "bfloat16"],  # key blocks of 512 rows: several dQ atomics an element (determinism)
 ]
 
 

@@ -21,7 +21,6 @@ warm-ups, median.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 
@@ -114,18 +113,27 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
             def mine():
                 return attention.ring_attention(comm, q, k, v, causal=causal)[0]
 
-            times = {}
-            for name, fn, backend in (("tandem", mine, None), ("cudnn", sdpa, SDPBackend.CUDNN_ATTENTION),
-                                      ("flash", sdpa, SDPBackend.FLASH_ATTENTION)):
-                ctx = sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()
+            def timed(name, fn):
+                times[(name, "fwd")] = common.time_launches(lambda: fn(), warmup=3, reps=reps)
+                o = fn()
+                times[(name, "bwd")] = common.time_launches(
+                    lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+                return o, torch.autograd.grad(o, (q, k, v), do)
+
+            times, results = {}, {}
+            results["tandem"] = timed("tandem", mine)  # a tandem failure stops the bench
+            for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                 try:
-                    with ctx:
-                        times[(name, "fwd")] = common.time_launches(lambda: fn(), warmup=3, reps=reps)
-                        o = fn()
-                        times[(name, "bwd")] = common.time_launches(
-                            lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+                    with sdpa_kernel(backend):
+                        results[name] = timed(name, sdpa)
                 except RuntimeError as e:  # a backend that refuses the shape is reported, not fatal
                     print(f"  {name} skipped at S={seq} causal={causal}: {str(e).splitlines()[0][:120]}")
+            # a sanity check beside the times: tandem's output and gradients against the first SDPA backend that ran
+            ref = results.get("cudnn") or results.get("flash")
+            diffs = None
+            if ref is not None:
+                diffs = [float((a.float() - b.float()).abs().max())
+                         for a, b in zip((results["tandem"][0],) + tuple(results["tandem"][1]), (ref[0],) + tuple(ref[1]))]
             comm.check()
             fwd_flop = 4.0 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
             for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop)):
@@ -133,17 +141,20 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
                       for n in ("tandem", "cudnn", "flash")}
                 d = dict(b=batch, s=seq, hq=heads_q, hkv=heads_kv, d=head_dim, causal=causal, world=1, **{"pass": pss},
                          tandem_tflops=tf["tandem"], cudnn_tflops=tf["cudnn"], flash_tflops=tf["flash"],
-                         tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None)
+                         tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None,
+                         max_abs_diff=(diffs[0] if pss == "fwd" else max(diffs[1:])) if diffs else None)
                 data.append(d)
                 fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
                 rows.append([str(seq), "yes" if causal else "no", f"{batch}/{heads_q}/{heads_kv}/{head_dim}", pss,
                              fmt(tf["tandem"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
-                             "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}"])
+                             "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}",
+                             "-" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.2e}"])
                 print("| " + " | ".join(rows[-1]) + " |", flush=True)
             tp.release_workspaces(comm)
     meta = common.header(command)
     table = common.markdown_table(["S", "causal", "B/Hq/Hkv/d", "pass", "tandem TFLOP/s", "SDPA cuDNN TFLOP/s",
-                                   "SDPA flash TFLOP/s", "tandem/cuDNN"], rows)
+                                   "SDPA flash TFLOP/s", "tandem/cuDNN", "max |tandem - SDPA| (o or dq/dk/dv)"],
+                                  rows)
     print(f"# tandem attention, world 1 — {meta['device']}, commit {meta['commit']}, {meta['date']}")
     print(table)
     common.write_outputs(out_dir, "attention_w1", meta, table, data)
@@ -151,7 +162,6 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
 
 def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
     import torch
-    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .. import ops  # noqa: F401
@@ -167,7 +177,6 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
         return
     baseline = "torch ring"
     scale = head_dim ** -0.5
-    gqa = dict(enable_gqa=True) if heads_kv != heads_q else {}
     rows, data = [], []
     for seq in seqs:
         for causal in causals:
@@ -181,17 +190,10 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
             q = torch.randn(batch, s_l, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
             k = torch.randn(batch, s_l, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
             v = torch.randn(batch, s_l, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-            if world == 1:
-                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            ring = TorchRing(comm, k.shape, k.dtype)
 
-                def base_fn():
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
-                                                          **gqa).transpose(1, 2)
-            else:
-                ring = TorchRing(comm, k.shape, k.dtype)
-
-                def base_fn():
-                    return ring(q, k, v, causal, scale)[0]
+            def base_fn():
+                return ring(q, k, v, causal, scale)[0]
 
             def tandem_fn():
                 return attention.ring_attention(comm, q, k, v, causal=causal)

@@ -21,7 +21,11 @@ Schedule, rank r of W, one call (epoch e of the workspace's counter):
     dk, dv = sum over the W slots in rank order (fp32), rounded once to the input dtype
 dq sums its W contributions in ring-step order in fp32 and is rounded once. The sums' order is fixed, so the
 result is deterministic whenever the block kernel is: FlashAttention-2's backward accumulates dQ with atomics
-unless torch.use_deterministic_algorithms(True) is on (then it runs its deterministic path).
+unless torch.use_deterministic_algorithms(True) is on, and not in warn-only mode (then it runs its deterministic
+path; warn_only=True only warns and keeps the atomics).
+
+Every backward of one shape on one communicator must be issued on the same stream: the workspace's slots and
+kv_own are reused in stream order (a call on another stream first waits for the stream of the previous call).
 
 GQA / MQA: K and V heads are repeated to the query heads for the block kernel, and the repeated heads' dK/dV
 summed back (in fp32). lse's gradient is not propagated (lse is an auxiliary output, as in FlashAttention).
@@ -84,8 +88,8 @@ def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if group > 1:
         b, s, _, d = dk.shape
-        dk = dk.float().view(b, s, -1, group, d).sum(3)
-        dv = dv.float().view(b, s, -1, group, d).sum(3)
+        dk = dk.float().reshape(b, s, -1, group, d).sum(3)
+        dv = dv.float().reshape(b, s, -1, group, d).sum(3)
     return dq, dk, dv
 
 
@@ -193,6 +197,10 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     bases = rt.peer_bases(c, ws, OP)
     base = bases[rank]
     s = torch.cuda.current_stream(q.device)
+    last = getattr(ws, "_tandem_last_stream", None)
+    if last is not None and last != s:  # the previous call's sums and copies are on `last`: after them
+        s.wait_stream(last)
+    ws._tandem_last_stream = s
 
     K.stream_advance(base, s.cuda_stream)  # this call's epoch
     kc, vc = k.contiguous(), v.contiguous()
@@ -250,6 +258,7 @@ ring_attention_backward_op = rt.define_op(
 def _setup(ctx, inputs, output):
     q, k, v, comm, causal, softmax_scale = inputs[:6]
     o, lse = output
+    ctx.mark_non_differentiable(lse)  # a loss on lse is an error in autograd, not a silent zero gradient
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.comm, ctx.causal, ctx.softmax_scale = comm, causal, softmax_scale
 
