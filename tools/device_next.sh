@@ -57,6 +57,11 @@
 #   2. bench gemm again: the op with the rebuilt table (gemm_tune_h200.json, split configurations in it), and why
 #      the op runs 8-21 % slower than the same configuration called directly (docs/results.md) (issue 23).
 #   3. bench train -n 4 and -n 2 with more repetitions (--reps 7): the wgrad overlap's effect (issue 24).
+# 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
+# not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
+# attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
+#   git checkout -b integ2 main && git merge fp8-configs ring-bwd   and run part k1 (their tests, then benches).
+#   If the branches are gone: tools/pending/*.patch.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
@@ -271,6 +276,35 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = k1 ]; then
+  # branch integ2 = main + fp8-configs + ring-bwd (none of the two run before; they merge cleanly): both branches'
+  # tests in one build, then the benches of h1 and r1 in the time left
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py \
+    -k "scaled or fp8 or gradients or backward or matches_sdpa or train"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --out "$OUT/diag" 2>&1 | tail -5
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 100 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
+    --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -12
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag" 2>&1 | tail -10
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = h1 ]; then
+  # branch fp8-configs (not run before): the FP8 GEMM's six configurations (test_gemm), then bench gemm with every
+  # configuration of both dtypes (the FP8 table's data: python -m tandem tune gemm --from-bench), then bench tp with
+  # the FP8 ops beside bf16 at world 4 (issue 23: FP8 TP ops faster than bf16)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_tp.py -k "scaled or fp8"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 150 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --out "$OUT/diag" 2>&1 | tail -5
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
+    --out "$OUT/diag" 2>&1 | tail -24
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = r1 ]; then
   # branch ring-bwd (not run before): ring attention's autograd, the unfused backward (test_ring_attention's
   # gradient cases, worlds 1-4, and the emulated-nodes refusal), then bench attention at world 1 (forward and
