@@ -13,7 +13,8 @@ Schedule, rank r of W, one call (epoch e of the workspace's counter):
     copy k, v into this rank's kv_own (symmetric)            barrier A: every kv_own written, and every rank
                                                              has summed its slots of call e-1
     for s = 0 .. W-1, src = (r - s) mod W:
-        K, V of src (s = 0: k, v; else a copy-engine copy of src's kv_own into a local stage)
+        K, V of src (s = 0: k, v; else a copy-engine copy of src's kv_own into one of two local stages, issued
+        on a side stream one step ahead: it overlaps the previous step's block kernels)
         for each (query chunk, key chunk) pair the mask leaves (block_pairs):
             flash backward of the pair -> dq rows += (fp32), dk/dv partial of src rows += (fp32)
         copy the fp32 dk/dv partial into src's slot [r] (its kv_slots, symmetric)
@@ -142,6 +143,17 @@ def ring_backward_math(rank, world, do, q, o, lse, kv_of, causal, scale, block=f
     return dq, partials
 
 
+_SIDE: dict = {}
+
+
+def _side_stream(device) -> torch.cuda.Stream:
+    """The K/V prefetch stream of a device (made once: a graph capture must not create streams)."""
+    st = _SIDE.get(device)
+    if st is None:
+        st = _SIDE[device] = torch.cuda.Stream(device=device)
+    return st
+
+
 def _check(comm, q, k, v, o, lse, do, op=OP):
     rank = comm.rank
     n = comm.native
@@ -207,13 +219,25 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     K.stream_copy(base + own_off, kc.data_ptr(), kv_bytes, s.cuda_stream)
     K.stream_copy(base + own_off + kv_bytes, vc.data_ptr(), kv_bytes, s.cuda_stream)
     _barrier(K, c, base, _FLAGS_A, s)
-    stage = torch.empty((2,) + tuple(k.shape), dtype=k.dtype, device=k.device)
+    # K/V of step t's source arrive in stage[t % 2] by a copy-engine copy on a side stream, issued one step
+    # ahead, so that it overlaps step t-1's block kernels: the copy into a buffer waits for the step that last
+    # read it (event done[t-2]), and a step waits for its copy (event copied[t]). Every side-stream copy is waited
+    # for by this stream before barrier B, so no peer rewrites its kv_own under a copy (and a graph capture joins)
+    stage = torch.empty((2, 2) + tuple(k.shape), dtype=k.dtype, device=k.device)
+    side = _side_stream(q.device)
+    side.wait_stream(s)  # after barrier A: every kv_own is written
+    copied, done = {}, {}
 
-    def kv_of(src):
-        if src == rank:
-            return kc, vc
-        K.stream_copy(stage.data_ptr(), bases[src] + own_off, 2 * kv_bytes, s.cuda_stream)
-        return stage[0], stage[1]
+    def prefetch(t):
+        if t >= world:
+            return
+        src_t = (rank - t) % world
+        with torch.cuda.stream(side):
+            if t - 2 in done:
+                side.wait_event(done[t - 2])
+            K.stream_copy(stage[t % 2].data_ptr(), bases[src_t] + own_off, 2 * kv_bytes, side.cuda_stream)
+            copied[t] = torch.cuda.Event()
+            copied[t].record(side)
 
     def slot(owner, writer):  # owner's slot for writer's partial: dk then dv, fp32
         return bases[owner] + slots_off + writer * 2 * _align(part_bytes)
@@ -221,7 +245,12 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for step in range(world):
         src = (rank - step) % world
-        kk, vv = kv_of(src)
+        if step == 0:
+            kk, vv = kc, vc
+        else:
+            s.wait_event(copied[step])
+            kk, vv = stage[step % 2, 0], stage[step % 2, 1]
+        prefetch(step + 1)  # into the other buffer: after step - 1's kernels, beside this step's
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for q_rows, k_rows, diag in block_pairs(rank, src, world, s_l, causal):
@@ -230,7 +259,8 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
             dq[:, q_rows] += gq
             dk[:, k_rows] += gk
             dv[:, k_rows] += gv
-        # the stage is rewritten by the next step's copy only after these kernels (stream order)
+        done[step] = torch.cuda.Event()
+        done[step].record(s)
         K.stream_copy(slot(src, rank), dk.data_ptr(), part_bytes, s.cuda_stream)
         K.stream_copy(slot(src, rank) + _align(part_bytes), dv.data_ptr(), part_bytes, s.cuda_stream)
     _barrier(K, c, base, _FLAGS_B, s)
