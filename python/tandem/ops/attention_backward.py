@@ -143,14 +143,14 @@ def ring_backward_math(rank, world, do, q, o, lse, kv_of, causal, scale, block=f
     return dq, partials
 
 
-_SIDE: dict = {}
-
-
-def _side_stream(device) -> torch.cuda.Stream:
-    """The K/V prefetch stream of a device (made once: a graph capture must not create streams)."""
-    st = _SIDE.get(device)
+def _side_stream(ws, device) -> torch.cuda.Stream:
+    """The K/V prefetch stream of one workspace (one shape on one communicator), made on its first call: a graph
+    capture must not create streams, and calls of other shapes (other workspaces, possibly on other streams) must
+    not be ordered behind each other through a shared side stream (ranks issuing them in different orders could
+    then wait for each other's barriers)."""
+    st = getattr(ws, "_tandem_prefetch_stream", None)
     if st is None:
-        st = _SIDE[device] = torch.cuda.Stream(device=device)
+        st = ws._tandem_prefetch_stream = torch.cuda.Stream(device=device)
     return st
 
 
@@ -223,8 +223,8 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     # ahead, so that it overlaps step t-1's block kernels: the copy into a buffer waits for the step that last
     # read it (event done[t-2]), and a step waits for its copy (event copied[t]). Every side-stream copy is waited
     # for by this stream before barrier B, so no peer rewrites its kv_own under a copy (and a graph capture joins)
-    stage = torch.empty((2, 2) + tuple(k.shape), dtype=k.dtype, device=k.device)
-    side = _side_stream(q.device)
+    stage = torch.empty((min(2, world - 1), 2) + tuple(k.shape), dtype=k.dtype, device=k.device)
+    side = _side_stream(ws, q.device)
     side.wait_stream(s)  # after barrier A: every kv_own is written
     copied, done = {}, {}
 
@@ -235,7 +235,7 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
         with torch.cuda.stream(side):
             if t - 2 in done:
                 side.wait_event(done[t - 2])
-            K.stream_copy(stage[t % 2].data_ptr(), bases[src_t] + own_off, 2 * kv_bytes, side.cuda_stream)
+            K.stream_copy(stage[t % len(stage)].data_ptr(), bases[src_t] + own_off, 2 * kv_bytes, side.cuda_stream)
             copied[t] = torch.cuda.Event()
             copied[t].record(side)
 
@@ -243,26 +243,29 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
         return bases[owner] + slots_off + writer * 2 * _align(part_bytes)
 
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for step in range(world):
-        src = (rank - step) % world
-        if step == 0:
-            kk, vv = kc, vc
-        else:
-            s.wait_event(copied[step])
-            kk, vv = stage[step % 2, 0], stage[step % 2, 1]
-        prefetch(step + 1)  # into the other buffer: after step - 1's kernels, beside this step's
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for q_rows, k_rows, diag in block_pairs(rank, src, world, s_l, causal):
-            gq, gk, gv = flash_block_backward(do[:, q_rows], q[:, q_rows], kk[:, k_rows], vv[:, k_rows],
-                                              o[:, q_rows], lse[:, :, q_rows], diag, scale)
-            dq[:, q_rows] += gq
-            dk[:, k_rows] += gk
-            dv[:, k_rows] += gv
-        done[step] = torch.cuda.Event()
-        done[step].record(s)
-        K.stream_copy(slot(src, rank), dk.data_ptr(), part_bytes, s.cuda_stream)
-        K.stream_copy(slot(src, rank) + _align(part_bytes), dv.data_ptr(), part_bytes, s.cuda_stream)
+    try:
+        for step in range(world):
+            src = (rank - step) % world
+            if step == 0:
+                kk, vv = kc, vc
+            else:
+                s.wait_event(copied[step])
+                kk, vv = stage[step % len(stage), 0], stage[step % len(stage), 1]
+            prefetch(step + 1)  # into the other buffer: after step - 1's kernels, beside this step's
+            dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+            dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+            for q_rows, k_rows, diag in block_pairs(rank, src, world, s_l, causal):
+                gq, gk, gv = flash_block_backward(do[:, q_rows], q[:, q_rows], kk[:, k_rows], vv[:, k_rows],
+                                                  o[:, q_rows], lse[:, :, q_rows], diag, scale)
+                dq[:, q_rows] += gq
+                dk[:, k_rows] += gk
+                dv[:, k_rows] += gv
+            done[step] = torch.cuda.Event()
+            done[step].record(s)
+            K.stream_copy(slot(src, rank), dk.data_ptr(), part_bytes, s.cuda_stream)
+            K.stream_copy(slot(src, rank) + _align(part_bytes), dv.data_ptr(), part_bytes, s.cuda_stream)
+    finally:
+        s.wait_stream(side)  # also on an error: no copy is left writing into `stage` once it is freed
     _barrier(K, c, base, _FLAGS_B, s)
     slots = ws[slots_off:slots_off + world * 2 * _align(part_bytes)]
     dk_sum = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
