@@ -318,6 +318,9 @@ elif [ "$part" = r1 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 \
     --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = m1 ]; then
+  # branch moe-ffn (not run before): torch.ops.tandem.moe_ffn, the unfused chain (issue 26)
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);

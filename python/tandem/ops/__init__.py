@@ -21,3 +21,5 @@ from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_at
 # the TP ops' backward (torch.library.register_autograd) and the ops it uses: all_gather_rows, ag_gemm_gathered,
 # sp_bias_add
 from . import tp_autograd  # noqa: F401,E402
+# the MoE layer as one op (torch.ops.tandem.moe_ffn: dispatch, GEMM, SwiGLU, GEMM, combine; the unfused chain)
+from .moe_layer import moe_ffn  # noqa: F401,E402
