@@ -61,7 +61,8 @@
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
 #   git checkout -b integ2 main && git merge fp8-configs ring-bwd   and run part k1 (their tests, then benches).
-#   If the branches are gone: tools/pending/*.patch.
+#   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
+#   issue 26) is part m1; it merges with the two above too.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
