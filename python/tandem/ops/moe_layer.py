@@ -8,7 +8,8 @@
     out[t] = sum over slots s of topk_weights[t, s] * FFN_e(x[t]),  e = topk_ids[t, s],
     FFN_e(v) = (silu(v W1_e[:, :I]) * (v W1_e[:, I:])) W2_e            (activation "swiglu")
 
-Mode "unfused" (what runs today): the chain of tandem's MoE ops and one grouped GEMM,
+Mode "unfused" and "auto" (what runs today): the chain of tandem's MoE ops, an elementwise SwiGLU and torch's
+grouped GEMM (about eight launches),
     y, layout = moe_dispatch_gemm(x, topk_ids, w1)     tokens to their experts' ranks, y = x_j W1_j per expert
     a = silu(y[:, :I]) * y[:, I:]                      in the dispatch layout (receive-capacity rows)
     z = grouped GEMM a_j W2_j                          torch._grouped_mm over the layout's expert offsets (on the
@@ -57,6 +58,8 @@ def check(comm, x, topk_ids, topk_weights, w1, w2, activation, mode, op=OP):
         raise invalid(f"w1 must be (experts_per_rank, {hidden}, 2 I): gate and up side by side, got "
                       f"{tuple(w1.shape)}", op, rank)
     inter = two_i // 2
+    if epr >= 1024:
+        raise invalid(f"at most 1023 experts a rank (torch._grouped_mm's group limit), got {epr}", op, rank)
     if tuple(w2.shape) != (epr, inter, hidden):
         raise invalid(f"w2 must be ({epr}, {inter}, {hidden}) (experts_per_rank, I, H) to match w1 "
                       f"{tuple(w1.shape)}, got {tuple(w2.shape)}", op, rank)
@@ -70,22 +73,25 @@ def check(comm, x, topk_ids, topk_weights, w1, w2, activation, mode, op=OP):
 
 
 def swiglu(y, inter: int):
-    """silu(gate) * up of the dispatch's rows, y = [gate | up] (fp32 math, one rounding to y's dtype)."""
+    """silu(gate) * up of the dispatch's rows, y = [gate | up] (fp32 math, one rounding to y's dtype; one fp32
+    temporary of y's rows x I: it runs on every receive-capacity row, the received count being on the device)."""
     g = y[:, :inter].float()
-    return (torch.nn.functional.silu(g) * y[:, inter:].float()).to(y.dtype)
+    torch.nn.functional.silu(g, inplace=True)
+    g.mul_(y[:, inter:])
+    return g.to(y.dtype)
 
 
 def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
     c = rt.comm_from_handle(comm, OP)
     inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode)
     max_tokens = int(max_tokens) or x.shape[0]
-    y, layout = moe._dispatch(c, x, topk_ids, w1, max_tokens, "auto", 0, sm_count)
+    # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
+    y, layout = moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0,
+                              sm_count)
     a = swiglu(y, inter)
     lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
     ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
-    z = torch._grouped_mm(a, w2, offs=ends)
-    if z.stride(0) != z.shape[1]:  # _grouped_mm pads rows to 16 bytes: the combine takes contiguous rows
-        z = z.contiguous()
+    z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
     # the ids were checked by the dispatch (one host sync); the combine does not check them again
     return moe._combine(c, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=False)
 
