@@ -57,10 +57,15 @@
 #   2. bench gemm again: the op with the rebuilt table (gemm_tune_h200.json, split configurations in it), and why
 #      the op runs 8-21 % slower than the same configuration called directly (docs/results.md) (issue 23).
 #   3. bench train -n 4 and -n 2 with more repetitions (--reps 7): the wgrad overlap's effect (issue 24).
+# Next session, in this order (each one call; the start of a machine costs 75-450 s of the budget):
+#   1. k1 (the three unrun branches below, their tests, then bench gemm / attention w1 / tp --fp8); merge each
+#      branch whose tests pass.
+#   2. b22 (issue 22's benchmarks after, to compare with af75616): then issue 22 can be resolved if within noise.
+#   3. e4 (rs-swizzle's trace and bench, issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
 # 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
-#   git checkout -b integ2 main && git merge fp8-configs ring-bwd   and run part k1 (their tests, then benches).
+#   git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn   and run part k1 (tests, then benches).
 #   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
 #   issue 26) is part m1; it merges with the two above too.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
@@ -277,12 +282,25 @@ elif [ "$part" = e3 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_moe.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_faults.py tests/gpu/test_transport.py tests/gpu/test_consumer.py \
     tests/gpu/test_torchrun.py
+elif [ "$part" = b22 ]; then
+  # issue 22's last item: the benchmarks on the H200 after the runtime, bindings and leftovers (main), to compare
+  # with af75616's (docs/results.md, 2026-12-04 19:00-19:12, the same commands): bench tp w4 and w2, moe w2,
+  # attention w2. The whole GPU suite already passed on the H200 after (d7e5bea, 2026-12-05 20:04-20:21).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  bench_tp_worlds 170 130
+  t=$(( $(left) - 65 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
-  # branch integ2 = main + fp8-configs + ring-bwd (none of the two run before; they merge cleanly): both branches'
-  # tests in one build, then the benches of h1 and r1 in the time left
+  # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn (none run before; they merge cleanly, CPU suite 252
+  # passed on the merge): the three branches' tests in one build (pipelined: ring-bwd moved its peer_bases into
+  # _runtime), then the benches of h1 and r1 in the time left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py \
-    -k "scaled or fp8 or gradients or backward or matches_sdpa or train"
+    tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
+    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined"
+  timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # moe_ffn's GEMM 2 (torch._grouped_mm) alone
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --out "$OUT/diag" 2>&1 | tail -5
@@ -322,6 +340,7 @@ elif [ "$part" = r1 ]; then
 elif [ "$part" = m1 ]; then
   # branch moe-ffn (not run before): torch.ops.tandem.moe_ffn, the unfused chain (issue 26)
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
+  timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # (built above) torch._grouped_mm's behaviour
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
