@@ -61,7 +61,8 @@
 #   1. k1 (the three unrun branches below, their tests, then bench gemm / attention w1 / tp --fp8); merge each
 #      branch whose tests pass.
 #   2. b22 (issue 22's benchmarks after, to compare with af75616): then issue 22 can be resolved if within noise.
-#   3. e4 (rs-swizzle's trace and bench, issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
+#   3. e4 (rs-swizzle's trace and bench, issue 21) and s1 (branch rs-stream-loads: the reductions' loads
+#      evict-first in L2; issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
 # 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
@@ -292,6 +293,21 @@ elif [ "$part" = b22 ]; then
   t=$(( $(left) - 65 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = s1 ]; then
+  # branch rs-stream-loads (not run before): TANDEM_RS_LOADS=stream (the reductions' loads evict-first in L2):
+  # its test, then the world-4 trace (is the GEMM role beside the reductions faster?), then bench tp with it
+  timeout -s INT -k 20 $(( $(left) - ${TRACE_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "streaming or in_pieces_match"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - ${BENCH_S:-150} )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
+    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
+    --sm-counts 28 --reps 3 --variants "base;TANDEM_RS_LOADS=stream" --out "$OUT/diag/stream_w4" \
+    > "$OUT/diag/stream_w4.log" 2>&1
+  grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/stream_w4.log" | cut -c1-300
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && TANDEM_RS_LOADS=stream timeout -s INT -k 10 $t python3 -m tandem bench tp \
+    -n 4 --reps 5 --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag/stream" 2>&1 | tail -10
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
   # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn (none run before; they merge cleanly, CPU suite 252
