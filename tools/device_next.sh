@@ -66,7 +66,8 @@
 # 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
 # not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
 # attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
-#   git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn   and run part k1 (tests, then benches).
+#   git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn rs-stream-loads   and run part k1
+#   (tests, then benches); s1 then measures rs-stream-loads.
 #   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
 #   issue 26) is part m1; it merges with the two above too.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
@@ -310,12 +311,12 @@ elif [ "$part" = s1 ]; then
     -n 4 --reps 5 --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag/stream" 2>&1 | tail -10
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
-  # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn (none run before; they merge cleanly, CPU suite 252
-  # passed on the merge): the three branches' tests in one build (pipelined: ring-bwd moved its peer_bases into
+  # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn + rs-stream-loads (none run before; they merge
+  # cleanly, CPU suite 252 passed on the first three merged): their tests in one build (pipelined: ring-bwd moved its peer_bases into
   # _runtime), then the benches of h1 and r1 in the time left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
-    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined"
+    -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined or streaming"
   timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # moe_ffn's GEMM 2 (torch._grouped_mm) alone
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
