@@ -356,8 +356,12 @@ elif [ "$part" = r1 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = m1 ]; then
   # branch moe-ffn (not run before): torch.ops.tandem.moe_ffn, the unfused chain (issue 26)
-  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
   timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # (built above) torch._grouped_mm's behaviour
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer \
+    --reps 5 --out "$OUT/diag" 2>&1 | tail -10
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f1 ]; then
   # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
   # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);

@@ -304,3 +304,14 @@ def test_tp_block_gradients_equal_the_whole_models_in_float64(world, sequence_pa
             # float32 rounding there, exact elsewhere
             bound = 1e-5 if (name == "db2" and sequence_parallel) else 1e-12
             assert err < bound, (r, name, err)
+
+
+def test_bench_train_plots_every_mode(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tandem.bench import train
+
+    rows = [dict(tokens=t, hidden=64, ffn=128, world=2, fused_ms=2.0, unfused_ms=1.5, auto_ms=1.4,
+                 auto_serial_wgrad_ms=None, naive_ms=1.8) for t in (8, 16)]
+    path = tmp_path / "train_w2.png"
+    train.plot(rows, 2, str(path))
+    assert path.stat().st_size > 1000

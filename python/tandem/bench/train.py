@@ -172,7 +172,21 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
               f"commit {meta['commit']}, {meta['date']}")
         print(table)
         common.write_outputs(out_dir, f"train_w{world}", meta, table, data)
+        if out_dir:
+            plot(data, world, os.path.join(out_dir, f"train_w{world}.png"))
     comm.destroy()
+
+
+def plot(data, world, path):
+    """Grouped bars per token count: every mode and the naive baseline (ms per rank)."""
+    from . import common
+
+    names = ("fused", "unfused", "auto", "auto_serial_wgrad", "naive")
+    common.grouped_bars(path, [f"{r['tokens']} tokens" for r in data],
+                        [(n.replace("_", " "), [r.get(f"{n}_ms") or 0.0 for r in data]) for n in names],
+                        "ms per rank (forward + backward)",
+                        f"tandem TP MLP block (hidden {data[0]['hidden'] if data else '-'}, FFN "
+                        f"{data[0]['ffn'] if data else '-'}), world {world}")
 
 
 def main(argv=None) -> int:
