@@ -318,6 +318,7 @@ elif [ "$part" = k1 ]; then
     tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
     -k "scaled or fp8 or gradients or backward or matches_sdpa or train or ffn or pipelined or streaming"
   timeout 60 python3 tools/diag/grouped_mm_probe.py 2>&1 | tail -14  # moe_ffn's GEMM 2 (torch._grouped_mm) alone
+  timeout 90 python3 tools/diag/gemm_host_path.py 2>&1 | tail -8  # the GEMM op's host path (issue 23)
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 200 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --out "$OUT/diag" 2>&1 | tail -5
