@@ -312,7 +312,7 @@ elif [ "$part" = s1 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
   # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn + rs-stream-loads (none run before; they merge
-  # cleanly, CPU suite 252 passed on the first three merged): their tests in one build (pipelined: ring-bwd moved its peer_bases into
+  # cleanly; the CPU suite passed on the four merged, 256): their tests in one build (pipelined: ring-bwd moved its peer_bases into
   # _runtime), then the benches of h1 and r1 in the time left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_tp.py tests/gpu/test_ring_attention.py tests/gpu/test_tp_train.py tests/gpu/test_moe.py \
