@@ -41,8 +41,9 @@ struct RsParams {
   NodeFlags* node_flags;
   bool common_order;    // diagnostic (TANDEM_RS_ORDER=common): chunks 0, 1, ... on every rank
   bool fused_one_pass;  // diagnostic (TANDEM_RS_REDUCE=onepass): the fused reduction waits for all, one pass
-  bool stream_loads;    // TANDEM_RS_LOADS=stream: the reductions read the partials with the streaming hint
-                        // (roles::load16: evict-first in L2, leaving it to the GEMM role's operand tiles)
+  bool stream_loads;    // TANDEM_RS_LOADS=stream: the reductions in pieces and the joined reduction read the
+                        // partials evict-first in L2 (roles::l2_load_policy), leaving it to the GEMM role's
+                        // operand tiles; the whole-chunk, cross-node and one-shot reductions ignore it
   runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
   // Pieces (one node, two-shot; 1 = whole chunks): every chunk's GEMM in `pieces` pieces of piece_rows rows (the
   // scheduler's piece_len), computed by every rank in the order piece 0 of chunks 0, 1, ..., then piece 1, ...;

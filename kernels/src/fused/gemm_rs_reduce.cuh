@@ -357,8 +357,10 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   for (int c = 0; c < world; ++c) {
     const uint4* src[kMaxFusedRsWorld];
     if (!partial_sources(comm, p.partial + c * chunk_bytes, c, src)) return;  // refused on the host (load/store only)
+    // never evict-first here: one-shot reads every rank's partial on every rank, so a line read now is read again
+    // (the policy form all the same: one copy of the unrolled loops in the kernel, which spills less)
     roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes), nullptr,
-                               p.stream_loads);
+                               false);
   }
 }
 
