@@ -7,7 +7,17 @@
 #include "../gemm/sm90_config.hpp"
 #include "tp_common.cuh"
 
+// TANDEM_RS_STREAM_LOADS (CMake option, off): the reductions in pieces and the joined reduction read the peers'
+// partials with the streaming hint (roles::load16, evict-first in L2), leaving the L2 to the GEMM role's operand
+// tiles; the whole-chunk, cross-node and one-shot reductions read plainly either way. A build option, not a
+// run-time knob, so that the default build's kernels are unchanged (a run-time choice spilled more registers).
+#ifndef TANDEM_RS_STREAM_LOADS
+#define TANDEM_RS_STREAM_LOADS 0
+#endif
+
 namespace tandem::kernels::tp {
+
+inline constexpr bool kRsStreamLoads = TANDEM_RS_STREAM_LOADS != 0;
 
 namespace {
 
@@ -41,9 +51,6 @@ struct RsParams {
   NodeFlags* node_flags;
   bool common_order;    // diagnostic (TANDEM_RS_ORDER=common): chunks 0, 1, ... on every rank
   bool fused_one_pass;  // diagnostic (TANDEM_RS_REDUCE=onepass): the fused reduction waits for all, one pass
-  bool stream_loads;    // TANDEM_RS_LOADS=stream: the reductions in pieces and the joined reduction read the
-                        // partials evict-first in L2 (roles::l2_load_policy), leaving it to the GEMM role's
-                        // operand tiles; the whole-chunk, cross-node and one-shot reductions ignore it
   runtime::Timeline timeline;  // diagnostic (TANDEM_TP_TRACE=1); slots below
   // Pieces (one node, two-shot; 1 = whole chunks): every chunk's GEMM in `pieces` pieces of piece_rows rows (the
   // scheduler's piece_len), computed by every rank in the order piece 0 of chunks 0, 1, ..., then piece 1, ...;

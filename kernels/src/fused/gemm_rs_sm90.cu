@@ -279,7 +279,6 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   // kJoinItemVectors 16-byte vectors (at least that many unless there would be fewer items than reduce blocks)
   p.join = kPieces && kClaims && fused && knobs.join;
   p.fused_one_pass = knobs.one_pass;
-  p.stream_loads = knobs.stream_loads;
   p.timeline.stamps = timeline_for_launch(stream);
   if (all_reduce) {
     p.gather_out = static_cast<char*>(a.out);

@@ -157,7 +157,6 @@ struct FusedKnobs {
   bool raster_m = false;
   bool common_order = false;
   bool one_pass = false;
-  bool stream_loads = false;  // TANDEM_RS_LOADS=stream (gemm_rs_common.cuh RsParams::stream_loads)
   int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
   static FusedKnobs from_env();
 };

@@ -48,7 +48,6 @@ FusedKnobs FusedKnobs::from_env() {
   k.raster_m = env_is("TANDEM_TP_RASTER", "m");
   k.common_order = env_is("TANDEM_RS_ORDER", "common");
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
-  k.stream_loads = env_is("TANDEM_RS_LOADS", "stream");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
   k.join = env_is("TANDEM_RS_JOIN", "1");
   if (const char* v = std::getenv("TANDEM_TP_LATE")) {

@@ -71,29 +71,19 @@ struct Vec8<__half> {
   }
 };
 
-// The L2 priority of the reductions' loads (createpolicy): evict-first for data read once (a reduction beside a
-// GEMM reads every peer's partial exactly once; with evict-first those lines are the first the L2 gives up, not
-// the GEMM role's operand tiles that the SMs beside it re-read: the fused GEMM+RS/AR's GEMM role ran 1.2-1.5x
-// slower beside its reductions on the H200 and H100, docs/results.md), else evict-normal. One policy register
-// and one load instruction serve both, so the choice is made at run time without a second copy of the unrolled
-// loops (which spilled registers in the GEMM+RS kernel). A hint only: the memory model is a plain weak load's.
-__device__ __forceinline__ uint64_t l2_load_policy(bool evict_first) {
-  uint64_t policy;
-  if (evict_first) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+// A 16-byte load, plain or "streaming" (ld.global.cs: cached with evict-first priority, for data read once).
+// A reduction beside a GEMM reads every peer's partial exactly once; with the streaming hint those lines are the
+// first the L2 gives up, not the GEMM role's operand tiles that the SMs beside it re-read (the fused GEMM+RS/AR's
+// GEMM role ran 1.2-1.5x slower beside its reductions on the H200 and H100, docs/results.md). A hint only: the
+// memory model is a plain weak load's (docs/memory-model.md). Chosen at compile time: a run-time choice kept two
+// copies of the unrolled loops (or a select per load) and spilled more registers in every GEMM+RS kernel.
+template <bool kStreaming>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (kStreaming) {
+    return __ldcs(p);
   } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    return *p;
   }
-  return policy;
-}
-
-// A 16-byte global load with an L2 cache policy (l2_load_policy).
-__device__ __forceinline__ uint4 load16(const uint4* p, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
 }
 
 // Vectors in flight per thread and source: about 128 bytes a thread whatever the number of sources (more spills
@@ -121,9 +111,9 @@ __device__ __forceinline__ void copy_vectors(uint4* __restrict__ dst, const uint
 
 // out[v] = round(src[0][v] + src[1][v] + ... + src[kSources-1][v]) for v in [lo, hi), fp32 adds in that order;
 // also written to out2 when it is not null. All kSources x kInFlight loads of an iteration are issued first.
-template <class T, int kSources, bool kPolicy = false>
+template <class T, int kSources, bool kStreaming = false>
 __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t lo, int64_t hi, uint4* __restrict__ out,
-                                               uint4* __restrict__ out2, uint64_t policy = 0) {
+                                               uint4* __restrict__ out2) {
   constexpr int U = in_flight<kSources>();
   const int64_t stride = blockDim.x;
   const uint4* s[kSources];
@@ -136,13 +126,7 @@ __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t 
       const int64_t v = v0 + u * stride;
       if (v < hi) {
 #pragma unroll
-        for (int i = 0; i < kSources; ++i) {
-          if constexpr (kPolicy) {
-            x[i][u] = load16(s[i] + v, policy);
-          } else {
-            x[i][u] = s[i][v];
-          }
-        }
+        for (int i = 0; i < kSources; ++i) x[i][u] = load16<kStreaming>(s[i] + v);
       }
     }
 #pragma unroll
@@ -165,28 +149,20 @@ __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t 
 }
 
 // reduce_vectors for a run-time number of sources (1 to 8).
-template <class T, bool kPolicy = false>
+template <class T, bool kStreaming = false>
 __device__ __forceinline__ bool reduce_vectors_n(int nsrc, const uint4* const* src, int64_t lo, int64_t hi, uint4* out,
-                                                 uint4* out2, uint64_t policy = 0) {
+                                                 uint4* out2) {
   switch (nsrc) {
-    case 1: reduce_vectors<T, 1, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 2: reduce_vectors<T, 2, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 3: reduce_vectors<T, 3, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 4: reduce_vectors<T, 4, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 5: reduce_vectors<T, 5, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 6: reduce_vectors<T, 6, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 7: reduce_vectors<T, 7, kPolicy>(src, lo, hi, out, out2, policy); return true;
-    case 8: reduce_vectors<T, 8, kPolicy>(src, lo, hi, out, out2, policy); return true;
+    case 1: reduce_vectors<T, 1, kStreaming>(src, lo, hi, out, out2); return true;
+    case 2: reduce_vectors<T, 2, kStreaming>(src, lo, hi, out, out2); return true;
+    case 3: reduce_vectors<T, 3, kStreaming>(src, lo, hi, out, out2); return true;
+    case 4: reduce_vectors<T, 4, kStreaming>(src, lo, hi, out, out2); return true;
+    case 5: reduce_vectors<T, 5, kStreaming>(src, lo, hi, out, out2); return true;
+    case 6: reduce_vectors<T, 6, kStreaming>(src, lo, hi, out, out2); return true;
+    case 7: reduce_vectors<T, 7, kStreaming>(src, lo, hi, out, out2); return true;
+    case 8: reduce_vectors<T, 8, kStreaming>(src, lo, hi, out, out2); return true;
     default: return false;
   }
-}
-
-// reduce_vectors_n whose loads carry an L2 policy chosen at run time (evict_first: the partials are read once;
-// l2_load_policy). One copy of the loops whichever it is.
-template <class T>
-__device__ __forceinline__ bool reduce_vectors_n(int nsrc, const uint4* const* src, int64_t lo, int64_t hi, uint4* out,
-                                                 uint4* out2, bool evict_first) {
-  return reduce_vectors_n<T, true>(nsrc, src, lo, hi, out, out2, l2_load_policy(evict_first));
 }
 
 // One step of a running reduction: acc (fp32, 2 float4 per vector) = [acc +] src, or on the last step
