@@ -296,20 +296,22 @@ elif [ "$part" = b22 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = s1 ]; then
-  # branch rs-stream-loads (not run before): TANDEM_RS_LOADS=stream (the reductions' loads evict-first in L2):
-  # its test, then the world-4 trace (is the GEMM role beside the reductions faster?), then bench tp with it
-  timeout -s INT -k 20 $(( $(left) - ${TRACE_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    -k "streaming or in_pieces_match"
+  # branch rs-stream-loads (not run before): the GEMM+RS/AR reductions' loads evict-first in L2, a build option
+  # (TANDEM_RS_STREAM_LOADS; off, the kernels are main's). The world-4 trace with the default build, then rebuilt
+  # with the option: the pieces tests and the same trace (is the GEMM role beside the reductions faster?)
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   mkdir -p "$OUT/diag"
-  t=$(( $(left) - ${BENCH_S:-150} )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
-    python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
-    --sm-counts 28 --reps 3 --variants "base;TANDEM_RS_LOADS=stream" --out "$OUT/diag/stream_w4" \
-    > "$OUT/diag/stream_w4.log" 2>&1
-  grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/stream_w4.log" | cut -c1-300
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && TANDEM_RS_LOADS=stream timeout -s INT -k 10 $t python3 -m tandem bench tp \
-    -n 4 --reps 5 --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag/stream" 2>&1 | tail -10
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  trace() {
+    local t=$(( $(left) - $2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- \
+      python3 tools/diag/tp_trace.py --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
+      --sm-counts 28 --reps 3 --out "$OUT/diag/stream_$1" > "$OUT/diag/stream_$1.log" 2>&1
+    grep -E "^(gemm|ag)|GEMM steps done|reduce pieces" "$OUT/diag/stream_$1.log" | cut -c1-300
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  }
+  trace base 400
+  TANDEM_PIP_DEFS="-Ccmake.define.TANDEM_RS_STREAM_LOADS=ON" timeout -s INT -k 20 $(( $(left) - 120 )) \
+    bash tools/device_suite.sh tests/gpu/test_tp.py -k "in_pieces_match or tile_claims_match"
+  trace on 5
 elif [ "$part" = k1 ]; then
   # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn + rs-stream-loads (none run before; they merge
   # cleanly; the CPU suite passed on the four merged, 256): their tests in one build (pipelined: ring-bwd moved its peer_bases into
