@@ -58,18 +58,14 @@
 #      the op runs 8-21 % slower than the same configuration called directly (docs/results.md) (issue 23).
 #   3. bench train -n 4 and -n 2 with more repetitions (--reps 7): the wgrad overlap's effect (issue 24).
 # Next session, in this order (each one call; the start of a machine costs 75-450 s of the budget):
-#   1. k1 (the three unrun branches below, their tests, then bench gemm / attention w1 / tp --fp8); merge each
-#      branch whose tests pass.
+#   1. k1 on branch integ2 = main + the four unrun branches (fp8-configs, ring-bwd, moe-ffn, rs-stream-loads;
+#        git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn rs-stream-loads
+#      they merge cleanly; if the branches are gone, tools/pending/*.diff): their tests, the grouped_mm probe, the
+#      GEMM host-path diagnostic, then bench gemm / attention w1 / tp --fp8. Merge each branch whose tests pass.
+#      (Per branch instead: h1 fp8-configs, r1 ring-bwd, m1 moe-ffn incl. bench moe --layer.)
 #   2. b22 (issue 22's benchmarks after, to compare with af75616): then issue 22 can be resolved if within noise.
-#   3. e4 (rs-swizzle's trace and bench, issue 21) and s1 (branch rs-stream-loads: the reductions' loads
-#      evict-first in L2; issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
-# 2026-12-05 20:55 (same session, the device was paused after four calls): two branches written and reviewed,
-# not run: fp8-configs (the FP8 GEMM's six CUTLASS configurations, bench tp --fp8; part h1) and ring-bwd (ring
-# attention's autograd with the unfused backward; part r1). They merge cleanly together: build both at once as
-#   git checkout -b integ2 main && git merge fp8-configs ring-bwd moe-ffn rs-stream-loads   and run part k1
-#   (tests, then benches); s1 then measures rs-stream-loads.
-#   If the branches are gone: tools/pending/*.diff. Branch moe-ffn (torch.ops.tandem.moe_ffn, the unfused chain;
-#   issue 26) is part m1; it merges with the two above too.
+#   3. s1 (rs-stream-loads, a build option: the trace without and with it; issue 21), e4 (rs-swizzle's trace and
+#      bench, issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}

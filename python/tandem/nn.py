@@ -50,19 +50,6 @@ def _shard_size(total, world, what, op, rank):
     return total // world
 
 
-def _check_params(module, op: str, shapes: dict, sharded: dict, full: int):
-    """The module's parameters have this rank's shard shapes (shapes: name -> shape; sharded: name -> the dimension
-    split over the ranks). A parameter replaced by hand with another shape is an error before any launch, naming
-    the world size it would fit."""
-    comm = module.comm
-    for name, want in shapes.items():
-        t = getattr(module, name)
-        if t is None or tuple(t.shape) == want:
-            continue
-        raise invalid(_shard_mismatch(name, tuple(t.shape), want, sharded.get(name, 0), full, comm.world_size,
-                                      name in sharded), op, comm.rank)
-
-
 def _shard_mismatch(name, got, want, sharded_dim, full, world, sharded) -> str:
     msg = f"{name} must be {want} (this rank's shard of a layer over {world} ranks), got {got}"
     if sharded and len(got) == len(want) and all(g == w for i, (g, w) in enumerate(zip(got, want)) if i != sharded_dim):
@@ -72,19 +59,35 @@ def _shard_mismatch(name, got, want, sharded_dim, full, world, sharded) -> str:
     return msg
 
 
-def _check_loaded(module, state_dict, prefix, op: str, shapes: dict, sharded: dict, full: int):
-    """load_state_dict: a tensor of another shard shape is tandem's error (naming the world it was sharded for)
-    instead of torch's size mismatch."""
-    comm = module.comm
-    for name, want in shapes.items():
-        t = state_dict.get(prefix + name)
-        if t is None or want is None or tuple(t.shape) == want:
-            continue
-        raise invalid(_shard_mismatch(prefix + name, tuple(t.shape), want, sharded.get(name, 0), full,
-                                      comm.world_size, name in sharded), op, comm.rank)
+class _ShardedLinear(torch.nn.Module):
+    """What the two TP layers share: their parameters must have this rank's shard shapes (`_shards`: name ->
+    shape, name -> the dimension split over the ranks, and the split dimension's whole size). A parameter replaced
+    by hand with another shape is an error before any launch (forward), and a checkpoint of other shard shapes is
+    tandem's error on load_state_dict instead of torch's size mismatch; both name the world size it would fit."""
+
+    _OP = ""
+
+    def _shards(self):
+        raise NotImplementedError
+
+    def _check_shard_shapes(self, tensors: dict, prefix: str = ""):
+        shapes, sharded, full = self._shards()
+        for name, want in shapes.items():
+            t = tensors.get(name)
+            if t is None or tuple(t.shape) == want:
+                continue
+            raise invalid(_shard_mismatch(prefix + name, tuple(t.shape), want, sharded.get(name, 0), full,
+                                          self.comm.world_size, name in sharded), self._OP, self.comm.rank)
+
+    def _check_params(self):
+        self._check_shard_shapes({name: getattr(self, name) for name in self._shards()[0]})
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self._check_shard_shapes({name: state_dict.get(prefix + name) for name in self._shards()[0]}, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class ColumnParallelLinear(torch.nn.Module):
+class ColumnParallelLinear(_ShardedLinear):
     """Y = AG(x) W + b on this rank's output columns; see the module docstring. mode, comm_blocks, sm_count: the
     op's (tandem.ops.ag_gemm)."""
 
@@ -108,19 +111,18 @@ class ColumnParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(full.weight.detach()[cols].t().contiguous().to(dtype=dtype, device=device))
         self.bias = (torch.nn.Parameter(full.bias.detach()[cols].to(dtype=dtype, device=device)) if bias else None)
 
-    def _shards(self):
-        """(shapes, sharded dimensions) of this rank's parameters: the weight's and the bias's output columns."""
-        return {"weight": (self.in_features, self.out_local), "bias": (self.out_local,)}, {"weight": 1, "bias": 0}
+    _OP = "ColumnParallelLinear"
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        _check_loaded(self, state_dict, prefix, "ColumnParallelLinear", *self._shards(), self.out_features)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _shards(self):
+        """This rank's parameters' shapes, split dimensions (the output columns) and the whole out_features."""
+        return ({"weight": (self.in_features, self.out_local), "bias": (self.out_local,)}, {"weight": 1, "bias": 0},
+                self.out_features)
 
     def forward(self, x):
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise invalid(f"x must be (tokens / world, {self.in_features}): this rank's rows of the sequence, got "
                           f"{tuple(x.shape)}", "ColumnParallelLinear", self.comm.rank)
-        _check_params(self, "ColumnParallelLinear", *self._shards(), self.out_features)
+        self._check_params()
         y = torch.ops.tandem.ag_gemm(x, self.weight, self._handle, self.mode, self.comm_blocks, self.sm_count)
         return y if self.bias is None else y + self.bias
 
@@ -149,7 +151,7 @@ class ColumnParallelLinear(torch.nn.Module):
         return lin
 
 
-class RowParallelLinear(torch.nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """Y = RS(x W) (sequence_parallel) or AR(x W) + b on this rank's input columns; see the module docstring.
 
     With sequence_parallel=True the bias is replicated but each rank adds it to its own rows only: its gradient
@@ -177,20 +179,20 @@ class RowParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(full.weight.detach()[:, rows].t().contiguous().to(dtype=dtype, device=device))
         self.bias = torch.nn.Parameter(full.bias.detach().to(dtype=dtype, device=device)) if bias else None
 
-    def _shards(self):
-        """(shapes, sharded dimensions) of this rank's parameters: the weight's input rows (the bias is whole)."""
-        return {"weight": (self.in_local, self.out_features), "bias": (self.out_features,)}, {"weight": 0}
+    _OP = "RowParallelLinear"
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        _check_loaded(self, state_dict, prefix, "RowParallelLinear", *self._shards(), self.in_features)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _shards(self):
+        """This rank's parameters' shapes, split dimensions (the weight's input rows; the bias is whole) and the
+        whole in_features."""
+        return {"weight": (self.in_local, self.out_features), "bias": (self.out_features,)}, {"weight": 0}, \
+            self.in_features
 
     def forward(self, x):
         if x.dim() != 2 or x.shape[1] != self.in_local:
             raise invalid(f"x must be (tokens, {self.in_local}): every token, this rank's {self.in_local} of the "
                           f"{self.in_features} input columns, got {tuple(x.shape)}", "RowParallelLinear",
                           self.comm.rank)
-        _check_params(self, "RowParallelLinear", *self._shards(), self.in_features)
+        self._check_params()
         h = self._handle
         if self.sequence_parallel:
             y = torch.ops.tandem.gemm_rs(x, self.weight, h, self.mode, self.comm_blocks, self.sm_count)

@@ -741,15 +741,10 @@ def scaled_rs_ar(rs_shapes):
                                       digest=_digest(got)))
     # bad input is refused before any launch
     a, b, sa, sb = _fp8_rank_operands(8 * world, 64, 64, 0, "row")
-    refused = {}
-    for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
-                       ("M not a multiple of the world", (a[:8 * world - 1], b, sa[:8 * world - 1], sb))):
-        try:
-            tp.scaled_gemm_rs(comm, *args)
-            refused[name] = None
-        except TandemError as e:
-            refused[name] = e.status
-    out["refused"] = refused
+    out["refused"] = reject_statuses({
+        name: (lambda args=args: tp.scaled_gemm_rs(comm, *args))
+        for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
+                           ("M not a multiple of the world", (a[:8 * world - 1], b, sa[:8 * world - 1], sb)))})
     tp.release_workspaces(comm)
     comm.destroy()
     return out
@@ -788,15 +783,10 @@ def scaled_ag(ag_shapes):
     # bad input is refused before any launch
     a, b, sa, sb = _fp8_rank_operands(64, 64, 64, rank, "row")
     at, bt, sat, sbt = _fp8_rank_operands(64, 64, 64, rank, "tensor")
-    refused = {}
-    for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
-                       ("a_local not contiguous", (at[::2], bt, sat, sbt))):
-        try:
-            tp.scaled_ag_gemm(comm, *args)
-            refused[name] = None
-        except TandemError as e:
-            refused[name] = e.status
-    out["refused"] = refused
+    out["refused"] = reject_statuses({
+        name: (lambda args=args: tp.scaled_ag_gemm(comm, *args))
+        for name, args in (("bf16 a", (a.to(torch.bfloat16), b, sa, sb)), ("mixed scales", (a, b, sa, sb[0, 0])),
+                           ("a_local not contiguous", (at[::2], bt, sat, sbt)))})
     tp.release_workspaces(comm)
     comm.destroy()
     return out

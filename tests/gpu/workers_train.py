@@ -8,9 +8,10 @@ import os
 import torch
 
 import tandem.nn as tnn
-from tandem.errors import TandemError
 from tandem.ops import tp
 from tandem.transport import Communicator
+
+from .worker_common import reject_statuses
 
 
 def _rel(a, b):
@@ -149,13 +150,7 @@ def mlp_grads(cases):
     bad.append(("a weight of another shard shape", replaced_weight))
     if world > 1:
         bad += [("out_features not a multiple of the world", lambda: tnn.ColumnParallelLinear(comm, 64, 8 * world + 1))]
-    refused = {}
-    for name, fn in bad:
-        try:
-            fn()
-            refused[name] = None
-        except TandemError as e:
-            refused[name] = e.status
+    refused = reject_statuses(dict(bad))
     tp.release_workspaces(comm)
     comm.destroy()
     return dict(cases=out, roundtrip=roundtrip, refused=refused, overlap_diff=overlap_diff)

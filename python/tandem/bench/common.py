@@ -33,6 +33,18 @@ def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> flo
     return statistics.median(times)
 
 
+def time_ranks_ms(comm, fn, *, warmup: int, reps: int):
+    """ms of one fn() with every rank starting together (a host barrier, then time_launches), or None when fn
+    raises: a mode that refuses the shape is reported (rank 0 prints the first line), not fatal."""
+    comm.barrier()
+    try:
+        return time_launches(fn, warmup=warmup, reps=reps) * 1e3
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        if comm.rank == 0:
+            print(f"  skipped: {str(e).splitlines()[0][:160]}")
+        return None
+
+
 def git_commit() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))

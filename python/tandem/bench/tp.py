@@ -188,13 +188,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     rows, data = [], []
 
     def timed(fn):
-        comm.barrier()
-        try:
-            return common.time_launches(fn, warmup=3, reps=reps) * 1e3
-        except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is reported, not fatal
-            if rank == 0:
-                print(f"  skipped: {str(e).splitlines()[0][:160]}")
-            return None
+        return common.time_ranks_ms(comm, fn, warmup=3, reps=reps)
 
     for op, m, n, k, label in case_list:
         if m % world:

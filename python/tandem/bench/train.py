@@ -110,13 +110,7 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
     rows, data = [], []
 
     def timed(fn):
-        comm.barrier()
-        try:
-            return common.time_launches(fn, warmup=2, reps=reps) * 1e3
-        except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is reported, not fatal
-            if rank == 0:
-                print(f"  skipped: {str(e).splitlines()[0][:160]}")
-            return None
+        return common.time_ranks_ms(comm, fn, warmup=2, reps=reps)
 
     for tokens in tokens_list:
         if tokens % world:

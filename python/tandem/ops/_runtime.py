@@ -315,6 +315,20 @@ def remember(key: tuple, launcher):
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+_SIDE_STREAMS: dict = {}
+
+
+def side_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
+    """A side stream of `device` for one purpose (an op forks to it and joins it back before it returns), made on
+    first use and kept: a CUDA graph capture must not create streams. One per purpose, so that different ops'
+    side work is not ordered behind each other."""
+    key = (torch.device(device), purpose)
+    s = _SIDE_STREAMS.get(key)
+    if s is None:
+        s = _SIDE_STREAMS[key] = torch.cuda.Stream(device=device)
+    return s
+
+
 def stream_handle(dev):
     if _RAW_STREAM is not None:
         return _RAW_STREAM(dev.index if isinstance(dev, torch.device) else int(dev))

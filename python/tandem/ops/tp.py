@@ -468,17 +468,25 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
 
 # ---- FP8: GEMM+RS and GEMM+AR with e4m3 operands and scales (issue 23, part 3: the unfused path) -----------------
 
+def _fp8_scaling(comm, op, a, b, scale_a, scale_b, a_name="a"):
+    """The FP8 TP ops' input checks: every operand on the communicator's device, then scaled_gemm's (shapes,
+    dtypes, layouts); returns the scaling ("tensor" or "row")."""
+    from .gemm import scaling_of
+
+    for name, t in ((a_name, a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
+        rt.check_on_device(comm, t, name, op)
+    return scaling_of(a, b, scale_a, scale_b, op)
+
+
 def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     """Each rank's partial bf16(scale_a * (scale_b * (a @ b))) (torch.ops.tandem.scaled_gemm, written straight
     into the op's partial buffer), then the reduction kernel alone: the partials summed in fp32 in the owners' fixed
     order, bf16 out (RS: this rank's M/W rows; AR: all rows, the same bits on every rank). The same three steps as
     the bf16 ops' unfused path with cuBLAS (wait until every rank read this rank's partial of the previous launch,
     the GEMM, the reduction), so the bits equal a bf16 gemm_rs/gemm_ar over the same bf16 partials."""
-    from .gemm import scaled_gemm_with, scaling_of
+    from .gemm import scaled_gemm_with
 
-    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
-        rt.check_on_device(comm, t, name, op)
-    scaling = scaling_of(a, b, scale_a, scale_b, op)
+    scaling = _fp8_scaling(comm, op, a, b, scale_a, scale_b)
     world, rank = comm.world_size, comm.rank
     m, k = a.shape
     n = b.shape[1]
@@ -562,12 +570,10 @@ def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
 
     The unfused path: the all-gather kernel moves the e4m3 rows (as 16-bit words) and the row scales, then the FP8
     GEMM (torch.ops.tandem.scaled_gemm) runs on the gathered rows. One node so far."""
-    from .gemm import scaled_gemm_with, scaling_of
+    from .gemm import scaled_gemm_with
 
     op = "scaled_ag_gemm"
-    for name, t in (("a_local", a_local), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)):
-        rt.check_on_device(comm, t, name, op)
-    scaling = scaling_of(a_local, b, scale_a, scale_b, op)
+    scaling = _fp8_scaling(comm, op, a_local, b, scale_a, scale_b, a_name="a_local")
     world, rank = comm.world_size, comm.rank
     m_local, k = a_local.shape
     n = b.shape[1]

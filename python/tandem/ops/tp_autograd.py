@@ -96,17 +96,6 @@ ag_gemm_gathered_op = rt.define_op(
     "-> (Tensor, Tensor)", _ag_gemm_gathered_impl, _ag_gemm_gathered_fake)
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(dev: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for the wgrad GEMM (made once: a graph capture must not create streams)."""
-    s = _SIDE_STREAMS.get(dev.index)
-    if s is None:
-        s = _SIDE_STREAMS[dev.index] = torch.cuda.Stream(device=dev)
-    return s
-
-
 def wgrad_overlap_enabled() -> bool:
     return os.environ.get("TANDEM_WGRAD_OVERLAP", "1") != "0"
 
@@ -124,7 +113,7 @@ def _gemm_rs_beside_wgrad_impl(dy, w_t, x_all, comm, mode="auto", sm_count=0):
         dx = torch.ops.tandem.gemm_rs(dy, w_t, comm, mode, 0, sm_count)
         return dx, x_all.t() @ dy
     main = torch.cuda.current_stream(dy.device)
-    side = _side_stream(dy.device)
+    side = rt.side_stream(dy.device, "wgrad")
     # dw is allocated on the caller's stream, so its memory belongs to that stream; the side stream writes it only
     # after waiting for everything queued before this op, and the caller's stream waits for the side stream before
     # anything after this op, so no tensor the side stream touches is freed or reused under it (no record_stream)

@@ -46,6 +46,7 @@ import torch
 
 from .._native import native
 from ..errors import TandemError, invalid
+from . import _runtime as rt
 
 CTL_BYTES = 8192
 _FLAG_KIND_BYTES = 1024  # counter at 0; flag arrays of 128 entries at 1024 + 1024 * kind
@@ -56,20 +57,9 @@ SPLITS = int(os.environ.get("TANDEM_PIPELINE_SPLITS", "2"))
 # Diagnostic: "sm" moves the chunks with a copy kernel (16 blocks) instead of the copy engines.
 _COPY = os.environ.get("TANDEM_PIPELINE_COPY", "engine")
 
-_SIDE: dict = {}
-
-
 def _flag(kind: int, i: int) -> int:
     assert 0 <= i < _MAX_FLAGS
     return _FLAG_KIND_BYTES * (1 + kind) + 8 * i
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    s = _SIDE.get(device)
-    if s is None:
-        s = torch.cuda.Stream(device=device)
-        _SIDE[device] = s
-    return s
 
 
 def check(comm, op: str, splits: int = 1, sm_count: int = 0, comm_blocks: int = 0):
@@ -136,7 +126,7 @@ def ag_gemm(comm, ws, a_local, b):
     slice_bytes = m_local * k * esize
     c = torch.empty((world * m_local, n), dtype=a_local.dtype, device=dev)
     s = torch.cuda.current_stream(dev)
-    side = _side_stream(dev)
+    side = rt.side_stream(dev, "pipelined")
     rows = lambda q: slice(q * m_local, (q + 1) * m_local)  # noqa: E731
     to = [(rank - i) % world for i in range(1, world)]  # r-1 first: its GEMM takes our rows second
     K.stream_advance(counter, s.cuda_stream)
@@ -201,7 +191,7 @@ def gemm_rs(comm, ws, a, b, out, all_reduce: bool, splits: int):
     others = [q for q in range(world) if q != rank]
     pieces = _pieces(mr, splits)
     s = torch.cuda.current_stream(dev)
-    side = _side_stream(dev)
+    side = rt.side_stream(dev, "pipelined")
     K.stream_advance(counter, s.cuda_stream)
     side.wait_stream(s)
     with torch.cuda.stream(side):  # left no longer uses its receive buffers of the previous call
