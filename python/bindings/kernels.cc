@@ -190,6 +190,13 @@ void bind_kernels(py::module_& m) {
   py::enum_<g::Scaling>(k, "Scaling", "How scaled_gemm's scales apply: one each (TENSOR) or per row of A / column of B")
       .value("TENSOR", g::Scaling::kTensor)
       .value("ROW", g::Scaling::kRow);
+  py::enum_<g::ScaledConfig>(k, "ScaledConfig", "The CUTLASS configuration of scaled_gemm (scaled_gemm.h)")
+      .value("FP8_COOP_128X128_C2", g::ScaledConfig::kCoop128C2)
+      .value("FP8_COOP_128X128_C1", g::ScaledConfig::kCoop128C1)
+      .value("FP8_COOP_128X128_C1X2", g::ScaledConfig::kCoop128C1x2)
+      .value("FP8_PINGPONG_64X128_C1", g::ScaledConfig::kPingpong64C1)
+      .value("FP8_SPLITK2_128X128_C1", g::ScaledConfig::kSplitK2Coop128)
+      .value("FP8_STREAMK_128X128_C1", g::ScaledConfig::kStreamKCoop128);
   {
     py::class_<g::ScaledGemmArgs> cls(k, "ScaledGemmArgs",
                                       "D (bf16) = scale_a * (scale_b * (A @ B)), A e4m3 row-major, B e4m3 column-major");
@@ -206,7 +213,8 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("ldb", &g::ScaledGemmArgs::ldb)
         .def_readwrite("ldd", &g::ScaledGemmArgs::ldd)
         .def_readwrite("scaling", &g::ScaledGemmArgs::scaling)
-        .def_readwrite("sm_count", &g::ScaledGemmArgs::sm_count);
+        .def_readwrite("sm_count", &g::ScaledGemmArgs::sm_count)
+        .def_readwrite("config", &g::ScaledGemmArgs::config);
   }
   k.def("can_implement", [](const g::ScaledGemmArgs& a) {
     std::string why;

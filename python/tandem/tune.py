@@ -103,7 +103,8 @@ def rows_from_bench(paths) -> list:
 
 def main_gemm(argv) -> int:
     """`python -m tandem tune gemm --from-bench gemm_w1.json [--out FILE]`: the table of CUTLASS configurations
-    that torch.ops.tandem.gemm reads (tandem.ops.gemm_plan), from `bench gemm`'s per-configuration times."""
+    that torch.ops.tandem.gemm and scaled_gemm read (tandem.ops.gemm_plan), from `bench gemm`'s per-configuration
+    times (bf16 rows, and FP8 rows per scaling)."""
     ap = argparse.ArgumentParser(prog="python -m tandem tune gemm", description=main_gemm.__doc__)
     ap.add_argument("--from-bench", nargs="+", required=True, metavar="GEMM_JSON",
                     help="`tandem bench gemm` outputs (gemm_w1.json) with variants_ms (no GPU needed)")
@@ -113,9 +114,9 @@ def main_gemm(argv) -> int:
 
     rows = gemm_plan.rows_from_bench(a.from_bench)
     for r in rows:
-        print(f"{r['m']}x{r['n']}x{r['k']} on {r['sms']} SMs: {r['variant']} {r['ms']:.3f} ms")
+        print(f"{r['kind']} {r['m']}x{r['n']}x{r['k']} on {r['sms']} SMs: {r['variant']} {r['ms']:.3f} ms")
     if not rows:
-        print("no bf16 rows with per-configuration times (variants_ms) in", " ".join(a.from_bench))
+        print("no rows with per-configuration times (variants_ms) in", " ".join(a.from_bench))
         return 1
     print("tuned table:", gemm_plan.write_table(rows, a.out))
     return 0

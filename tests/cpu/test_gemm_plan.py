@@ -80,3 +80,58 @@ def test_tune_gemm_from_bench_takes_each_shapes_fastest_configuration(tmp_path, 
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     assert tune.main(["gemm", "--from-bench", str(empty), "--out", str(out)]) == 1
+
+
+def test_fp8_configurations_are_chosen_apart_from_bf16(tmp_path, monkeypatch):
+    from tandem import tune
+
+    # the model: a small M with a long K splits, a large square shape stays on the FP8 core
+    assert gemm_plan.choose_scaled(64, 4096, 8192, 132, "row") in gemm_plan.SCALED_SPLITS
+    assert gemm_plan.choose_scaled(8192, 8192, 8192, 132, "tensor") == gemm_plan.SCALED_CORE
+    # bench rows of both kinds make one table; each kind is looked up apart (the same shape, other choices), and a
+    # configuration of the other kind's set is ignored
+    bench = tmp_path / "gemm_w1.json"
+    rows = [dict(m=3000, n=5000, k=4000, dtype="bfloat16", scaling="none", sm_count=132,
+                 variants_ms={"coop_128x256_c2": 2.0, "coop_256x128_c1": 1.5}),
+            dict(m=3000, n=5000, k=4000, dtype="float8_e4m3fn", scaling="row", sm_count=132,
+                 variants_ms={"fp8_coop_128x128_c2": 1.0, "fp8_coop_128x128_c1x2": 0.8, "coop_256x128_c1": 0.1}),
+            dict(m=3000, n=5000, k=4000, dtype="float8_e4m3fn", scaling="tensor", sm_count=132,
+                 variants_ms={"fp8_coop_128x128_c2": 1.0, "fp8_pingpong_64x128_c1": 0.9})]
+    bench.write_text(json.dumps(rows))
+    out = tmp_path / "table.json"
+    assert tune.main(["gemm", "--from-bench", str(bench), "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    assert sorted((r["kind"], r["variant"]) for r in table) == [
+        ("bf16", "coop_256x128_c1"), ("fp8_row", "fp8_coop_128x128_c1x2"), ("fp8_tensor", "fp8_pingpong_64x128_c1")]
+    monkeypatch.setenv("TANDEM_GEMM_TUNE_FILE", str(out))
+    gemm_plan._TABLES.clear()
+    assert gemm_plan.choose(3000, 5000, 4000, 132) == "coop_256x128_c1"
+    assert gemm_plan.choose_scaled(3000, 5000, 4000, 132, "row") == "fp8_coop_128x128_c1x2"
+    assert gemm_plan.choose_scaled(3000, 5000, 4000, 132, "tensor") == "fp8_pingpong_64x128_c1"
+
+
+def test_a_table_written_before_kinds_reads_as_bf16(tmp_path, monkeypatch):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps([dict(sms=132, m=3000, n=5000, k=4000, mb=12, nb=12, kb=12, variant="coop_256x128_c1",
+                                    ms=1.0)]))
+    monkeypatch.setenv("TANDEM_GEMM_TUNE_FILE", str(old))
+    assert gemm_plan.choose(3000, 5000, 4000, 132) == "coop_256x128_c1"
+    assert gemm_plan.choose_scaled(3000, 5000, 4000, 132, "row") != "coop_256x128_c1"
+    # merging new rows into it keeps the old row, now with its kind
+    gemm_plan.write_table([dict(kind="fp8_row", sms=132, m=64, n=4096, k=8192, variant="fp8_splitk2_128x128_c1",
+                                ms=0.1)], str(old))
+    assert sorted(r["kind"] for r in json.loads(old.read_text())) == ["bf16", "fp8_row"]
+
+
+def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_wave(tmp_path):
+    bench = tmp_path / "gemm_w1.json"
+    rows = [dict(m=256, n=4096, k=14336, dtype="bfloat16", scaling="none", sm_count=132,  # 64 tiles: may split
+                 variants_ms={"coop_128x256_c2": 0.15, "splitk2_128x128_c1": 0.06}),
+            dict(m=16384, n=28672, k=8192, dtype="bfloat16", scaling="none", sm_count=132,  # 28672 tiles
+                 variants_ms={"coop_128x256_c2": 12.0, "streamk_128x256_c1": 11.9}),
+            dict(m=64, n=4096, k=8192, dtype="float8_e4m3fn", scaling="row", sm_count=132,
+                 variants_ms={"fp8_coop_128x128_c2": 0.05, "fp8_splitk2_128x128_c1": 0.03})]
+    bench.write_text(json.dumps(rows))
+    got = {(r["kind"], r["m"]): r["variant"] for r in gemm_plan.rows_from_bench([str(bench)])}
+    assert got == {("bf16", 256): "splitk2_128x128_c1", ("bf16", 16384): "coop_128x256_c2",
+                   ("fp8_row", 64): "fp8_splitk2_128x128_c1"}

@@ -67,6 +67,22 @@ def test_scaled_gemm_matches_torch_scaled_mm(run_ranks):
         assert r["rel_vs_scaled_mm"] < 1e-2, r
 
 
+def test_every_scaled_gemm_configuration_matches(run_ranks):
+    # The FP8 configurations the op may choose (cooperative 128x128 in 2x1 / 1x1 / 1x2 clusters, ping-pong 64x128,
+    # split-K in 2 and stream-K): exact on structured data (every partial sum exact in fp32, so the split ones too),
+    # within bf16 rounding of torch._scaled_mm on random data, the same bits on a rerun; ragged M and N, small M
+    shapes = [(128, 128, 128), (257, 528, 1040), (64, 4096, 8192), (1000, 1024, 2048)]
+    (r,) = run_ranks(f"{W}:scaled_configs", 1, shapes=shapes)
+    assert len(r["rows"]) == 6 * 2 * len(shapes)
+    for row in r["rows"]:
+        assert row["wrong"] == 0, row
+        assert row["rel_vs_scaled_mm"] < 1e-2, row
+        assert row["rerun_same"], row
+        # the unsplit configurations promote and sum each element's K loop in the same order: the same bits
+        assert row["split"] or row["same_as_core"], row
+    assert r["refused"] == 3, r
+
+
 def test_scaled_gemm_is_deterministic_and_graph_capturable(run_ranks):
     (r,) = run_ranks(f"{W}:scaled_repeat_and_graph", 1, m=2048, n=2048, k=1024, launches=200)
     assert r["same"] == r["launches"] and r["graph_ok"], r

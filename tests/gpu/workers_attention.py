@@ -186,3 +186,91 @@ def rejects(seed=3):
     tp.release_workspaces(comm)
     comm.destroy()
     return dict(status=out, after=after)
+
+
+# ---- the backward (tandem.ops.attention_backward, torch.ops.tandem.ring_attention's autograd) --------------------
+
+def _reference_grads(q, k, v, do, causal, scale):
+    """fp32 autograd of the whole sequence (un-zigzagged): dq, dk, dv (B, S, H, d)."""
+    qf, kf, vf = (t.float().requires_grad_(True) for t in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    o = F.scaled_dot_product_attention(qf.transpose(1, 2), kf.repeat_interleave(group, 2).transpose(1, 2),
+                                       vf.repeat_interleave(group, 2).transpose(1, 2), is_causal=causal,
+                                       scale=scale).transpose(1, 2)
+    (o * do.float()).sum().backward()
+    return qf.grad, kf.grad, vf.grad
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def gradients(cases, seed=11):
+    """cases: [B, S_l, Hq, Hkv, d, causal, dtype name] each. This rank's dq, dk, dv from autograd through
+    tandem.ops.ring_attention against its rows of the fp32 reference's gradients (relative Frobenius errors);
+    the same backward twice under torch.use_deterministic_algorithms(True) (bits compared); torch.compile
+    (fullgraph) and activation checkpointing of the same step against eager (errors)."""
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    world, rank = comm.world_size, comm.rank
+    out = dict(cases=[])
+    for i, (b, s_l, hq, hkv, d, causal, dtype) in enumerate(cases):
+        dt = getattr(torch, dtype)
+        q, k, v = _global_qkv(seed + i, b, s_l * world, hq, hkv, d, dt)
+        g = torch.Generator().manual_seed(seed + 1000 + i)
+        do = torch.randn(b, s_l * world, hq, d, generator=g).to(dt).cuda()
+        scale = d ** -0.5
+        ref = _reference_grads(q, k, v, do, causal, scale)
+        mine = _shards(comm, (q, k, v), causal)
+        do_l = attention.shard_sequence(do, rank, world, causal=causal)
+
+        def step(ql, kl, vl):
+            o, _lse = attention.ring_attention(comm, ql, kl, vl, causal=causal)
+            return o
+
+        def grads(fn):
+            leaves = [t.clone().requires_grad_(True) for t in mine]
+            o = fn(*leaves)
+            (o.float() * do_l.float()).sum().backward()
+            torch.cuda.synchronize()
+            return [t.grad for t in leaves]
+
+        eager = grads(step)
+        ref_l = [attention.shard_sequence(r, rank, world, causal=causal) for r in ref]
+        c = dict(case=[b, s_l, hq, hkv, d, causal, dtype],
+                 rel=[_rel(x, y) for x, y in zip(eager, ref_l)],
+                 finite=all(bool(torch.isfinite(x.float()).all()) for x in eager))
+        torch.use_deterministic_algorithms(True)  # not warn-only: FlashAttention-2 keeps its atomics then
+        try:
+            first, second = grads(step), grads(step)
+        finally:
+            torch.use_deterministic_algorithms(False)
+        c["deterministic"] = all(torch.equal(x, y) for x, y in zip(first, second))
+        if i == 0:  # compile and checkpoint once (each compiles or recomputes the whole step)
+            compiled = grads(torch.compile(step, fullgraph=True))
+            c["compile_rel"] = [_rel(x, y) for x, y in zip(compiled, eager)]
+            ck = grads(lambda *x: torch.utils.checkpoint.checkpoint(step, *x, use_reentrant=False))
+            c["checkpoint_rel"] = [_rel(x, y) for x, y in zip(ck, eager)]
+        out["cases"].append(c)
+    comm.check()
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
+def backward_refused_across_nodes():
+    """The backward's one-node limit is a clear error (status 3) before anything runs."""
+    from tandem.errors import TandemError
+
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    q, k, v = _shards(comm, _global_qkv(5, 1, 8 * comm.world_size, 2, 2, 64, torch.bfloat16), True)
+    q.requires_grad_(True)
+    o, _lse = attention.ring_attention(comm, q, k, v, causal=True)
+    status = None
+    try:
+        o.float().sum().backward()
+    except TandemError as e:
+        status = e.status
+    torch.cuda.synchronize()
+    num_nodes = comm.num_nodes
+    comm.destroy()
+    return dict(num_nodes=num_nodes, status=status)

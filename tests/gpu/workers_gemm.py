@@ -238,6 +238,43 @@ def scaled(shapes):
     return out
 
 
+def scaled_configs(shapes):
+    """Every FP8 configuration (gemm_plan.SCALED_CONFIGS) through scaled_gemm_with(config=...): exact on structured
+    data, random data against torch._scaled_mm, a rerun with the same bits, both scalings; and an unknown name
+    refused before launch."""
+    from tandem.errors import TandemError
+    from tandem.ops import gemm_plan
+    from tandem.ops.gemm import scaled_gemm_with
+
+    out = dict(rows=[], refused=None)
+    for m, n, k in shapes:
+        for scaling in ("tensor", "row"):
+            a, b = _fp8_structured(m, n, k)
+            sa, sb = _scales(m, n, scaling, True)
+            exact = ((a.float() @ b.float()) * sb * sa).to(torch.bfloat16)
+            ra = (torch.randn(m, k, device="cuda") * 2).to(torch.float8_e4m3fn)
+            rb = (torch.randn(n, k, device="cuda") * 2).to(torch.float8_e4m3fn).t()
+            rsa, rsb = _scales(m, n, scaling, False)
+            theirs = torch._scaled_mm(ra, rb, rsa, rsb, out_dtype=torch.bfloat16).float()
+            core = scaled_gemm_with(ra, rb, rsa, rsb, config=gemm_plan.SCALED_CORE)
+            for name in gemm_plan.SCALED_CONFIGS:
+                got = scaled_gemm_with(a, b, sa, sb, config=name)
+                mine = scaled_gemm_with(ra, rb, rsa, rsb, config=name)
+                again = scaled_gemm_with(ra, rb, rsa, rsb, config=name)
+                torch.cuda.synchronize()
+                out["rows"].append(dict(shape=[m, n, k], scaling=scaling, config=name,
+                                        split=name in gemm_plan.SCALED_SPLITS,
+                                        wrong=int((got != exact).sum()),
+                                        rel_vs_scaled_mm=float((mine.float() - theirs).norm() / theirs.norm()),
+                                        rerun_same=bool(torch.equal(mine, again)),
+                                        same_as_core=bool(torch.equal(mine, core))))
+    try:
+        scaled_gemm_with(a, b, sa, sb, config="no_such_config")
+    except TandemError as e:
+        out["refused"] = e.status
+    return out
+
+
 def scaled_repeat_and_graph(m, n, k, launches):
     a, b = _fp8_structured(m, n, k)
     sa, sb = _scales(m, n, "row", True)

@@ -104,11 +104,11 @@ def _ar_case(comm, mr, n, k, dtype, mode, algo):
                 rows=out.shape[0], digest=_digest(out))
 
 
-def rs_pieces(rs_shapes, dtypes, pieces, repeats, swizzle=None):
+def rs_pieces(rs_shapes, dtypes, pieces, repeats, swizzle=None, env=None, algos=("two_shot",)):
     """The fused GEMM+RS and two-shot GEMM+AR computed in pieces (TANDEM_RS_PIECES, read by the kernels' host side
     at every launch), each case `repeats` times in a row (the piece flags of consecutive epochs), against the same
     bit-exact references as the whole-chunk kernel. swizzle: the GEMM scheduler's (TANDEM_TP_SWIZZLE; pieces of
-    whole swizzle groups)."""
+    whole swizzle groups). env: more knobs set for the run (e.g. TANDEM_RS_LOADS); algos: the AR algorithms."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     from tandem._native import native
@@ -117,6 +117,8 @@ def rs_pieces(rs_shapes, dtypes, pieces, repeats, swizzle=None):
     os.environ["TANDEM_RS_PIECES"] = str(pieces)
     if swizzle is not None:
         os.environ["TANDEM_TP_SWIZZLE"] = str(swizzle)
+    for name, value in (env or {}).items():
+        os.environ[name] = str(value)
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     out = dict(rs=[], ar=[])
     try:
@@ -126,11 +128,15 @@ def rs_pieces(rs_shapes, dtypes, pieces, repeats, swizzle=None):
                 for _ in range(repeats):
                     out["rs"].append(_rs_case(comm, mr, n, k, dtype, "fused"))
                     out["rs"][-1]["pieces"] = K.tp_last_fused_rs_pieces()  # the pieces kernel ran, not a fallback
-                    out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", "two_shot"))
-                    out["ar"][-1]["pieces"] = K.tp_last_fused_rs_pieces()
+                    for algo in algos:
+                        out["ar"].append(_ar_case(comm, mr, n, k, dtype, "fused", algo))
+                        out["ar"][-1]["pieces"] = K.tp_last_fused_rs_pieces()
+                        out["ar"][-1]["algo"] = algo
     finally:
         os.environ.pop("TANDEM_RS_PIECES", None)
         os.environ.pop("TANDEM_TP_SWIZZLE", None)
+        for name in env or {}:
+            os.environ.pop(name, None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

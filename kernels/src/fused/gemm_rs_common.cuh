@@ -7,7 +7,17 @@
 #include "../gemm/sm90_config.hpp"
 #include "tp_common.cuh"
 
+// TANDEM_RS_STREAM_LOADS (CMake option, off): the reductions in pieces and the joined reduction read the peers'
+// partials with the streaming hint (roles::load16, evict-first in L2), leaving the L2 to the GEMM role's operand
+// tiles; the whole-chunk, cross-node and one-shot reductions read plainly either way. A build option, not a
+// run-time knob, so that the default build's kernels are unchanged (a run-time choice spilled more registers).
+#ifndef TANDEM_RS_STREAM_LOADS
+#define TANDEM_RS_STREAM_LOADS 0
+#endif
+
 namespace tandem::kernels::tp {
+
+inline constexpr bool kRsStreamLoads = TANDEM_RS_STREAM_LOADS != 0;
 
 namespace {
 

@@ -105,8 +105,8 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
     if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(1 + 2 * j);
     const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row;
     const int64_t lo = v0 + nv * rb / p.reduce_blocks, hi = v0 + nv * (rb + 1) / p.reduce_blocks;
-    const bool ok =
-        roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(out), reinterpret_cast<uint4*>(out2));
+    const bool ok = roles::reduce_vectors_n<T, kRsStreamLoads>(world, src, lo, hi, reinterpret_cast<uint4*>(out),
+                                                               reinterpret_cast<uint4*>(out2));
     __syncthreads();
     if (!ok) return false;  // more sources than the one-pass reduction takes (refused by its callers)
     if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(2 + 2 * j);
@@ -177,8 +177,8 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
     const int64_t r0 = (item / p.join_items) * static_cast<int64_t>(p.piece_rows), r1 = piece_end(item);
     const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row, part = item % p.join_items;
     const int64_t lo = v0 + nv * part / p.join_items, hi = v0 + nv * (part + 1) / p.join_items;
-    (void)roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.out),
-                                     reinterpret_cast<uint4*>(own_out));
+    (void)roles::reduce_vectors_n<T, kRsStreamLoads>(world, src, lo, hi, reinterpret_cast<uint4*>(p.out),
+                                                     reinterpret_cast<uint4*>(own_out));
     __syncthreads();
     ++done;
   }

@@ -1,8 +1,10 @@
 // FP8 (e4m3) GEMM with tensor-wise or row-wise scales, bf16 out (sm90a): scaled_gemm.h has the contract.
 //
-// CUTLASS 3: TMA warp-specialized cooperative mainloop for FP8 (fp32 accumulation with periodic promotion),
-// 128x128x128 tiles (the fp32 promotion buffer doubles the accumulators: 128x256 spills), 2x1 clusters, persistent
-// grid; the scales in an epilogue visitor tree,
+// CUTLASS 3: TMA warp-specialized mainloop for FP8 (fp32 accumulation with periodic promotion), persistent grid,
+// in one of the configurations of ScaledConfig (scaled_gemm.h): cooperative 128x128x128 tiles in 2x1, 1x1 or 1x2
+// clusters, ping-pong 64x128x128, and cooperative 128x128x128 split along K by CUTLASS's stream-K scheduler (2
+// slices, or stream-K). No 128x256 tile: the fp32 promotion buffer doubles the accumulators and it spills. The
+// scales in an epilogue visitor tree,
 //   D = bf16( scale_a * (scale_b * acc) ),
 // with scale_a / scale_b broadcast per row / column (row-wise) or as scalars read from device memory
 // (tensor-wise). Why CUTLASS and not cuBLASLt: the same kernel is the GEMM role of the fused TP ops' FP8
@@ -26,7 +28,28 @@ namespace {
 
 using namespace cute;
 
-template <Scaling kScaling>
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CoopEpi = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingEpi = cutlass::epilogue::TmaWarpSpecialized;
+
+// One configuration's compile-time shape: tile (M, N; K is 128), cluster (M, N), schedules, tile scheduler.
+template <int kTileM, int kTileN, int kClusterM, int kClusterN, class Mainloop_, class Epilogue_,
+          class Scheduler_ = cutlass::gemm::PersistentScheduler>
+struct ScaledShape {
+  using TileShape = Shape<Int<kTileM>, Int<kTileN>, _128>;
+  using ClusterShape = Shape<Int<kClusterM>, Int<kClusterN>, _1>;
+  using MainloopSchedule = Mainloop_;
+  using EpilogueSchedule = Epilogue_;
+  using Scheduler = Scheduler_;
+};
+using Coop128C2 = ScaledShape<128, 128, 2, 1, Coop, CoopEpi>;
+using Coop128C1 = ScaledShape<128, 128, 1, 1, Coop, CoopEpi>;
+using Coop128C1x2 = ScaledShape<128, 128, 1, 2, Coop, CoopEpi>;
+using Ping64C1 = ScaledShape<64, 128, 1, 1, Ping, PingEpi>;
+using Coop128Split = ScaledShape<128, 128, 1, 1, Coop, CoopEpi, cutlass::gemm::StreamKScheduler>;
+
+template <Scaling kScaling, class Config>
 struct Sm90ScaledGemm {
   using ElementA = cutlass::float_e4m3_t;
   using ElementB = cutlass::float_e4m3_t;
@@ -36,10 +59,10 @@ struct Sm90ScaledGemm {
   using LayoutD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 16;  // 16 bytes of e4m3
   static constexpr int kAlignD = 8;    // 16 bytes of bf16
-  using TileShape = Shape<_128, _128, _128>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
-  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using TileShape = typename Config::TileShape;
+  using ClusterShape = typename Config::ClusterShape;
+  using EpilogueSchedule = typename Config::EpilogueSchedule;
+  using MainloopSchedule = typename Config::MainloopSchedule;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
   // The scales: per row of D (scale_a, a column broadcast) and per column (scale_b, a row broadcast), or one
@@ -70,7 +93,7 @@ struct Sm90ScaledGemm {
       MainloopSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
+                                                      typename Config::Scheduler>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Device::Arguments arguments(const ScaledGemmArgs& g) {
@@ -99,11 +122,36 @@ struct Sm90ScaledGemm {
   }
 };
 
-template <Scaling kScaling>
-Status run_typed(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
-  using G = Sm90ScaledGemm<kScaling>;
-  return detail::run_adapter<typename G::Device>(G::arguments(g), workspace, stream, why,
-                                                 "CUTLASS cannot implement this FP8 problem (alignment or shape)");
+// The stream-K scheduler's decomposition for a split configuration: K in `splits` slices (split-K) or balanced
+// over the grid (stream-K); partial tiles summed in fp32 in the workspace, in a fixed order (deterministic).
+template <class Args>
+void set_split(Args& args, ScaledConfig config) {
+  using Params = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams;
+  args.scheduler.splits = config == ScaledConfig::kSplitK2Coop128 ? 2 : 1;
+  args.scheduler.decomposition_mode = config == ScaledConfig::kSplitK2Coop128 ? Params::DecompositionMode::SplitK
+                                                                              : Params::DecompositionMode::StreamK;
+  args.scheduler.reduction_mode = Params::ReductionMode::Deterministic;
+}
+
+template <Scaling kScaling, class Config>
+typename Sm90ScaledGemm<kScaling, Config>::Device::Arguments config_arguments(const ScaledGemmArgs& g) {
+  auto args = Sm90ScaledGemm<kScaling, Config>::arguments(g);
+  if constexpr (std::is_same_v<typename Config::Scheduler, cutlass::gemm::StreamKScheduler>) set_split(args, g.config);
+  return args;
+}
+
+// Calls f.template operator()<Config>() with the configuration type `config` names; false for an unknown one.
+template <class F>
+bool with_config(ScaledConfig config, F&& f) {
+  switch (config) {
+    case ScaledConfig::kCoop128C2: f.template operator()<Coop128C2>(); return true;
+    case ScaledConfig::kCoop128C1: f.template operator()<Coop128C1>(); return true;
+    case ScaledConfig::kCoop128C1x2: f.template operator()<Coop128C1x2>(); return true;
+    case ScaledConfig::kPingpong64C1: f.template operator()<Ping64C1>(); return true;
+    case ScaledConfig::kSplitK2Coop128:
+    case ScaledConfig::kStreamKCoop128: f.template operator()<Coop128Split>(); return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -117,6 +165,8 @@ Status can_implement(const ScaledGemmArgs& g, std::string* why) {
   if (g.a == nullptr || g.b == nullptr || g.d == nullptr) return fail("A, B and D must be non-null");
   if (g.scale_a == nullptr || g.scale_b == nullptr) return fail("scale_a and scale_b must be non-null");
   if (g.scaling != Scaling::kTensor && g.scaling != Scaling::kRow) return fail("scaling must be tensor or row");
+  if (static_cast<int>(g.config) < 0 || static_cast<int>(g.config) >= kScaledConfigs)
+    return fail("config must be one of ScaledConfig");
   if (g.lda < g.k || g.ldb < g.k || g.ldd < g.n) return fail("leading dimensions must be at least the row length");
   const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
   if (misaligned(g.a) || misaligned(g.b) || misaligned(g.d)) return fail("A, B and D must be 16-byte aligned");
@@ -128,25 +178,52 @@ Status can_implement(const ScaledGemmArgs& g, std::string* why) {
 }
 
 size_t workspace_size(const ScaledGemmArgs& g) {
-  return g.scaling == Scaling::kRow ? Sm90ScaledGemm<Scaling::kRow>::Device::get_workspace_size(
-                                          Sm90ScaledGemm<Scaling::kRow>::arguments(g))
-                                    : Sm90ScaledGemm<Scaling::kTensor>::Device::get_workspace_size(
-                                          Sm90ScaledGemm<Scaling::kTensor>::arguments(g));
+  size_t bytes = 0;
+  with_config(g.config, [&]<class Config>() {
+    bytes = g.scaling == Scaling::kRow
+                ? Sm90ScaledGemm<Scaling::kRow, Config>::Device::get_workspace_size(
+                      config_arguments<Scaling::kRow, Config>(g))
+                : Sm90ScaledGemm<Scaling::kTensor, Config>::Device::get_workspace_size(
+                      config_arguments<Scaling::kTensor, Config>(g));
+  });
+  return bytes;
 }
 
 Status run(const ScaledGemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
-  if (g.scaling == Scaling::kRow) return run_typed<Scaling::kRow>(g, workspace, stream, why);
-  return run_typed<Scaling::kTensor>(g, workspace, stream, why);
+  if (workspace == nullptr && workspace_size(g) != 0) {
+    if (why) *why = "this configuration needs a workspace of workspace_size() bytes";
+    return Status::kInvalidArgument;
+  }
+  Status status = Status::kInvalidArgument;
+  with_config(g.config, [&]<class Config>() {
+    constexpr const char* kCannot = "CUTLASS cannot implement this FP8 problem (alignment or shape)";
+    if (g.scaling == Scaling::kRow) {
+      status = detail::run_adapter<typename Sm90ScaledGemm<Scaling::kRow, Config>::Device>(
+          config_arguments<Scaling::kRow, Config>(g), workspace, stream, why, kCannot);
+    } else {
+      status = detail::run_adapter<typename Sm90ScaledGemm<Scaling::kTensor, Config>::Device>(
+          config_arguments<Scaling::kTensor, Config>(g), workspace, stream, why, kCannot);
+    }
+  });
+  return status;
 }
 
 cudaError_t preload_scaled_kernels() {
-  cudaFuncAttributes attr{};
-  const cudaError_t a = cudaFuncGetAttributes(
-      &attr, cutlass::device_kernel<Sm90ScaledGemm<Scaling::kRow>::Kernel>);
-  const cudaError_t b = cudaFuncGetAttributes(
-      &attr, cutlass::device_kernel<Sm90ScaledGemm<Scaling::kTensor>::Kernel>);
-  return a != cudaSuccess ? a : b;
+  // every configuration's two kernels (row-wise, tensor-wise): the first launch must not load modules while a
+  // peer waits (docs/reliability.md)
+  cudaError_t first = cudaSuccess;
+  for (int c = 0; c < kScaledConfigs; ++c) {
+    with_config(static_cast<ScaledConfig>(c), [&]<class Config>() {
+      cudaFuncAttributes attr{};
+      const cudaError_t a = cudaFuncGetAttributes(
+          &attr, cutlass::device_kernel<typename Sm90ScaledGemm<Scaling::kRow, Config>::Kernel>);
+      const cudaError_t b = cudaFuncGetAttributes(
+          &attr, cutlass::device_kernel<typename Sm90ScaledGemm<Scaling::kTensor, Config>::Kernel>);
+      if (first == cudaSuccess) first = a != cudaSuccess ? a : b;
+    });
+  }
+  return first;
 }
 
 }  // namespace tandem::kernels::gemm

@@ -1,6 +1,9 @@
 """Ring attention benchmark, N ranks (MPS on one GPU), bf16, in the same run:
 
-  world 1   tandem's kernel vs torch SDPA's flash backend (sdpa_kernel(FLASH_ATTENTION)) on the same problem;
+  world 1   tandem vs torch SDPA's cuDNN backend (the faster one on this GPU) and its flash backend on the same
+            problem, forward and backward (rows per pass: fwd, bwd; backward timed alone, from a kept graph;
+            tandem's backward is the unfused mode of tandem.ops.attention_backward), keys b, s, hq, hkv, d,
+            causal, pass, tandem_tflops, cudnn_tflops, flash_tflops (backward FLOPs = 2.5 x forward's);
   world N   the global sequence of S rows sharded over the ranks (S / N rows a rank; zigzag when causal),
             tandem's one-kernel ring vs a torch ring in the same process: per step the K/V block goes to the next
             rank by a copy into its symmetric buffer (tandem Communicator peer views: NCCL refuses several ranks on
@@ -82,9 +85,83 @@ class TorchRing:
         return out.to(q.dtype).transpose(1, 2), lse
 
 
-def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
+def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
+    """World 1: tandem against SDPA's cuDNN and flash backends, forward and backward (module docstring)."""
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..ops import attention, tp
+    from . import common
+
+    scale = head_dim ** -0.5
+    gqa = dict(enable_gqa=True) if heads_kv != heads_q else {}
+    rows, data = [], []
+    for seq in seqs:
+        for causal in causals:
+            if causal and seq % 2:
+                continue
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q, k, v = (torch.randn(batch, seq, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+                       .requires_grad_(True) for h in (heads_q, heads_kv, heads_kv))
+            do = torch.randn(batch, seq, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+
+            def sdpa():
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      is_causal=causal, scale=scale, **gqa).transpose(1, 2)
+
+            def mine():
+                return attention.ring_attention(comm, q, k, v, causal=causal)[0]
+
+            def timed(name, fn):
+                times[(name, "fwd")] = common.time_launches(lambda: fn(), warmup=3, reps=reps)
+                o = fn()
+                times[(name, "bwd")] = common.time_launches(
+                    lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+                return o, torch.autograd.grad(o, (q, k, v), do)
+
+            times, results = {}, {}
+            results["tandem"] = timed("tandem", mine)  # a tandem failure stops the bench
+            for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                try:
+                    with sdpa_kernel(backend):
+                        results[name] = timed(name, sdpa)
+                except RuntimeError as e:  # a backend that refuses the shape is reported, not fatal
+                    print(f"  {name} skipped at S={seq} causal={causal}: {str(e).splitlines()[0][:120]}")
+            # a sanity check beside the times: tandem's output and gradients against the first SDPA backend that ran
+            ref = results.get("cudnn") or results.get("flash")
+            diffs = None
+            if ref is not None:
+                diffs = [float((a.float() - b.float()).abs().max())
+                         for a, b in zip((results["tandem"][0],) + tuple(results["tandem"][1]), (ref[0],) + tuple(ref[1]))]
+            comm.check()
+            fwd_flop = 4.0 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
+            for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop)):
+                tf = {n: (flop / times[(n, pss)] / 1e12 if (n, pss) in times else None)
+                      for n in ("tandem", "cudnn", "flash")}
+                d = dict(b=batch, s=seq, hq=heads_q, hkv=heads_kv, d=head_dim, causal=causal, world=1, **{"pass": pss},
+                         tandem_tflops=tf["tandem"], cudnn_tflops=tf["cudnn"], flash_tflops=tf["flash"],
+                         tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None,
+                         max_abs_diff=(diffs[0] if pss == "fwd" else max(diffs[1:])) if diffs else None)
+                data.append(d)
+                fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+                rows.append([str(seq), "yes" if causal else "no", f"{batch}/{heads_q}/{heads_kv}/{head_dim}", pss,
+                             fmt(tf["tandem"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
+                             "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}",
+                             "-" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.2e}"])
+                print("| " + " | ".join(rows[-1]) + " |", flush=True)
+            tp.release_workspaces(comm)
+    meta = common.header(command)
+    table = common.markdown_table(["S", "causal", "B/Hq/Hkv/d", "pass", "tandem TFLOP/s", "SDPA cuDNN TFLOP/s",
+                                   "SDPA flash TFLOP/s", "tandem/cuDNN", "max |tandem - SDPA| (o or dq/dk/dv)"],
+                                  rows)
+    print(f"# tandem attention, world 1 — {meta['device']}, commit {meta['commit']}, {meta['date']}")
+    print(table)
+    common.write_outputs(out_dir, "attention_w1", meta, table, data)
+
+
+def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command):
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .. import ops  # noqa: F401
@@ -94,9 +171,12 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
 
     comm = Communicator(heap_bytes=8 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
-    baseline = "SDPA flash" if world == 1 else "torch ring"
+    if world == 1:
+        run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, command)
+        comm.destroy()
+        return
+    baseline = "torch ring"
     scale = head_dim ** -0.5
-    gqa = dict(enable_gqa=True) if heads_kv != heads_q else {}
     rows, data = [], []
     for seq in seqs:
         for causal in causals:
@@ -110,17 +190,10 @@ def run(seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_dir, comman
             q = torch.randn(batch, s_l, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
             k = torch.randn(batch, s_l, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
             v = torch.randn(batch, s_l, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-            if world == 1:
-                qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            ring = TorchRing(comm, k.shape, k.dtype)
 
-                def base_fn():
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale,
-                                                          **gqa).transpose(1, 2)
-            else:
-                ring = TorchRing(comm, k.shape, k.dtype)
-
-                def base_fn():
-                    return ring(q, k, v, causal, scale)[0]
+            def base_fn():
+                return ring(q, k, v, causal, scale)[0]
 
             def tandem_fn():
                 return attention.ring_attention(comm, q, k, v, causal=causal)

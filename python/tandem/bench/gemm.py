@@ -5,10 +5,12 @@ of Llama-3-8B and -70B MLP layers (4096/14336 and 8192/28672, both orders), plus
 multiples of 128). CUDA events, warm-ups, median; three input sets rotate so that the L2 does not hold them.
 
 Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3fn), scaling (none / tensor / row),
-tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8), baseline (its name), and the accuracy of tandem's
-result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
+tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8; one call between two events), tandem_ms_inner20
+and baseline_ms_inner20 (20 calls back to back between the events, per call), baseline (its name), and the
+accuracy of tandem's result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
 core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
-the data a per-shape choice of configuration is to be built from (issue 23, part 1)."""
+and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, through the op's path): the data the
+per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,30 @@ def _variants_ms(sets, pick, reps):
     return out
 
 
+def _scaled_variants_ms(sets, reps):
+    """ms of each FP8 configuration (gemm_plan.SCALED_CONFIGS) through the op's own path (scaled_gemm_with with
+    the configuration named), 20 calls back to back per timing; None where one cannot run the shape."""
+    from ..ops import gemm_plan
+    from ..ops.gemm import scaled_gemm_with
+    from . import common
+
+    out = {}
+    for name in gemm_plan.SCALED_CONFIGS:
+        i = [0]
+
+        def call(name=name):
+            i[0] = (i[0] + 1) % len(sets)
+            scaled_gemm_with(*sets[i[0]], config=name)
+
+        try:
+            # 20 calls between the events: the op's host path (cache lookup, workspace) would otherwise rank the
+            # configurations of the smallest shapes, whose kernels take tens of microseconds
+            out[name] = common.time_launches(call, warmup=3, reps=reps, inner=20) * 1e3
+        except Exception:  # noqa: BLE001 - a configuration that refuses the shape is reported as None
+            out[name] = None
+    return out
+
+
 def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
@@ -97,18 +123,29 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
 
             d = dict(m=m, n=n, k=k, dtype=dtype, scaling=scaling, baseline=base_name,
                      sm_count=torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count)
-            if kind == "bfloat16":
-                from ..ops import gemm_plan
+            from ..ops import gemm_plan
 
+            if kind == "bfloat16":
                 d["variant"] = gemm_plan.choose(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
+            else:
+                d["variant"] = gemm_plan.choose_scaled(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
+                # the same calls 20 back to back between the events: the host's time a call before its launch no
+                # longer shows unless it exceeds the GPU's (the op ran 8-21 % slower than its configuration
+                # called directly on 2026-12-05: host path, or device?)
+                d["tandem_ms_inner20"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps,
+                                                              inner=20) * 1e3
+                d["baseline_ms_inner20"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps,
+                                                                inner=20) * 1e3
                 got, ref = ours(sets[0]).float(), base(sets[0]).float()
                 d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
                 d["differ"] = int((got != ref).sum())
                 if kind == "bfloat16" and variants:
                     d["variants_ms"] = _variants_ms(sets, pick, reps)
+                elif variants:
+                    d["variants_ms"] = _scaled_variants_ms(sets, reps)
             except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
                 d["error"] = str(e).splitlines()[0][:200]
             data.append(d)

@@ -4,6 +4,13 @@ any communication), in the same run. CUDA events, warm-ups, median. NCCL refuses
 torch.distributed all_to_all_single baseline waits for a multi-GPU machine.
 
     python -m tandem bench moe -n 2 [--out DIR] [--tokens 1024,4096,16384,65536] [--configs deepseek,small]
+
+--layer times the whole layer instead (issue 26): tandem.ops.moe_ffn (dispatch + GEMM 1, SwiGLU, GEMM 2,
+combine; mode "unfused", the chain) against a torch reference written as a user would without tandem: the
+routed rows sorted by destination into a symmetric buffer, the counts read on the host, every rank pulling its
+rows from the peers' buffers (peer views), per-expert matmuls (GEMM 1, SwiGLU, GEMM 2), the results written back
+into the source ranks' buffers, and the weighted sum on the token's rank; tandem's stream barrier around each
+exchange (moe_layer_w{N}.json: config, tokens, world, layer_unfused_ms, torch_reference_ms, max_abs_diff).
 """
 
 from __future__ import annotations
@@ -83,6 +90,120 @@ def run(configs, tokens_list, reps, out_dir, command):
     comm.destroy()
 
 
+class TorchMoeLayer:
+    """The torch reference of the whole layer over peer views (module docstring, --layer), for one shape."""
+
+    def __init__(self, comm, tokens, hidden, k, epr):
+        import torch
+
+        from .tp import _stream_barrier
+
+        self.comm, self.k, self.epr, self.hidden = comm, k, epr, hidden
+        world = comm.world_size
+        self.send = comm.empty((tokens * k, hidden), torch.bfloat16)       # this rank's rows, by destination
+        self.back = comm.empty((tokens * k, hidden), torch.bfloat16)       # their results, written by the experts
+        self.meta = comm.empty((tokens * k + world,), torch.int32)         # local expert id per row, then counts
+        self.send_v = [comm.peer_view(self.send, q) for q in range(world)]
+        self.back_v = [comm.peer_view(self.back, q) for q in range(world)]
+        self.meta_v = [comm.peer_view(self.meta, q) for q in range(world)]
+        self.barrier, self._keep = _stream_barrier(comm)
+        self.tk = tokens * k
+
+    def __call__(self, x, ids, wts, w1, w2):
+        import torch
+
+        k, epr, world, rank = self.k, self.epr, self.comm.world_size, self.comm.rank
+        inter = w2.shape[1]
+        flat = ids.reshape(-1).long()
+        dest = flat // epr
+        order = torch.argsort(dest, stable=True)
+        n = flat.numel()
+        self.send[:n].copy_(x[order // k])
+        self.meta[:n].copy_((flat % epr)[order].to(torch.int32))
+        self.meta[self.tk:self.tk + world].copy_(torch.bincount(dest, minlength=world).to(torch.int32))
+        self.barrier()  # every rank's rows and counts written
+        counts = torch.stack([self.meta_v[r][self.tk:self.tk + world] for r in range(world)]).tolist()  # host sync
+        rows, experts, where = [], [], []
+        for r in range(world):
+            start = sum(counts[r][:rank])
+            cnt = counts[r][rank]
+            rows.append(self.send_v[r][start:start + cnt])
+            experts.append(self.meta_v[r][start:start + cnt].long())
+            where.append((r, start, cnt))
+        a = torch.cat(rows)
+        e = torch.cat(experts)
+        res = torch.empty_like(a)
+        for j in range(epr):
+            sel = (e == j).nonzero().view(-1)
+            if sel.numel():
+                y = a[sel] @ w1[j]
+                res[sel] = (torch.nn.functional.silu(y[:, :inter].float()) * y[:, inter:].float()).to(a.dtype) @ w2[j]
+        off = 0
+        for r, start, cnt in where:  # each source's rows back into its buffer, where it sent them from
+            self.back_v[r][start:start + cnt].copy_(res[off:off + cnt])
+            off += cnt
+        self.barrier()  # every result written back
+        out_flat = torch.empty(n, self.hidden, dtype=torch.float32, device=x.device)
+        out_flat[order] = self.back[:n].float()
+        return (out_flat.view(-1, k, self.hidden) * wts.float().unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+def run_layer(configs, tokens_list, reps, out_dir, command):
+    """--layer: moe_ffn (the unfused chain) against the torch reference, same run (module docstring)."""
+    import torch
+
+    from ..ops import moe_layer, tp
+    from ..transport import Communicator
+    from . import common
+
+    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)
+    world, rank = comm.world_size, comm.rank
+    rows, data = [], []
+    for name in configs:
+        hidden, inter, experts, k = CONFIGS[name]
+        if experts % world:
+            continue
+        epr = experts // world
+        g = torch.Generator(device="cuda").manual_seed(5 + rank)
+        w1 = torch.randn(epr, hidden, 2 * inter, device="cuda", dtype=torch.bfloat16, generator=g) / hidden ** 0.5
+        w2 = torch.randn(epr, inter, hidden, device="cuda", dtype=torch.bfloat16, generator=g) / inter ** 0.5
+        for tokens in tokens_list:
+            x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, generator=g)
+            ids = torch.rand(tokens, experts, device="cuda", generator=g).topk(k, dim=1).indices.to(torch.int32)
+            wts = torch.softmax(torch.randn(tokens, k, device="cuda", generator=g), dim=1)
+            ref = TorchMoeLayer(comm, tokens, hidden, k, epr)
+            res = {}
+            mine = moe_layer.moe_ffn(comm, x, ids, wts, w1, w2, max_tokens=tokens, mode="unfused")
+            theirs = ref(x, ids, wts, w1, w2)
+            torch.cuda.synchronize()
+            diff = float((mine.float() - theirs.float()).abs().max()) if tokens else 0.0
+            for key, fn in (("layer_unfused", lambda: moe_layer.moe_ffn(comm, x, ids, wts, w1, w2, max_tokens=tokens,
+                                                                          mode="unfused")),
+                            ("torch_reference", lambda: ref(x, ids, wts, w1, w2))):
+                comm.barrier()
+                res[key] = common.time_launches(fn, warmup=2, reps=reps) * 1e3
+            comm.check()
+            d = dict(config=name, hidden=hidden, inter=inter, experts=experts, k=k, tokens=tokens, world=world,
+                     layer_unfused_ms=res["layer_unfused"], torch_reference_ms=res["torch_reference"],
+                     reference_over_unfused=res["torch_reference"] / res["layer_unfused"], max_abs_diff=diff)
+            data.append(d)
+            rows.append([name, f"{hidden}/{inter}/{experts}/{k}", str(tokens), f"{d['layer_unfused_ms']:.3f}",
+                         f"{d['torch_reference_ms']:.3f}", f"{d['reference_over_unfused']:.2f}", f"{diff:.2e}"])
+            if rank == 0:
+                print("| " + " | ".join(rows[-1]) + " |", flush=True)
+            ref = None  # its symmetric buffers go before the next shape's
+            tp.release_workspaces(comm)
+    if rank == 0:
+        meta = common.header(command)
+        table = common.markdown_table(["config", "H/I/E/k", "tokens a rank", "moe_ffn unfused ms",
+                                       "torch reference ms", "reference/unfused", "max |diff|"], rows)
+        print(f"# tandem MoE layer, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
+              f"{meta['commit']}, {meta['date']}")
+        print(table)
+        common.write_outputs(out_dir, f"moe_layer_w{world}", meta, table, data)
+    comm.destroy()
+
+
 def plot(rows, world, path):
     from . import common
 
@@ -96,12 +217,15 @@ def main(argv=None) -> int:
     from . import common
 
     ap = common.parser("moe", __doc__, reps=7)
-    ap.add_argument("--tokens", default="1024,4096,16384,65536")
+    ap.add_argument("--tokens", default=None, help="tokens a rank (default 1024,4096,16384,65536; --layer: up to "
+                                                   "16384, the issue's range)")
     ap.add_argument("--configs", default="small,deepseek")
+    ap.add_argument("--layer", action="store_true", help="the whole layer: moe_ffn against a torch reference")
     a = ap.parse_args(argv)
     rc = common.relaunch("moe", a.nprocs, argv)
     if rc is not None:
         return rc
-    run(a.configs.split(","), [int(t) for t in a.tokens.split(",")], a.reps, a.out,
-        common.command_line("moe", argv))
+    tokens = a.tokens or ("1024,4096,16384" if a.layer else "1024,4096,16384,65536")
+    (run_layer if a.layer else run)(a.configs.split(","), [int(t) for t in tokens.split(",")], a.reps, a.out,
+                                    common.command_line("moe", argv))
     return 0

@@ -15,6 +15,9 @@ Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random b
   naive synced  the same with a stream barrier of every rank before and after the collective, and for AR one
                 between the owners' reduced rows and their gather (a correct program: the peers' buffers are
                 written before they are read, and read before rewritten)
+  fp8           (--fp8) the FP8 op at the same shape: tp.scaled_ag_gemm / scaled_gemm_rs / scaled_gemm_ar, e4m3
+                operands with row-wise float32 scales (as torch._scaled_mm takes them), bf16 out; against the bf16
+                op's auto (issue 23: FP8 faster than bf16)
 Targets (issue 21): fused <= naive and fused <= 1.15 x max(gemm_alone, collective).
 
 Shapes: M x N x K of the rank's problem as the op sees it. AG: A_local = M/W x K, B = K x N (N is the rank's
@@ -22,7 +25,7 @@ column shard). RS/AR: A = M x K/W, B = K/W x N (K is sharded). Default: the thre
 three ops, the Llama-3-70B MLP (hidden 8192, FFN 28672: AG+GEMM M x 28672/W x 8192, GEMM+RS/AR M x 8192 x 28672)
 at M 2048 / 8192 / 16384, and M 256.
 
-    python -m tandem bench tp -n 2 [--out DIR] [--shapes MxNxK,...] [--sweep]
+    python -m tandem bench tp -n 2 [--out DIR] [--shapes MxNxK,...] [--sweep] [--fp8]
 """
 
 from __future__ import annotations
@@ -70,6 +73,24 @@ def rank_problem(op, m, n, k, world):
     a = torch.randn(rows, inner, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(inner, n, device="cuda", dtype=torch.bfloat16)
     return fn, a, b
+
+
+def rank_problem_fp8(op, m, n, k, world):
+    """(fn, a, b, scale_a, scale_b): the FP8 op and this rank's random operands for the same layer as rank_problem:
+    a e4m3 row-major, b e4m3 column-major (the transpose of a row-major N x K), row-wise float32 scales."""
+    import torch
+
+    from ..ops import tp
+
+    if op == "ag_gemm":
+        rows, inner, fn = m // world, k, tp.scaled_ag_gemm
+    else:
+        rows, inner, fn = m, k // world, (tp.scaled_gemm_rs if op == "gemm_rs" else tp.scaled_gemm_ar)
+    a = (torch.randn(rows, inner, device="cuda") * 2).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, inner, device="cuda") * 2).to(torch.float8_e4m3fn).t()
+    scale_a = torch.rand(rows, 1, device="cuda") + 0.5
+    scale_b = torch.rand(1, n, device="cuda") + 0.5
+    return fn, a, b, scale_a, scale_b
 
 
 def _torch_collective(comm, op, m, n, k):
@@ -175,7 +196,7 @@ def _nccl_collective(comm, op, m, n, k):
     return (lambda: dist.all_reduce(partial)), partial
 
 
-def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view"):
+def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False):
     import torch
 
     from .. import ops  # noqa: F401
@@ -186,6 +207,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     comm = Communicator(heap_bytes=12 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
+    columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else [])
 
     def timed(fn):
         return common.time_ranks_ms(comm, fn, warmup=3, reps=reps)
@@ -228,6 +250,11 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             while c <= max(2, comm.sm_count // 4):
                 r["sweep"][c] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=c))
                 c = c + 2 if c < 8 else c + 4
+        if fp8:
+            f8, fa, fb, fsa, fsb = rank_problem_fp8(op, m, n, k, world)
+            r["fp8_ms"] = timed(lambda: f8(comm, fa, fb, fsa, fsb))
+            r["fp8_over_bf16_auto"] = r["fp8_ms"] / r["auto_ms"] if r["fp8_ms"] and r["auto_ms"] else None
+            del fa, fb, fsa, fsb
         bar = max(r["gemm_alone_ms"], r["collective_alone_ms"])
         r["fused_over_naive"] = r["fused_ms"] / r["naive_ms"] if r["fused_ms"] else None
         r["fused_over_bar"] = r["fused_ms"] / bar if r["fused_ms"] else None
@@ -244,16 +271,16 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                      f(r["gemm_alone_ms"]),
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
                      f(r["naive_ms"]), f(r["naive_synced_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]),
-                     g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])])
+                     g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])]
+                    + ([f(r["fp8_ms"]), g(r["fp8_over_bf16_auto"])] if fp8 else []))
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
             # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
             part_meta = dict(common.header(command), partial=f"{len(data)} of {len(case_list)} cases")
-            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(COLUMNS, rows), data)
+            common.write_outputs(out_dir, f"tp_w{world}", part_meta, common.markdown_table(columns, rows), data)
     if rank == 0:
         meta = common.header(command)
-        table = common.markdown_table(
-            COLUMNS, rows)
+        table = common.markdown_table(columns, rows)
         print(f"# tandem TP ops, world {world} ({comm.sm_count} SMs a rank) — {meta['device']}, commit "
               f"{meta['commit']}, {meta['date']}")
         print(table)
@@ -284,6 +311,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=None, help="MxNxK,... (every op at each; default: the issue's set)")
     ap.add_argument("--comm-blocks", type=int, default=0, help="fused SM split (0: the op's plan)")
     ap.add_argument("--sweep", action="store_true", help="also time fused at comm_blocks 2 .. SMs/4")
+    ap.add_argument("--fp8", action="store_true", help="also time the FP8 op (row-wise scales) at each case")
     ap.add_argument("--naive", choices=("peer-view", "nccl"), default="peer-view",
                     help="the naive baseline's collective: torch over peer views (one GPU, MPS) or NCCL (one GPU a "
                          "rank)")
@@ -293,5 +321,6 @@ def main(argv=None) -> int:
         return rc
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
-    run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive)
+    run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive,
+        fp8=a.fp8)
     return 0

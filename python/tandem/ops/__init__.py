@@ -16,8 +16,11 @@ from .gemm import gemm, scaled_gemm  # noqa: F401  (registers torch.ops.tandem.g
 from .tp import ag_gemm, gemm_ar, gemm_rs  # noqa: F401,E402  (registers torch.ops.tandem.ag_gemm / gemm_rs / gemm_ar)
 from .tp import scaled_ag_gemm, scaled_gemm_ar, scaled_gemm_rs  # noqa: F401,E402  (FP8 e4m3 with scales; the unfused path)
 from .moe import moe_combine, moe_dispatch_gemm  # noqa: F401,E402  (registers torch.ops.tandem.moe_*)
+from .moe_layer import moe_ffn  # noqa: F401,E402  (the MoE layer as one op: torch.ops.tandem.moe_ffn)
 from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_attention)
     contiguous_shard, ring_attention, zigzag_shard, zigzag_unshard)
 # the TP ops' backward (torch.library.register_autograd) and the ops it uses: all_gather_rows, ag_gemm_gathered,
 # sp_bias_add
 from . import tp_autograd  # noqa: F401,E402
+# ring attention's backward (torch.ops.tandem.ring_attention_backward, registered as ring_attention's autograd)
+from . import attention_backward  # noqa: F401,E402

@@ -315,6 +315,24 @@ def remember(key: tuple, launcher):
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def peer_bases(comm, ws, op: str) -> list:
+    """Each rank's address of workspace `ws` (a symmetric tensor) as mapped here, this rank's own included:
+    resolved once per workspace (kept on it) and before a call advances any epoch, so that a failure here leaves
+    the ranks in step. Raises (UNAVAILABLE) for a peer without a load/store path (another node)."""
+    bases = getattr(ws, "_tandem_peer_bases", None)
+    if bases is None:
+        local = ws.data_ptr()
+        bases = []
+        for q in range(comm.world_size):
+            p = local if q == comm.rank else comm.native.peer_ptr(local, q)
+            if not p:
+                raise TandemError(f"tandem: rank {comm.rank}: {op}: peer {q} has no load/store path", 4, op,
+                                  comm.rank, q)
+            bases.append(p)
+        ws._tandem_peer_bases = bases
+    return bases
+
+
 _SIDE_STREAMS: dict = {}
 
 

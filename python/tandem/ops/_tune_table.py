@@ -50,9 +50,10 @@ def lookup(paths, key, load_one):
     return None
 
 
-def write(path: str, rows: list, fields: tuple, cache: dict) -> str:
+def write(path: str, rows: list, fields: tuple, cache: dict, defaults: dict | None = None) -> str:
     """Merge `rows` (with m, n, k; their buckets are added) into the table at `path`, one row per key `fields`
-    (the planner's fields, then "mb", "nb", "kb"; a new row replaces an old one), sorted by key; returns the path."""
+    (the planner's fields, then "mb", "nb", "kb"; a new row replaces an old one), sorted by key; returns the path.
+    `defaults`: values of key fields that rows written before the field existed lack (they are filled in)."""
     old = []
     if os.path.exists(path):
         try:
@@ -61,6 +62,7 @@ def write(path: str, rows: list, fields: tuple, cache: dict) -> str:
         except (OSError, ValueError):
             old = []
     merged = {}
+    old = [dict(defaults or {}, **r) for r in old]
     for r in old + [dict(r, mb=bucket(r["m"]), nb=bucket(r["n"]), kb=bucket(r["k"])) for r in rows]:
         merged[tuple(r[f] for f in fields)] = r
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

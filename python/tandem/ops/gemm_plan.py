@@ -14,7 +14,11 @@ shapes it loses to cuBLAS by wave quantization and tile waste (docs/results.md: 
    gain of more than MARGIN: the rates below are estimates until the table has the shape.
 
 Only bf16 takes the other configurations (they are built for bf16); fp16 and swizzles other than 1 stay on the
-core. The unsplit configurations compute every output element with the same K order, so choosing among them changes
+core. The FP8 GEMM (torch.ops.tandem.scaled_gemm) has configurations of its own (SCALED_CONFIGS, scaled_gemm.h's
+ScaledConfig), chosen the same way by `choose_scaled`; the table keeps them apart by a "kind" per row ("bf16",
+"fp8_tensor", "fp8_row"; a row without one is bf16). An op decides its configuration on the first call of a call
+signature (its prepared-call cache): a table rewritten later applies to new signatures, and to old ones after
+tandem.ops._runtime's prepared calls are dropped (release_workspaces). The unsplit configurations compute every output element with the same K order, so choosing among them changes
 time, not bits; the split-K / stream-K ones (for shapes whose output tiles do not fill the GPU: small M, long K)
 sum fp32 partial tiles in a fixed order, so they are deterministic but round differently
 (tests/gpu/test_gemm.py::test_gemm_variants_match_torch checks both kinds).
@@ -49,10 +53,26 @@ CONFIGS = {
 # that fill one wave); unsplit configurations are absent
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
           "streamk_128x256_c1": "stream"}
-TILE_K = 64  # the bf16 configurations' tile depth
+MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
+TILE_K = 64  # the bf16 configurations' tile depth (the FP8 ones': SCALED_TILE_K)
 STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model never spreads K thinner
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
-MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
+
+# The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
+# them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
+# name -> (tile M, tile N, cluster M, cluster N, relative per-CTA rate on a full tile). Tiles are 128 deep in K.
+SCALED_TILE_K = 128
+SCALED_CORE = "fp8_coop_128x128_c2"
+SCALED_CONFIGS = {
+    "fp8_coop_128x128_c2": (128, 128, 2, 1, 1.00),
+    "fp8_coop_128x128_c1": (128, 128, 1, 1, 0.97),
+    "fp8_coop_128x128_c1x2": (128, 128, 1, 2, 1.00),
+    "fp8_pingpong_64x128_c1": (64, 128, 1, 1, 0.50),
+    "fp8_splitk2_128x128_c1": (128, 128, 1, 1, 0.95),
+    "fp8_streamk_128x128_c1": (128, 128, 1, 1, 0.95),
+}
+SCALED_SPLITS = {"fp8_splitk2_128x128_c1": 2, "fp8_streamk_128x128_c1": "stream"}
+KINDS = ("bf16", "fp8_tensor", "fp8_row")
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tune_h200.json")
 RECHECK_S = 1.0
@@ -62,8 +82,12 @@ _TABLES: dict = {}
 bucket = _tune_table.bucket
 
 
-def key(sms: int, m: int, n: int, k: int) -> tuple:
-    return (int(sms), bucket(m), bucket(n), bucket(k))
+def _configs(kind: str) -> dict:
+    return CONFIGS if kind == "bf16" else SCALED_CONFIGS
+
+
+def key(sms: int, m: int, n: int, k: int, kind: str = "bf16") -> tuple:
+    return (kind, int(sms), bucket(m), bucket(n), bucket(k))
 
 
 def table_path() -> str:
@@ -72,40 +96,59 @@ def table_path() -> str:
 
 
 def _rows_to_table(rows) -> dict:
-    return {(int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"])): str(r["variant"]) for r in rows
-            if str(r.get("variant")) in CONFIGS}
+    table = {}
+    for r in rows:
+        kind = str(r.get("kind", "bf16"))
+        if kind in KINDS and str(r.get("variant")) in _configs(kind):
+            table[(kind, int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"]))] = str(r["variant"])
+    return table
 
 
 def _load(path: str) -> dict:
     return _tune_table.load(path, _TABLES, RECHECK_S, _rows_to_table)
 
 
-def lookup(sms: int, m: int, n: int, k: int):
+def lookup(sms: int, m: int, n: int, k: int, kind: str = "bf16"):
     """The measured configuration for this shape: the user's table, else the shipped one, else None."""
-    return _tune_table.lookup((table_path(), SHIPPED), key(sms, m, n, k), _load)
+    return _tune_table.lookup((table_path(), SHIPPED), key(sms, m, n, k, kind), _load)
+
+
+def _tiles(tm, tn, cm, cn, m, n) -> int:
+    """Output tiles, clusters whole (M tiles pad to cm, N tiles to cn)."""
+    return math.ceil(math.ceil(m / tm) / cm) * cm * math.ceil(math.ceil(n / tn) / cn) * cn
+
+
+def _waves_time(tm, tn, cm, cn, rate, split, m, n, k, sms, tile_k) -> float:
+    """Waves of output tiles over the CTAs that run at once, each a full tile's K loop (whole k-tiles of depth
+    tile_k) at `rate`. A split configuration cuts each tile's K loop in `split` slices (CUTLASS cuts the count to
+    the k-tiles there are) or, "stream", spreads the k-tiles of every tile over the grid in units of at least
+    STREAM_K_MIN_KTILES, at SPLIT_COST extra; a K of fewer than 2 x STREAM_K_MIN_KTILES k-tiles is never split
+    (the fix-up and the workspace would cost more than the split saves)."""
+    tiles = _tiles(tm, tn, cm, cn, m, n)
+    size = cm * cn
+    slots = max(size, (sms // size) * size)
+    ktiles = math.ceil(max(k, 1) / tile_k)
+    if split is None:
+        return math.ceil(tiles / slots) * tm * tn * ktiles * tile_k / rate
+    if ktiles < 2 * STREAM_K_MIN_KTILES:
+        return math.inf
+    if split == "stream":
+        per_cta = max(math.ceil(tiles * ktiles / slots), min(ktiles, STREAM_K_MIN_KTILES))
+        return per_cta * tm * tn * tile_k / rate * (1 + SPLIT_COST)
+    split = min(split, ktiles)
+    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(ktiles / split) * tile_k / rate * (1 + SPLIT_COST)
 
 
 def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
-    """The wave model's time of configuration `name` (arbitrary units; only ratios mean anything): waves of
-    output tiles over the CTAs that run at once, each wave one full tile's K loop at the configuration's rate."""
+    """The wave model's time of bf16 configuration `name` (arbitrary units; only ratios mean anything)."""
     tm, tn, cluster, rate = CONFIGS[name]
-    tiles = math.ceil(m / tm) * math.ceil(n / tn)
-    if cluster > 1:  # clusters are whole: M tiles pad to the cluster
-        tiles = math.ceil(math.ceil(m / tm) / cluster) * cluster * math.ceil(n / tn)
-    slots = max(cluster, (sms // cluster) * cluster)
-    split = SPLITS.get(name)
-    ktiles = math.ceil(max(k, 1) / TILE_K)
-    if split is not None and ktiles < 2 * STREAM_K_MIN_KTILES:
-        return math.inf  # a short K is not worth a split: the fix-up and the workspace cost more than it saves
-    if split is None:
-        return math.ceil(tiles / slots) * tm * tn * ktiles * TILE_K / rate
-    if split == "stream":
-        # the K iterations of every tile spread over the grid, but CUTLASS's stream-K units are at least
-        # STREAM_K_MIN_KTILES k-tiles (fewer: it falls back to whole tiles)
-        per_cta = max(math.ceil(tiles * ktiles / slots), min(ktiles, STREAM_K_MIN_KTILES))
-        return per_cta * tm * tn * TILE_K / rate * (1 + SPLIT_COST)
-    split = min(split, ktiles)  # CUTLASS cuts the split count to the k-tiles there are
-    return math.ceil(tiles * split / slots) * tm * tn * math.ceil(ktiles / split) * TILE_K / rate * (1 + SPLIT_COST)
+    return _waves_time(tm, tn, cluster, 1, rate, SPLITS.get(name), m, n, k, sms, TILE_K)
+
+
+def predicted_scaled(name: str, m: int, n: int, k: int, sms: int) -> float:
+    """The wave model's time of FP8 configuration `name` (arbitrary units)."""
+    tm, tn, cm, cn, rate = SCALED_CONFIGS[name]
+    return _waves_time(tm, tn, cm, cn, rate, SCALED_SPLITS.get(name), m, n, k, sms, SCALED_TILE_K)
 
 
 def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
@@ -121,24 +164,52 @@ def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
     return best if predicted(best, m, n, k, sms) < (1 - MARGIN) * core else CORE
 
 
+def choose_scaled(m: int, n: int, k: int, sms: int, scaling: str) -> str:
+    """The FP8 GEMM's configuration ("tensor" or "row" scaling): the table's, else the model's (SCALED_CORE unless
+    another is predicted more than MARGIN faster)."""
+    hit = lookup(sms, m, n, k, "fp8_" + scaling)
+    if hit is not None:
+        return hit
+    core = predicted_scaled(SCALED_CORE, m, n, k, sms)
+    best = min(SCALED_CONFIGS, key=lambda c: predicted_scaled(c, m, n, k, sms))
+    return best if predicted_scaled(best, m, n, k, sms) < (1 - MARGIN) * core else SCALED_CORE
+
+
 def write_table(rows: list, path: str | None = None) -> str:
-    """Merge rows {sms, m, n, k, variant, ms} into the table at `path` (default table_path()); returns the path."""
-    return _tune_table.write(path or table_path(), rows, ("sms", "mb", "nb", "kb"), _TABLES)
+    """Merge rows {kind, sms, m, n, k, variant, ms} into the table at `path` (default table_path()); returns the
+    path. A row without a kind is bf16."""
+    rows = [dict(r, kind=r.get("kind", "bf16")) for r in rows]
+    return _tune_table.write(path or table_path(), rows, ("kind", "sms", "mb", "nb", "kb"), _TABLES,
+                             defaults={"kind": "bf16"})
 
 
 def rows_from_bench(paths) -> list:
-    """Table rows from `python -m tandem bench gemm` outputs (gemm_w1.json): per bf16 shape with per-configuration
-    times (variants_ms), the fastest configuration, on the SM count of that run's device."""
+    """Table rows from `python -m tandem bench gemm` outputs (gemm_w1.json): per shape and kind (bf16, FP8
+    tensor-wise, FP8 row-wise) with per-configuration times (variants_ms), the fastest configuration, on the SM
+    count of that run's device."""
     rows = []
     for p in paths:
         with open(p) as f:
             data = json.load(f)
         for r in data if isinstance(data, list) else []:
-            times = {v: t for v, t in (r.get("variants_ms") or {}).items() if t is not None and v in CONFIGS}
-            if r.get("dtype") != "bfloat16" or not times:
+            kind = "bf16" if r.get("dtype") == "bfloat16" else f"fp8_{r.get('scaling')}"
+            if kind not in KINDS:
+                continue
+            configs = _configs(kind)
+            times = {v: t for v, t in (r.get("variants_ms") or {}).items() if t is not None and v in configs}
+            if not times:
                 continue
             sms = int(r.get("sm_count") or 132)
+            # a split configuration is taken only where the output tiles fill less than one wave (its workspace
+            # grows with the whole output: 1.9 GB for split-K at 16384 x 28672): a noisy win elsewhere is not worth it
+            splits = SPLITS if kind == "bf16" else SCALED_SPLITS
+            for v in [v for v in times if v in splits]:
+                tm, tn = configs[v][0], configs[v][1]
+                if _tiles(tm, tn, 1, 1, int(r["m"]), int(r["n"])) >= sms:
+                    del times[v]
+            if not times:
+                continue
             best = min(times, key=times.get)
-            rows.append(dict(sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best, ms=times[best],
-                             candidates=times))
+            rows.append(dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best,
+                             ms=times[best], candidates=times))
     return rows

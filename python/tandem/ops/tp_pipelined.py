@@ -45,7 +45,7 @@ import os
 import torch
 
 from .._native import native
-from ..errors import TandemError, invalid
+from ..errors import invalid
 from . import _runtime as rt
 
 CTL_BYTES = 8192
@@ -78,20 +78,8 @@ def check(comm, op: str, splits: int = 1, sm_count: int = 0, comm_blocks: int = 
 
 
 def _peer_bases(comm, ws) -> list:
-    """Each rank's address of workspace `ws` as mapped here (this rank's: its own), resolved once per workspace
-    and before any call advances the epoch: a failure here leaves the ranks in step."""
-    bases = getattr(ws, "_tandem_peer_bases", None)
-    if bases is None:
-        local = ws.data_ptr()
-        bases = []
-        for q in range(comm.world_size):
-            p = local if q == comm.rank else comm.native.peer_ptr(local, q)
-            if not p:
-                raise TandemError(f"tandem: rank {comm.rank}: pipelined: peer {q} has no load/store path", 4,
-                                  "pipelined", comm.rank, q)
-            bases.append(p)
-        ws._tandem_peer_bases = bases
-    return bases
+    """Each rank's address of workspace `ws` as mapped here (tandem.ops._runtime.peer_bases)."""
+    return rt.peer_bases(comm, ws, "pipelined")
 
 
 def _copy(K, dst: int, src: int, nbytes: int, stream):

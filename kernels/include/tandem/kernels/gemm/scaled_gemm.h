@@ -29,6 +29,20 @@ namespace tandem::kernels::gemm {
 
 enum class Scaling : int32_t { kTensor = 0, kRow = 1 };
 
+// The CUTLASS configuration that computes the product (tile M x N x 128, cluster, schedule). Every configuration
+// has the semantics above; the unsplit ones give the same bits (each output element's K loop in the same order,
+// promoted every 128), the split ones sum fp32 partial tiles through the workspace in a fixed order
+// (deterministic, but other bits). Which one is fastest depends on the shape (tandem.ops.gemm_plan).
+enum class ScaledConfig : int32_t {
+  kCoop128C2 = 0,      // cooperative 128x128, 2x1 clusters (the default)
+  kCoop128C1 = 1,      // cooperative 128x128, no cluster
+  kCoop128C1x2 = 2,    // cooperative 128x128, 1x2 clusters (A multicast along N)
+  kPingpong64C1 = 3,   // ping-pong 64x128 (one 64-row tile a warp group: small M)
+  kSplitK2Coop128 = 4, // cooperative 128x128, K in 2 slices (tiles too few to fill the GPU)
+  kStreamKCoop128 = 5, // cooperative 128x128, stream-K (K iterations balanced over the grid)
+};
+constexpr int kScaledConfigs = 6;
+
 struct ScaledGemmArgs {
   int m = 0, n = 0, k = 0;
   const void* a = nullptr;        // e4m3, M x K row-major, leading dimension lda (elements = bytes)
@@ -41,12 +55,14 @@ struct ScaledGemmArgs {
   const float* scale_a = nullptr;  // device memory: 1 float (tensor) or M floats (row)
   const float* scale_b = nullptr;  // device memory: 1 float (tensor) or N floats (row)
   int sm_count = 0;                // SMs the persistent grid may use; 0 = the device's
+  ScaledConfig config = ScaledConfig::kCoop128C2;
 };
 
 // kOk, or kInvalidArgument with the reason: positive shape; non-null, 16-byte aligned operands and scales;
 // K and the leading dimensions of A and B multiples of 16 (16-byte TMA rows of 1-byte elements), N and ldd
-// multiples of 8.
+// multiples of 8; a known config.
 Status can_implement(const ScaledGemmArgs& args, std::string* why = nullptr);
+// Device memory run() needs for these arguments (its configuration's; the split ones hold their partial tiles).
 size_t workspace_size(const ScaledGemmArgs& args);
 Status run(const ScaledGemmArgs& args, void* workspace, cudaStream_t stream, std::string* why = nullptr);
 cudaError_t preload_scaled_kernels();

@@ -71,6 +71,21 @@ struct Vec8<__half> {
   }
 };
 
+// A 16-byte load, plain or "streaming" (ld.global.cs: cached with evict-first priority, for data read once).
+// A reduction beside a GEMM reads every peer's partial exactly once; with the streaming hint those lines are the
+// first the L2 gives up, not the GEMM role's operand tiles that the SMs beside it re-read (the fused GEMM+RS/AR's
+// GEMM role ran 1.2-1.5x slower beside its reductions on the H200 and H100, docs/results.md). A hint only: the
+// memory model is a plain weak load's (docs/memory-model.md). Chosen at compile time: a run-time choice kept two
+// copies of the unrolled loops (or a select per load) and spilled more registers in every GEMM+RS kernel.
+template <bool kStreaming>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (kStreaming) {
+    return __ldcs(p);
+  } else {
+    return *p;
+  }
+}
+
 // Vectors in flight per thread and source: about 128 bytes a thread whatever the number of sources (more spills
 // registers in the GEMM+RS kernel, whose GEMM role sets the register budget).
 template <int kSources>
@@ -96,7 +111,7 @@ __device__ __forceinline__ void copy_vectors(uint4* __restrict__ dst, const uint
 
 // out[v] = round(src[0][v] + src[1][v] + ... + src[kSources-1][v]) for v in [lo, hi), fp32 adds in that order;
 // also written to out2 when it is not null. All kSources x kInFlight loads of an iteration are issued first.
-template <class T, int kSources>
+template <class T, int kSources, bool kStreaming = false>
 __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t lo, int64_t hi, uint4* __restrict__ out,
                                                uint4* __restrict__ out2) {
   constexpr int U = in_flight<kSources>();
@@ -111,7 +126,7 @@ __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t 
       const int64_t v = v0 + u * stride;
       if (v < hi) {
 #pragma unroll
-        for (int i = 0; i < kSources; ++i) x[i][u] = s[i][v];
+        for (int i = 0; i < kSources; ++i) x[i][u] = load16<kStreaming>(s[i] + v);
       }
     }
 #pragma unroll
@@ -134,18 +149,18 @@ __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t 
 }
 
 // reduce_vectors for a run-time number of sources (1 to 8).
-template <class T>
+template <class T, bool kStreaming = false>
 __device__ __forceinline__ bool reduce_vectors_n(int nsrc, const uint4* const* src, int64_t lo, int64_t hi, uint4* out,
                                                  uint4* out2) {
   switch (nsrc) {
-    case 1: reduce_vectors<T, 1>(src, lo, hi, out, out2); return true;
-    case 2: reduce_vectors<T, 2>(src, lo, hi, out, out2); return true;
-    case 3: reduce_vectors<T, 3>(src, lo, hi, out, out2); return true;
-    case 4: reduce_vectors<T, 4>(src, lo, hi, out, out2); return true;
-    case 5: reduce_vectors<T, 5>(src, lo, hi, out, out2); return true;
-    case 6: reduce_vectors<T, 6>(src, lo, hi, out, out2); return true;
-    case 7: reduce_vectors<T, 7>(src, lo, hi, out, out2); return true;
-    case 8: reduce_vectors<T, 8>(src, lo, hi, out, out2); return true;
+    case 1: reduce_vectors<T, 1, kStreaming>(src, lo, hi, out, out2); return true;
+    case 2: reduce_vectors<T, 2, kStreaming>(src, lo, hi, out, out2); return true;
+    case 3: reduce_vectors<T, 3, kStreaming>(src, lo, hi, out, out2); return true;
+    case 4: reduce_vectors<T, 4, kStreaming>(src, lo, hi, out, out2); return true;
+    case 5: reduce_vectors<T, 5, kStreaming>(src, lo, hi, out, out2); return true;
+    case 6: reduce_vectors<T, 6, kStreaming>(src, lo, hi, out, out2); return true;
+    case 7: reduce_vectors<T, 7, kStreaming>(src, lo, hi, out, out2); return true;
+    case 8: reduce_vectors<T, 8, kStreaming>(src, lo, hi, out, out2); return true;
     default: return false;
   }
 }

@@ -1,0 +1,127 @@
+"""The whole MoE layer as one op (issue 26): torch.ops.tandem.moe_ffn.
+
+    out = tandem.ops.moe_ffn(comm, x, topk_ids, topk_weights, w1, w2)
+
+    x (T, H) this rank's tokens; topk_ids (T, k) int32/int64 and topk_weights (T, k) their experts and weights;
+    w1 (E_l, H, 2 I) this rank's experts' gate and up projections (gate in columns [0, I), up in [I, 2 I));
+    w2 (E_l, I, H) their down projections. E = W x E_l experts; expert e lives on rank e // E_l.
+    out[t] = sum over slots s of topk_weights[t, s] * FFN_e(x[t]),  e = topk_ids[t, s],
+    FFN_e(v) = (silu(v W1_e[:, :I]) * (v W1_e[:, I:])) W2_e            (activation "swiglu")
+
+Mode "unfused" and "auto" (what runs today): the chain of tandem's MoE ops, an elementwise SwiGLU and torch's
+grouped GEMM (about eight launches),
+    y, layout = moe_dispatch_gemm(x, topk_ids, w1)     tokens to their experts' ranks, y = x_j W1_j per expert
+    a = silu(y[:, :I]) * y[:, I:]                      in the dispatch layout (receive-capacity rows)
+    z = grouped GEMM a_j W2_j                          torch._grouped_mm over the layout's expert offsets (on the
+                                                       device: no host sync, CUDA graphs capture it); bf16 only
+    out = moe_combine(z, layout, topk_ids, topk_weights)   each row back to its token, weighted sum in fp32
+Rows of the layout past the received ones hold no token; the activation and the grouped GEMM leave them
+unspecified and the combine never reads them. Mode "fused" (dispatch, both GEMMs, the activation and the combine
+in one persistent kernel with roles) is not built yet: asking for it is an error. "auto" is "unfused".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import invalid
+from . import _runtime as rt
+from . import moe
+
+OP = "moe_ffn"
+ACTIVATIONS = ("swiglu",)
+MODES = ("auto", "unfused", "fused")
+
+
+def check(comm, x, topk_ids, topk_weights, w1, w2, activation, mode, op=OP):
+    """Errors before anything is launched (the MoE ops check the rest: ids, max_tokens, the ranks' agreement):
+    returns (I, E_l)."""
+    rank = comm.rank
+    rt.check_mode(mode, MODES, op, rank)
+    if mode == "fused":
+        raise invalid("mode 'fused' (the whole layer in one persistent kernel) is not built yet; use 'unfused' or "
+                      "'auto'", op, rank)
+    if activation not in ACTIVATIONS:
+        raise invalid(f"activation must be one of {ACTIVATIONS}, got {activation!r}", op, rank)
+    dev = torch.device("cuda", comm.device)
+    rt.check_tensor(x, "x", op, rank, dims=2, device=dev, dims_doc=" (tokens, hidden)", layout="contiguous")
+    for name, w in (("w1", w1), ("w2", w2)):
+        rt.check_tensor(w, name, op, rank, dims=3, device=dev, layout="contiguous")
+    if x.dtype != torch.bfloat16:
+        raise invalid(f"x must be bfloat16 (the unfused chain's grouped GEMM, torch._grouped_mm, takes bf16 only), "
+                      f"got {x.dtype}", op, rank)
+    if w1.dtype != x.dtype or w2.dtype != x.dtype:
+        raise invalid(f"w1 and w2 must be {x.dtype} like x, got {w1.dtype} and {w2.dtype}", op, rank)
+    tokens, hidden = x.shape
+    epr, h1, two_i = w1.shape
+    if h1 != hidden or two_i % 2:
+        raise invalid(f"w1 must be (experts_per_rank, {hidden}, 2 I): gate and up side by side, got "
+                      f"{tuple(w1.shape)}", op, rank)
+    inter = two_i // 2
+    if epr >= 1024:
+        raise invalid(f"at most 1023 experts a rank (torch._grouped_mm's group limit), got {epr}", op, rank)
+    if tuple(w2.shape) != (epr, inter, hidden):
+        raise invalid(f"w2 must be ({epr}, {inter}, {hidden}) (experts_per_rank, I, H) to match w1 "
+                      f"{tuple(w1.shape)}, got {tuple(w2.shape)}", op, rank)
+    if inter % 8 or hidden % 8:
+        raise invalid(f"H ({hidden}) and I ({inter}) must be multiples of 8 (16-byte rows)", op, rank)
+    rt.check_on_device(comm, topk_weights, "topk_weights", op)
+    if topk_weights.shape != topk_ids.shape:
+        raise invalid(f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} differ", op,
+                      rank)
+    return inter, epr
+
+
+def swiglu(y, inter: int):
+    """silu(gate) * up of the dispatch's rows, y = [gate | up] (fp32 math, one rounding to y's dtype; one fp32
+    temporary of y's rows x I: it runs on every receive-capacity row, the received count being on the device)."""
+    g = y[:, :inter].float()
+    torch.nn.functional.silu(g, inplace=True)
+    g.mul_(y[:, inter:])
+    return g.to(y.dtype)
+
+
+def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
+    c = rt.comm_from_handle(comm, OP)
+    inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode)
+    max_tokens = int(max_tokens) or x.shape[0]
+    # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
+    y, layout = moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0,
+                              sm_count)
+    a = swiglu(y, inter)
+    lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
+    ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
+    z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
+    # the ids were checked by the dispatch (one host sync); the combine does not check them again
+    return moe._combine(c, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=False)
+
+
+def _fake(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
+    return x.new_empty((x.shape[0], w2.shape[2]))
+
+
+moe_ffn_op = rt.define_op(
+    OP, '(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2, SymInt comm, str activation="swiglu", '
+    'SymInt max_tokens=0, str mode="auto", SymInt sm_count=0) -> Tensor', _impl, _fake)
+
+
+def moe_ffn(comm, x, topk_ids, topk_weights, w1, w2, *, activation: str = "swiglu", max_tokens: int = 0,
+            mode: str = "auto", sm_count: int = 0):
+    """The MoE layer's output for this rank's tokens (module docstring). Every rank passes the same max_tokens
+    (default: its own token count, which then must agree) and calls the op in the same order (a collective)."""
+    return torch.ops.tandem.moe_ffn(x, topk_ids, topk_weights, w1, w2, rt.register(comm), activation, max_tokens,
+                                    mode, sm_count)
+
+
+def reference(x, topk_ids, topk_weights, w1_all, w2_all):
+    """The layer on one device with every expert's weights (w1_all (E, H, 2 I), w2_all (E, I, H)), fp32 math:
+    the torch reference the tests and the bench compare with."""
+    inter = w1_all.shape[2] // 2
+    out = torch.zeros(x.shape[0], w2_all.shape[2], dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for e in topk_ids.unique().tolist():
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        y = xf[rows] @ w1_all[e].float()
+        a = torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+        out.index_add_(0, rows, topk_weights[rows, slots].float().unsqueeze(1) * (a @ w2_all[e].float()))
+    return out

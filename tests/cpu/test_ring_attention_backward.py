@@ -1,0 +1,110 @@
+"""Ring attention's backward (tandem.ops.attention_backward) on the CPU: the ring's schedule and sums, run for
+every rank of a simulated world with the block kernel's contract written in float64 torch, against autograd on
+the whole sequence; which block pairs the causal (zigzag) mask leaves; the fake implementation. The GPU run
+(FlashAttention-2's block kernel, the copy engines, the flags) is tests/gpu/test_ring_attention.py."""
+
+import math
+import types
+
+import pytest
+import torch
+
+import tandem.ops  # noqa: F401 - registers the ops and their autograd
+from tandem.ops import attention as att
+from tandem.ops import attention_backward as bwd
+from tandem.ops import tp
+
+
+def _global_attention(q, k, v, causal, scale):
+    """o and lse (B, Hq, S) of softmax(q k^T scale [+ causal]) v on the whole sequence, float64, differentiable."""
+    group = q.shape[2] // k.shape[2]
+    kk, vv = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bshd,bthd->bhst", q, kk) * scale
+    if causal:
+        n = s.shape[-1]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.einsum("bhst,bthd->bshd", torch.softmax(s, -1), vv)
+    return o, lse
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)])
+def test_the_ring_schedule_sums_to_the_gradients_of_the_whole_sequence(world, causal, heads):
+    torch.manual_seed(world * 10 + causal)
+    b, s_l, d = 2, 6, 8
+    hq, hkv = heads
+    seq = world * s_l
+    scale = 1 / math.sqrt(d)
+    q = torch.randn(b, seq, hq, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, seq, hkv, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, seq, hkv, d, dtype=torch.float64, requires_grad=True)
+    do = torch.randn(b, seq, hq, d, dtype=torch.float64)
+    o, lse = _global_attention(q, k, v, causal, scale)
+    (o * do).sum().backward()
+
+    shard = lambda x, r, dim=1: att.shard_sequence(x.detach(), r, world, causal=causal, dim=dim)  # noqa: E731
+    kv = {r: (shard(k, r), shard(v, r)) for r in range(world)}
+    dq_shards, dk_parts, dv_parts = [], {r: [] for r in range(world)}, {r: [] for r in range(world)}
+    for r in range(world):
+        dq, partials = bwd.ring_backward_math(r, world, shard(do, r), shard(q, r), shard(o, r), shard(lse, r, 2),
+                                              kv.__getitem__, causal, scale, block=bwd.reference_block_backward)
+        dq_shards.append(dq)
+        assert sorted(partials) == list(range(world))
+        for src, (dk, dv) in partials.items():
+            dk_parts[src].append(dk)
+            dv_parts[src].append(dv)
+    unshard = (lambda xs: att.zigzag_unshard(xs, world)) if causal else (lambda xs: torch.cat(xs, 1))
+    dk = unshard([sum(dk_parts[r]) for r in range(world)])
+    dv = unshard([sum(dv_parts[r]) for r in range(world)])
+    for name, got, want in (("dq", unshard(dq_shards), q.grad), ("dk", dk, k.grad), ("dv", dv, v.grad)):
+        err = float((got - want).abs().max())
+        assert err < 1e-10, (name, err)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_causal_block_pairs_cover_each_visible_key_once(world):
+    s_l = 8
+    for r in range(world):
+        q_pos = att.local_positions(s_l, world, r, causal=True)
+        seen = torch.zeros(s_l, world * s_l, dtype=torch.int64)
+        for src in range(world):
+            k_pos = att.local_positions(s_l, world, src, causal=True)
+            for q_rows, k_rows, diag in bwd.block_pairs(r, src, world, s_l, True):
+                qp, kp = q_pos[q_rows], k_pos[k_rows]
+                visible = kp.view(1, -1) <= qp.view(-1, 1)
+                if diag:  # the pair's own triangle: same chunk, same offsets
+                    assert torch.equal(qp, kp)
+                else:
+                    assert bool(visible.all()), (r, src)
+                seen[q_rows.start:q_rows.stop].index_add_(1, kp, visible.long())
+        want = (torch.arange(world * s_l).view(1, -1) <= q_pos.view(-1, 1)).long()
+        assert torch.equal(seen, want), r
+
+
+def test_the_backward_op_traces_as_one_node():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    h = tp.register(types.SimpleNamespace(world_size=2, rank=0, device=0, destroyed=False))
+
+    def step(q, k, v):
+        o, _lse = torch.ops.tandem.ring_attention(q, k, v, h, True, 0.0, 0, 0, 0)
+        return torch.autograd.grad(o.float().sum(), (q, k, v))
+
+    args = [torch.randn(1, 8, hq, 64, dtype=torch.bfloat16, requires_grad=True) for hq in (4, 2, 2)]
+    gm = make_fx(step, tracing_mode="fake")(*args)
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "tandem" in str(n.target)]
+    assert ops == ["tandem.ring_attention.default", "tandem.ring_attention_backward.default"], ops
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    assert [tuple(x.meta["val"].shape) for x in out] == [(1, 8, 4, 64), (1, 8, 2, 64), (1, 8, 2, 64)]
+
+
+def test_lse_is_not_differentiable():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    h = tp.register(types.SimpleNamespace(world_size=2, rank=1, device=0, destroyed=False))
+    with FakeTensorMode():
+        q, k, v = (torch.empty(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        o, lse = torch.ops.tandem.ring_attention(q, k, v, h, True, 0.0, 0, 0, 0)
+        assert o.requires_grad and not lse.requires_grad

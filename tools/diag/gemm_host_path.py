@@ -1,0 +1,70 @@
+"""Where torch.ops.tandem.gemm's time goes at small and medium shapes (issue 23: the op ran 8-21 % slower than the
+same CUTLASS configuration called directly, 2026-12-05): per shape, for the op, the same configuration through
+its launcher with Args made once, and cuBLAS (torch.matmul):
+
+  host us   wall time per call of 200 calls enqueued back to back (no sync inside; the GPU queue absorbs them
+            while a call's host work is shorter than the queue), i.e. what one call costs the CPU
+  dev ms    CUDA events around 20 calls back to back, per call (the host's time hidden unless it is longer)
+  one ms    CUDA events around one call (bench gemm's method: the host's time before the launch counts)
+
+    python tools/diag/gemm_host_path.py [--shapes 1000x1000x1008,5000x3000x8208,4096x14336x4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import tandem.ops  # noqa: F401
+from tandem._native import native
+from tandem.bench import common
+from tandem.ops import gemm_plan
+from tandem.ops._runtime import stream_handle
+from tandem.ops.gemm import gemm_args, variant_workspace
+
+
+def host_us(fn, n=200):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1000x1000x1008,777x4104x4096,5000x3000x8208,4096x14336x4096")
+    a = ap.parse_args()
+    K = native().kernels
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("| M x N x K | config | op host us | direct host us | cuBLAS host us | op dev ms | direct dev ms | "
+          "cuBLAS dev ms | op one ms | direct one ms | cuBLAS one ms |")
+    print("|---" * 11 + "|")
+    for s in a.shapes.split(","):
+        m, n, k = (int(v) for v in s.split("x"))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        cfg = gemm_plan.choose(m, n, k, sms)
+        args = gemm_args(x, w, d, sms)
+        ws = variant_workspace(cfg, args, x.device)
+        wp = 0 if ws is None else ws.data_ptr()
+        stream = stream_handle(x.device)
+        fns = dict(op=lambda: torch.ops.tandem.gemm(x, w),
+                   direct=lambda: K.gemm_variant(cfg, args, stream, wp),
+                   cublas=lambda: torch.matmul(x, w, out=d))
+        hu = {key: host_us(f) for key, f in fns.items()}
+        dev = {key: common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3 for key, f in fns.items()}
+        one = {key: common.time_launches(f, warmup=3, reps=7) * 1e3 for key, f in fns.items()}
+        print(f"| {s} | {cfg} | " + " | ".join(f"{hu[key]:.1f}" for key in fns) + " | "
+              + " | ".join(f"{dev[key]:.4f}" for key in fns) + " | " + " | ".join(f"{one[key]:.4f}" for key in fns)
+              + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
