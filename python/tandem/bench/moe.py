@@ -30,7 +30,7 @@ def run(configs, tokens_list, reps, out_dir, command):
     from . import common
 
     # 64k tokens of the deepseek config: 15 GiB of received rows
-    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)
+    comm = Communicator(heap_bytes=common.heap_bytes_for(40 << 30), timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
     for name in configs:
@@ -156,7 +156,7 @@ def run_layer(configs, tokens_list, reps, out_dir, command):
     from ..transport import Communicator
     from . import common
 
-    comm = Communicator(heap_bytes=40 << 30, timeout_s=60)
+    comm = Communicator(heap_bytes=common.heap_bytes_for(40 << 30), timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
     for name in configs:
