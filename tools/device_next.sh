@@ -308,6 +308,24 @@ elif [ "$part" = s1 ]; then
   TANDEM_PIP_DEFS="-Ccmake.define.TANDEM_RS_STREAM_LOADS=ON" timeout -s INT -k 20 $(( $(left) - 120 )) \
     bash tools/device_suite.sh tests/gpu/test_tp.py -k "in_pieces_match or tile_claims_match"
   trace on 5
+elif [ "$part" = z1 ]; then
+  # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt (neither run before): ring attention's backward with
+  # cuDNN's block kernel (gradient tests: both block kernels against fp32 autograd, which one ran), the FP8 TP ops
+  # with cuBLASLt as the unfused GEMM (both GEMMs exact); then bench attention -n 1 (backward against SDPA cuDNN),
+  # bench tp -n 4 --fp8 (FP8 against bf16), bench moe -n 2 --layer (the heap fix), bench gemm bf16 (the op with
+  # the rebuilt table), each in the time left
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    tests/gpu/test_tp.py -k "gradients or fp8"
+  mkdir -p "$OUT/diag"
+  t=$(( $(left) - 220 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
+    --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -10
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 120 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
+    --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = k1 ]; then
   # branch integ2 = main + fp8-configs + ring-bwd + moe-ffn + rs-stream-loads (none run before; they merge
   # cleanly; the CPU suite passed on the four merged, 256): their tests in one build (pipelined: ring-bwd moved its peer_bases into
