@@ -317,6 +317,16 @@ elif [ "$part" = z1 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/gpu/test_tp.py -k "gradients or fp8"
   mkdir -p "$OUT/diag"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    # on the H200: issue 22's benchmarks after (b22's: bench tp w4 and w2, moe w2, attention w2, to compare with
+    # af75616's on the H200) instead of the benches below
+    bench_tp_worlds 170 130
+    t=$(( $(left) - 65 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --out "$OUT/diag" 2>&1 | tail -8
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    exit 0
+  fi
   t=$(( $(left) - 220 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
     --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -10
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
