@@ -66,6 +66,16 @@
 #   2. b22 (issue 22's benchmarks after, to compare with af75616): then issue 22 can be resolved if within noise.
 #   3. s1 (rs-stream-loads, a build option: the trace without and with it; issue 21), e4 (rs-swizzle's trace and
 #      bench, issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
+# 2026-12-05 22:58 (sixth session, an H100): k1 ran; fp8-configs, ring-bwd, moe-ffn and rs-stream-loads merged
+# (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
+# refusals). Next session, in this order:
+#   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt (+ moe-grad if merged in: then add
+#      "ffn_backward" to z1's -k):
+#        git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt [moe-grad]
+#      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
+#      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
+#   2. moe-grad alone if not in z1: tools/device_suite.sh tests/gpu/test_moe.py -k "ffn"
+#   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 OUT=${OUT:-$PWD/_out}
