@@ -76,6 +76,9 @@
 #   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
+# a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
+# with an editable install, its finder takes precedence over this path
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
