@@ -69,8 +69,15 @@
 # 2026-12-05 22:58 (sixth session, an H100): k1 ran; fp8-configs, ring-bwd, moe-ffn and rs-stream-loads merged
 # (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
 # refusals). Next session, in this order:
-#   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly):
-#        git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad
+#   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly). integ3 is
+#      committed at 5030a88, and .carry/prebuilt holds tandem._C built here for it (tools/prebuild_device_module.sh),
+#      so the device skips its ~160 s build:
+#        git checkout integ3   # 5030a88 exactly: the prebuilt module is recorded against it
+#        run(command="export OUT; TANDEM_COMMIT=5030a88 CALL_S=580 timeout 590 bash tools/device_next.sh z1",
+#            carry=[".whl", ".carry/prebuilt"])
+#      (branch or .carry gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or
+#      apply tools/pending/*.diff; then commit, bash tools/prebuild_device_module.sh (~10 min here), and pass the
+#      new hash.)
 #      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
 #      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
 #   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
