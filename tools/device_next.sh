@@ -70,14 +70,14 @@
 # (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
 # refusals). Next session, in this order:
 #   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly). integ3 is
-#      committed at 5030a88, and .carry/prebuilt holds tandem._C built here for it (tools/prebuild_device_module.sh),
-#      so the device skips its ~160 s build:
-#        git checkout integ3   # 5030a88 exactly: the prebuilt module is recorded against it
-#        run(command="export OUT; TANDEM_COMMIT=5030a88 CALL_S=580 timeout 590 bash tools/device_next.sh z1",
+#      committed (2026-12-06 00:30), and .carry/prebuilt holds tandem._C built here from its native sources
+#      (tools/prebuild_device_module.sh; device_suite.sh uses it when tools/native_sources_hash.sh matches
+#      .carry/prebuilt/SOURCES, so Python/test/doc changes keep it valid), and the device skips its ~160 s build:
+#        git checkout integ3 && bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES   # equal?
+#        run(command="export OUT; TANDEM_COMMIT=$(git rev-parse --short HEAD) CALL_S=580 timeout 590 bash tools/device_next.sh z1",
 #            carry=[".whl", ".carry/prebuilt"])
-#      (branch or .carry gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or
-#      apply tools/pending/*.diff; then commit, bash tools/prebuild_device_module.sh (~10 min here), and pass the
-#      new hash.)
+#      (branch gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or apply
+#      tools/pending/*.diff; .carry gone or the hashes differ: bash tools/prebuild_device_module.sh, ~10 min here.)
 #      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
 #      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
 #   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
