@@ -70,7 +70,7 @@
 # (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
 # refusals). Next session, in this order:
 #   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly). integ3 is
-#      committed (2026-12-06 00:30), and .carry/prebuilt holds tandem._C built here from its native sources
+#      committed (2026-12-06 00:13), and .carry/prebuilt holds tandem._C built here from its native sources
 #      (tools/prebuild_device_module.sh; device_suite.sh uses it when tools/native_sources_hash.sh matches
 #      .carry/prebuilt/SOURCES, so Python/test/doc changes keep it valid), and the device skips its ~160 s build:
 #        git checkout integ3 && bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES   # equal?
