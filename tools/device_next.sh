@@ -80,9 +80,8 @@
 #      if within noise); on an H100, s1 / e4 below.
 #      (branch gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or apply
 #      tools/pending/*.diff; .carry gone or the hashes differ: bash tools/prebuild_device_module.sh, ~10 min here.)
-#      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
-#      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
-#   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
+#      Merge each branch whose tests pass.
+#   2. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
