@@ -81,7 +81,8 @@
 #      (branch gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or apply
 #      tools/pending/*.diff; .carry gone or the hashes differ: bash tools/prebuild_device_module.sh, ~10 min here.)
 #      Merge each branch whose tests pass.
-#   2. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
+#   2. g2 (bench gemm: FP8 with every configuration, bf16 op with the rebuilt table; issue 23's ratios).
+#   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -327,6 +328,18 @@ elif [ "$part" = s1 ]; then
   TANDEM_PIP_DEFS="-Ccmake.define.TANDEM_RS_STREAM_LOADS=ON" timeout -s INT -k 20 $(( $(left) - 120 )) \
     bash tools/device_suite.sh tests/gpu/test_tp.py -k "in_pieces_match or tile_claims_match"
   trace on 5
+elif [ "$part" = g2 ]; then
+  # issue 23: bench gemm FP8 with every configuration (the FP8 table's data: python -m tandem tune gemm --from-bench;
+  # the FP8 ratios against torch._scaled_mm), then bf16 without variants (the op with the rebuilt table against
+  # cuBLAS; its time with that table was never measured)
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag/fp8" "$OUT/diag/bf16"
+  t=$(( $(left) - 150 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes bfloat16 --no-variants --out "$OUT/diag/bf16" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = z1 ]; then
   # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (none run before): ring attention's backward with
   # cuDNN's block kernel (gradient tests: both block kernels against fp32 autograd, which one ran), the FP8 TP ops
