@@ -21,23 +21,35 @@ import os
 CONFIGS = {"deepseek": (7168, 2048, 256, 8), "small": (2048, 1024, 64, 6)}
 
 
+def _communicator():
+    """Both runners' communicator: 64k tokens of the deepseek config are 15 GiB of received rows (heap_bytes_for
+    caps the ask at what the GPU holds for its ranks)."""
+    from ..transport import Communicator
+    from . import common
+
+    return Communicator(heap_bytes=common.heap_bytes_for(40 << 30), timeout_s=60)
+
+
+def _configs(names, world):
+    """(name, hidden, inter, experts, k, experts per rank) of each named config whose experts split evenly over the
+    world (the others are skipped)."""
+    for name in names:
+        hidden, inter, experts, k = CONFIGS[name]
+        if experts % world == 0:
+            yield name, hidden, inter, experts, k, experts // world
+
+
 def run(configs, tokens_list, reps, out_dir, command):
     import torch
 
     from .. import ops  # noqa: F401
     from ..ops import moe, tp
-    from ..transport import Communicator
     from . import common
 
-    # 64k tokens of the deepseek config: 15 GiB of received rows
-    comm = Communicator(heap_bytes=common.heap_bytes_for(40 << 30), timeout_s=60)
+    comm = _communicator()
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
-    for name in configs:
-        hidden, inter, experts, k = CONFIGS[name]
-        if experts % world:
-            continue
-        epr = experts // world
+    for name, hidden, inter, experts, k, epr in _configs(configs, world):
         w = torch.randn(epr, hidden, inter, device="cuda", dtype=torch.bfloat16) / hidden ** 0.5
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -153,17 +165,12 @@ def run_layer(configs, tokens_list, reps, out_dir, command):
     import torch
 
     from ..ops import moe_layer, tp
-    from ..transport import Communicator
     from . import common
 
-    comm = Communicator(heap_bytes=common.heap_bytes_for(40 << 30), timeout_s=60)
+    comm = _communicator()
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
-    for name in configs:
-        hidden, inter, experts, k = CONFIGS[name]
-        if experts % world:
-            continue
-        epr = experts // world
+    for name, hidden, inter, experts, k, epr in _configs(configs, world):
         g = torch.Generator(device="cuda").manual_seed(5 + rank)
         w1 = torch.randn(epr, hidden, 2 * inter, device="cuda", dtype=torch.bfloat16, generator=g) / hidden ** 0.5
         w2 = torch.randn(epr, inter, hidden, device="cuda", dtype=torch.bfloat16, generator=g) / inter ** 0.5
