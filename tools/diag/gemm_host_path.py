@@ -13,7 +13,6 @@ its launcher with Args made once, and cuBLAS (torch.matmul):
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
@@ -23,17 +22,6 @@ from tandem.bench import common
 from tandem.ops import gemm_plan
 from tandem.ops._runtime import stream_handle
 from tandem.ops.gemm import gemm_args, variant_workspace
-
-
-def host_us(fn, n=200):
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def main():
@@ -58,7 +46,7 @@ def main():
         fns = dict(op=lambda: torch.ops.tandem.gemm(x, w),
                    direct=lambda: K.gemm_variant(cfg, args, stream, wp),
                    cublas=lambda: torch.matmul(x, w, out=d))
-        hu = {key: host_us(f) for key, f in fns.items()}
+        hu = {key: common.host_launch_us(f, 200, warmup=True) for key, f in fns.items()}
         dev = {key: common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3 for key, f in fns.items()}
         one = {key: common.time_launches(f, warmup=3, reps=7) * 1e3 for key, f in fns.items()}
         print(f"| {s} | {cfg} | " + " | ".join(f"{hu[key]:.1f}" for key in fns) + " | "

@@ -20,7 +20,6 @@ Writes tp_overhead_r{rank}.json into --out; rank 0 prints its table.
 
 import argparse
 import os
-import time
 
 import torch
 
@@ -38,17 +37,6 @@ args = ap.parse_args()
 
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world = comm.rank, comm.world_size
-
-
-def host_us(fn, n=50):
-    torch.cuda.synchronize()
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def graph_ms(fn):
@@ -84,7 +72,7 @@ for shape in args.shapes.split(","):
                 r["eager_ms"] = common.time_launches(call, warmup=3, reps=9) * 1e3
                 comm.barrier()
                 r["eager_inner_ms"] = common.time_launches(call, warmup=1, reps=5, inner=20) * 1e3
-                r["host_us"] = host_us(call)
+                r["host_us"] = common.host_launch_us(call, 50, before=comm.barrier)
                 r["graph_ms"] = graph_ms(call)
             except Exception as e:  # noqa: BLE001 - report, go on
                 r["error"] = str(e).splitlines()[0][:160]
@@ -96,7 +84,8 @@ for shape in args.shapes.split(","):
         naive = lambda: (torch.matmul(a_gemm, b, out=out), coll())  # noqa: E731
         comm.barrier()
         r = dict(op=op, m=m, n=n, k=k, world=world, mode="naive",
-                 eager_ms=common.time_launches(naive, warmup=3, reps=9) * 1e3, host_us=host_us(naive),
+                 eager_ms=common.time_launches(naive, warmup=3, reps=9) * 1e3,
+                 host_us=common.host_launch_us(naive, 50, before=comm.barrier),
                  graph_ms=graph_ms(naive))
         rows.append(r)
         del keep

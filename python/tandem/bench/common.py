@@ -33,6 +33,27 @@ def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> flo
     return statistics.median(times)
 
 
+def host_launch_us(fn, n: int, *, warmup: bool = False, before=None) -> float:
+    """Host wall time of enqueuing one fn() in us: perf_counter around n calls with no sync inside, divided (the
+    device work drains after the clock stops). warmup: one call first; before: run after the device is idle and
+    just before the clock starts (e.g. a host barrier so that every rank starts together)."""
+    import time
+
+    import torch
+
+    if warmup:
+        fn()
+    torch.cuda.synchronize()
+    if before is not None:
+        before()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
 def time_ranks_ms(comm, fn, *, warmup: int, reps: int):
     """ms of one fn() with every rank starting together (a host barrier, then time_launches), or None when fn
     raises: a mode that refuses the shape is reported (rank 0 prints the first line), not fatal."""
