@@ -196,7 +196,10 @@ void bind_kernels(py::module_& m) {
       .value("FP8_COOP_128X128_C1X2", g::ScaledConfig::kCoop128C1x2)
       .value("FP8_PINGPONG_64X128_C1", g::ScaledConfig::kPingpong64C1)
       .value("FP8_SPLITK2_128X128_C1", g::ScaledConfig::kSplitK2Coop128)
-      .value("FP8_STREAMK_128X128_C1", g::ScaledConfig::kStreamKCoop128);
+      .value("FP8_STREAMK_128X128_C1", g::ScaledConfig::kStreamKCoop128)
+      .value("FP8_COOP_128X192_C2", g::ScaledConfig::kCoop128x192C2)
+      .value("FP8_COOP_128X192_C1", g::ScaledConfig::kCoop128x192C1)
+      .value("FP8_PINGPONG_64X192_C1", g::ScaledConfig::kPingpong64x192C1);
   {
     py::class_<g::ScaledGemmArgs> cls(k, "ScaledGemmArgs",
                                       "D (bf16) = scale_a * (scale_b * (A @ B)), A e4m3 row-major, B e4m3 column-major");

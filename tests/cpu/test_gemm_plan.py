@@ -110,6 +110,21 @@ def test_fp8_configurations_are_chosen_apart_from_bf16(tmp_path, monkeypatch):
     assert gemm_plan.choose_scaled(3000, 5000, 4000, 132, "tensor") == "fp8_pingpong_64x128_c1"
 
 
+def test_untimed_fp8_configurations_come_only_from_a_measured_table(monkeypatch):
+    # 128x192 / 64x192 (no GPU has timed them): the wave model never picks one, however it rates them; a table
+    # row naming one is taken
+    assert gemm_plan.SCALED_UNTIMED <= set(gemm_plan.SCALED_CONFIGS)
+    for name in gemm_plan.SCALED_UNTIMED:
+        tm, tn, cm, cn, _ = gemm_plan.SCALED_CONFIGS[name]
+        monkeypatch.setitem(gemm_plan.SCALED_CONFIGS, name, (tm, tn, cm, cn, 100.0))
+    for shape in ((16384, 28672, 8192), (4096, 4096, 4096), (3000, 5000, 4000), (1024, 8192, 8192)):
+        assert gemm_plan.choose_scaled(*shape, 132, "row") not in gemm_plan.SCALED_UNTIMED, shape
+    gemm_plan.write_table([dict(kind="fp8_row", sms=132, m=16384, n=28672, k=8192, variant="fp8_coop_128x192_c2",
+                                ms=8.0)])
+    assert gemm_plan.choose_scaled(16384, 28672, 8192, 132, "row") == "fp8_coop_128x192_c2"
+    assert gemm_plan.choose_scaled(16384, 28672, 8192, 132, "tensor") not in gemm_plan.SCALED_UNTIMED
+
+
 def test_a_table_written_before_kinds_reads_as_bf16(tmp_path, monkeypatch):
     old = tmp_path / "old.json"
     old.write_text(json.dumps([dict(sms=132, m=3000, n=5000, k=4000, mb=12, nb=12, kb=12, variant="coop_256x128_c1",

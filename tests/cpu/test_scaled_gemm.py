@@ -37,6 +37,20 @@ def test_args_hold_what_is_set_and_a_good_problem_passes():
     assert K.can_implement(_args(K, scaling=K.Scaling.TENSOR)) == ""
 
 
+def test_every_configuration_the_plan_names_is_bound():
+    # gemm_plan.SCALED_CONFIGS names scaled_gemm.h's ScaledConfig values (the binding's upper-cased); one each
+    from tandem.ops import gemm_plan
+
+    K = _kernels()
+    bound = {name.lower(): int(v) for name, v in K.ScaledConfig.__members__.items()}
+    if set(bound) < set(gemm_plan.SCALED_CONFIGS):
+        pytest.skip("tandem._C was built before the 128x192 FP8 configurations (python/bindings/kernels.cc): rebuild")
+    assert set(bound) == set(gemm_plan.SCALED_CONFIGS)
+    assert sorted(bound.values()) == list(range(len(bound)))  # appended, none renumbered or skipped
+    for name in gemm_plan.SCALED_CONFIGS:
+        assert K.can_implement(_args(K, config=getattr(K.ScaledConfig, name.upper()))) == "", name
+
+
 @pytest.mark.parametrize("over, words", [
     (dict(k=1000, lda=1000, ldb=1000), "multiples of 16"),
     (dict(lda=1032), "multiples of 16"),

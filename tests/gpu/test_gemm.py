@@ -69,11 +69,14 @@ def test_scaled_gemm_matches_torch_scaled_mm(run_ranks):
 
 def test_every_scaled_gemm_configuration_matches(run_ranks):
     # The FP8 configurations the op may choose (cooperative 128x128 in 2x1 / 1x1 / 1x2 clusters, ping-pong 64x128,
-    # split-K in 2 and stream-K): exact on structured data (every partial sum exact in fp32, so the split ones too),
-    # within bf16 rounding of torch._scaled_mm on random data, the same bits on a rerun; ragged M and N, small M
+    # split-K in 2 and stream-K, cooperative 128x192 in 2x1 / 1x1 clusters, ping-pong 64x192): exact on structured
+    # data (every partial sum exact in fp32, so the split ones too), within bf16 rounding of torch._scaled_mm on
+    # random data, the same bits on a rerun; ragged M and N (no N here is a multiple of 192), small M
+    from tandem.ops import gemm_plan
+
     shapes = [(128, 128, 128), (257, 528, 1040), (64, 4096, 8192), (1000, 1024, 2048)]
     (r,) = run_ranks(f"{W}:scaled_configs", 1, shapes=shapes)
-    assert len(r["rows"]) == 6 * 2 * len(shapes)
+    assert len(r["rows"]) == len(gemm_plan.SCALED_CONFIGS) * 2 * len(shapes)
     for row in r["rows"]:
         assert row["wrong"] == 0, row
         assert row["rel_vs_scaled_mm"] < 1e-2, row

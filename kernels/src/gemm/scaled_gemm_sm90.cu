@@ -2,8 +2,11 @@
 //
 // CUTLASS 3: TMA warp-specialized mainloop for FP8 (fp32 accumulation with periodic promotion), persistent grid,
 // in one of the configurations of ScaledConfig (scaled_gemm.h): cooperative 128x128x128 tiles in 2x1, 1x1 or 1x2
-// clusters, ping-pong 64x128x128, and cooperative 128x128x128 split along K by CUTLASS's stream-K scheduler (2
-// slices, or stream-K). No 128x256 tile: the fp32 promotion buffer doubles the accumulators and it spills. The
+// clusters, ping-pong 64x128x128, cooperative 128x128x128 split along K by CUTLASS's stream-K scheduler (2
+// slices, or stream-K), and cooperative 128x192x128 (2x1 or 1x1 clusters) / ping-pong 64x192x128. No 128x256 (nor
+// 256x128, nor ping-pong 64x256) tile: the fp32 promotion buffer doubles the accumulators, 2 x 128 fp32 registers a
+// consumer thread against its 232 (setmaxnreg), and ptxas spills about 800-900 bytes a thread (CUDA 13.0, CUTLASS
+// 4.2); 128x192 needs 2 x 96 and compiles without spills (highest register about 216 of 232, row-wise). The
 // scales in an epilogue visitor tree,
 //   D = bf16( scale_a * (scale_b * acc) ),
 // with scale_a / scale_b broadcast per row / column (row-wise) or as scalars read from device memory
@@ -48,6 +51,9 @@ using Coop128C1 = ScaledShape<128, 128, 1, 1, Coop, CoopEpi>;
 using Coop128C1x2 = ScaledShape<128, 128, 1, 2, Coop, CoopEpi>;
 using Ping64C1 = ScaledShape<64, 128, 1, 1, Ping, PingEpi>;
 using Coop128Split = ScaledShape<128, 128, 1, 1, Coop, CoopEpi, cutlass::gemm::StreamKScheduler>;
+using Coop192C2 = ScaledShape<128, 192, 2, 1, Coop, CoopEpi>;
+using Coop192C1 = ScaledShape<128, 192, 1, 1, Coop, CoopEpi>;
+using Ping192C1 = ScaledShape<64, 192, 1, 1, Ping, PingEpi>;
 
 template <Scaling kScaling, class Config>
 struct Sm90ScaledGemm {
@@ -150,6 +156,9 @@ bool with_config(ScaledConfig config, F&& f) {
     case ScaledConfig::kPingpong64C1: f.template operator()<Ping64C1>(); return true;
     case ScaledConfig::kSplitK2Coop128:
     case ScaledConfig::kStreamKCoop128: f.template operator()<Coop128Split>(); return true;
+    case ScaledConfig::kCoop128x192C2: f.template operator()<Coop192C2>(); return true;
+    case ScaledConfig::kCoop128x192C1: f.template operator()<Coop192C1>(); return true;
+    case ScaledConfig::kPingpong64x192C1: f.template operator()<Ping192C1>(); return true;
   }
   return false;
 }

@@ -40,8 +40,14 @@ enum class ScaledConfig : int32_t {
   kPingpong64C1 = 3,   // ping-pong 64x128 (one 64-row tile a warp group: small M)
   kSplitK2Coop128 = 4, // cooperative 128x128, K in 2 slices (tiles too few to fill the GPU)
   kStreamKCoop128 = 5, // cooperative 128x128, stream-K (K iterations balanced over the grid)
+  // 128x192 / 64x192 tiles (128x192: 1.2x the MMA work per byte loaded of 128x128): the widest N that the
+  // promotion buffer leaves room for (the consumer's two fp32 fragments, 192 of its 232 registers; 128x256 spills).
+  // Not yet timed on a GPU: tandem.ops.gemm_plan takes them only from a measured table, never from its wave model.
+  kCoop128x192C2 = 6,     // cooperative 128x192, 2x1 clusters
+  kCoop128x192C1 = 7,     // cooperative 128x192, no cluster
+  kPingpong64x192C1 = 8,  // ping-pong 64x192
 };
-constexpr int kScaledConfigs = 6;
+constexpr int kScaledConfigs = 9;
 
 struct ScaledGemmArgs {
   int m = 0, n = 0, k = 0;
