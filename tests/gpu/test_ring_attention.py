@@ -114,8 +114,9 @@ def test_ring_attention_gradients_match_fp32_autograd(run_ranks, world):
             assert sum(c["eager_blocks"].values()) > 0 and c["flash_blocks"]["cudnn"] == 0, c
             assert c["deterministic_blocks"]["cudnn"] == 0 and c["deterministic_blocks"]["flash"] > 0, c
             assert c["eager_blocks"]["flash"] == 0 or c["cudnn_refused"], c
+            if c["case"][1] >= 64:  # every shape but the tiny one takes cuDNN (a refusal is named in the case)
+                assert c["eager_blocks"]["cudnn"] > 0, c
         first = r["cases"][0]
-        assert first["eager_blocks"]["cudnn"] > 0, first  # the common shape (S_l 128, d 128) takes cuDNN
         # the same computation (the block kernel's dQ atomics may round differently run to run outside the
         # deterministic mode: far below a wrong gradient's error of order one)
         assert all(e < 1e-3 for e in first["compile_rel"] + first["checkpoint_rel"]), first

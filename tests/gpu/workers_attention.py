@@ -242,19 +242,23 @@ def gradients(cases, seed=11):
             res = fn()
             return res, {k: bwd.block_kernel_counts[k] - before[k] for k in before}
 
-        eager, eager_blocks = counted(lambda: grads(step))
-        ref_l = [attention.shard_sequence(r, rank, world, causal=causal) for r in ref]
-        os.environ["TANDEM_RING_BWD_BLOCK"] = "flash"  # the other block kernel, against the same reference
+        refused_before = set(bwd.cudnn_refused)
+        saved = os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
         try:
+            eager, eager_blocks = counted(lambda: grads(step))
+            os.environ["TANDEM_RING_BWD_BLOCK"] = "flash"  # the other block kernel, against the same reference
             flash, flash_blocks = counted(lambda: grads(step))
         finally:
-            del os.environ["TANDEM_RING_BWD_BLOCK"]
+            os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
+            if saved is not None:
+                os.environ["TANDEM_RING_BWD_BLOCK"] = saved
+        ref_l = [attention.shard_sequence(r, rank, world, causal=causal) for r in ref]
         c = dict(case=[b, s_l, hq, hkv, d, causal, dtype],
                  rel=[_rel(x, y) for x, y in zip(eager, ref_l)],
                  rel_flash=[_rel(x, y) for x, y in zip(flash, ref_l)],
                  finite=all(bool(torch.isfinite(x.float()).all()) for x in eager + flash),
                  eager_blocks=eager_blocks, flash_blocks=flash_blocks,
-                 cudnn_refused=sorted(set(bwd.cudnn_refused.values())))
+                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}))
         torch.use_deterministic_algorithms(True)  # not warn-only: FlashAttention-2 keeps its atomics then
         try:
             (first, second), det_blocks = counted(lambda: (grads(step), grads(step)))

@@ -9,7 +9,8 @@ global softmax, and D = rowsum(dO * o) is the global one). The block kernel is c
 (aten::_scaled_dot_product_cudnn_attention_backward: about twice FlashAttention-2's rate on Hopper, where SDPA's
 cuDNN backward ran at 457-551 TFLOP/s against flash's 254-324 in bench attention) or FlashAttention-2's
 (aten::_scaled_dot_product_flash_attention_backward): cuDNN by default; FlashAttention-2 in the deterministic mode
-(torch.use_deterministic_algorithms(True), not warn-only: cuDNN's backward has no deterministic path), where cuDNN
+(torch.use_deterministic_algorithms(True), not warn-only: torch promises FlashAttention-2's deterministic path,
+not cuDNN's), where cuDNN
 is missing or refuses the problem (then this shape keeps FlashAttention-2: `block_kernel_counts` says which ran),
 and with TANDEM_RING_BWD_BLOCK=flash (default auto). The fused persistent backward kernel (comm roles beside an FA3-style
 mainloop) is not built yet (docs/ring-attention.md has its design); this mode is its reference and what bench
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import torch
 
@@ -123,9 +125,12 @@ def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     return dq, dk, dv
 
 
-# which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason
+# which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason;
+# shapes cuDNN ran (its plan is built: a CUDA graph capture may call it)
 block_kernel_counts = {"cudnn": 0, "flash": 0}
 cudnn_refused: dict = {}
+_cudnn_ran: set = set()
+_STICKY = tuple(t for t in (getattr(torch, "AcceleratorError", None), torch.OutOfMemoryError) if t is not None)
 
 
 def _block_choice(rank: int) -> str:
@@ -148,16 +153,23 @@ def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """One block's (dq, dk, dv) by the block kernel this call may use (module docstring): cuDNN when allowed and
     it has not refused this block's shape before, else FlashAttention-2. A refusal is an error raised by cuDNN's
     graph build before anything is written; it is remembered per shape so the next call goes straight to flash."""
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, bool(causal))
-    if key not in cudnn_refused and _cudnn_allowed(q):
+    key = (tuple(q.shape), tuple(q.stride()), tuple(k.shape), q.dtype, bool(causal))
+    # a shape's first cuDNN call builds its plan (host work, possibly allocations): not inside a graph capture,
+    # where a refusal could leave the capture broken; flash there until the shape has run eagerly once
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if key not in cudnn_refused and (key in _cudnn_ran or not capturing) and _cudnn_allowed(q):
         try:
             out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
             block_kernel_counts["cudnn"] += 1
+            _cudnn_ran.add(key)
             return out
-        except torch.OutOfMemoryError:
+        except _STICKY:  # out of memory or a CUDA error: not a refusal
             raise
         except RuntimeError as e:  # cuDNN has no engine for this problem: its graph build fails before any launch
             cudnn_refused[key] = str(e).splitlines()[0][:200]
+            warnings.warn(f"tandem: ring attention backward: cuDNN refused the block q {tuple(q.shape)} k "
+                          f"{tuple(k.shape)} {q.dtype} causal={bool(causal)} ({cudnn_refused[key]}); "
+                          "FlashAttention-2 runs it", RuntimeWarning, stacklevel=2)
     block_kernel_counts["flash"] += 1
     return flash_block_backward(do, q, k, v, o, lse, causal, scale)
 
