@@ -70,17 +70,18 @@
 # (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
 # refusals). Next session, in this order:
 #   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly). integ3 is
-#      committed at 5030a88, and .carry/prebuilt holds tandem._C built here for it (tools/prebuild_device_module.sh),
-#      so the device skips its ~160 s build:
-#        git checkout integ3   # 5030a88 exactly: the prebuilt module is recorded against it
-#        run(command="export OUT; TANDEM_COMMIT=5030a88 CALL_S=580 timeout 590 bash tools/device_next.sh z1",
+#      committed (2026-12-06 00:13), and .carry/prebuilt holds tandem._C built here from its native sources
+#      (tools/prebuild_device_module.sh; device_suite.sh uses it when tools/native_sources_hash.sh matches
+#      .carry/prebuilt/SOURCES, so Python/test/doc changes keep it valid), and the device skips its ~160 s build:
+#        git checkout integ3 && bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES   # equal?
+#        run(command="export OUT; TANDEM_COMMIT=$(git rev-parse --short HEAD) CALL_S=580 timeout 590 bash tools/device_next.sh z1",
 #            carry=[".whl", ".carry/prebuilt"])
-#      (branch or .carry gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or
-#      apply tools/pending/*.diff; then commit, bash tools/prebuild_device_module.sh (~10 min here), and pass the
-#      new hash.)
-#      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
-#      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
-#   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
+#      On an H200, the next call is b22 (issue 22's benchmarks after, to compare with af75616's; resolve issue 22
+#      if within noise); on an H100, s1 / e4 below.
+#      (branch gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or apply
+#      tools/pending/*.diff; .carry gone or the hashes differ: bash tools/prebuild_device_module.sh, ~10 min here.)
+#      Merge each branch whose tests pass.
+#   2. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -334,24 +335,16 @@ elif [ "$part" = z1 ]; then
   # module); then bench attention -n 1 (backward against SDPA cuDNN),
   # bench tp -n 4 --fp8 (FP8 against bf16), bench moe -n 2 --layer (the heap fix), bench gemm bf16 (the op with
   # the rebuilt table), each in the time left
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+  # (with the prebuilt module there is no build: the tests get all but BENCH_S of the call, ~250-300 s of them)
+  t=$(( $(left) - ${BENCH_S:-200} )); [ "$t" -lt 30 ] && { echo "z1: $t s left for the tests"; exit 1; }
+  timeout -s INT -k 20 $t bash tools/device_suite.sh tests/gpu/test_tp.py \
     tests/gpu/test_ring_attention.py tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
     -k "gradients or fp8 or ffn or typed"
   mkdir -p "$OUT/diag"
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    # on the H200: issue 22's benchmarks after (b22's: bench tp w4 and w2, moe w2, attention w2, to compare with
-    # af75616's on the H200) instead of the benches below
-    bench_tp_worlds 170 130
-    t=$(( $(left) - 65 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --out "$OUT/diag" 2>&1 | tail -8
-    tar czf "$OUT/diag.tgz" -C "$OUT" diag
-    t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 2 --out "$OUT/diag" 2>&1 | tail -8
-    tar czf "$OUT/diag.tgz" -C "$OUT" diag
-    exit 0
-  fi
-  t=$(( $(left) - 220 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
+  t=$(( $(left) - 140 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 \
     --seqs 8192,32768 --reps 5 --out "$OUT/diag" 2>&1 | tail -10
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  t=$(( $(left) - 120 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
+  t=$(( $(left) - 70 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --fp8 \
     --shapes 16384x8192x4096,8192x4096x8192 --out "$OUT/diag" 2>&1 | tail -8
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 5 )); [ "$t" -gt 50 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
