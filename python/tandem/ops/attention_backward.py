@@ -83,46 +83,44 @@ def block_pairs(rank: int, src: int, world: int, seq_local: int, causal: bool):
     return out
 
 
-def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
-    """(dq, dk, dv) of one block with the global o and lse, by FlashAttention-2's backward in torch. Tensors are
-    (B, S, H, d) views (last dimension contiguous); lse (B, Hq, S_q) fp32. K/V with fewer heads than q (GQA) are
-    repeated to q's heads and their gradients summed back."""
+def _per_kv_head(sdpa_backward, do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of one block by `sdpa_backward` (an aten SDPA backward taking (B, H, S, d) tensors with as many
+    K/V heads as query heads), for (B, S, H, d) views: K/V with fewer heads than q (GQA) are repeated to q's heads
+    and their gradients summed back in fp32."""
     group = q.shape[2] // k.shape[2]
     if group > 1:
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
     empty = torch.empty(0, dtype=torch.int64, device=q.device)  # philox seed/offset: unused without dropout
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2),
-        lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0, bool(causal), empty, empty, scale=float(scale))
+    dq, dk, dv = sdpa_backward(do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               o.transpose(1, 2), empty, q.shape[1], k.shape[1], float(scale), bool(causal))
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if group > 1:
         b, s, _, d = dk.shape
         dk = dk.float().reshape(b, s, -1, group, d).sum(3)
         dv = dv.float().reshape(b, s, -1, group, d).sum(3)
     return dq, dk, dv
+
+
+def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of one block with the global o and lse, by FlashAttention-2's backward in torch. Tensors are
+    (B, S, H, d) views (last dimension contiguous); lse (B, Hq, S_q) fp32."""
+    def flash(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            dot, qt, kt, vt, ot, lse.contiguous(), None, None, max_q, max_k, 0.0, cz, empty, empty, scale=sc)
+    return _per_kv_head(flash, do, q, k, v, o, lse, causal, scale)
 
 
 def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """flash_block_backward's contract by cuDNN's SDPA backward in torch. cuDNN reads the softmax statistics as a
     (B, H, S_q, 1) fp32 tensor of natural-log logsumexp, the layout of SDPA's cuDNN forward, and aligns the causal
     mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway)."""
-    group = q.shape[2] // k.shape[2]
-    if group > 1:  # cuDNN's backward through torch takes the heads of q for K/V too
-        k = k.repeat_interleave(group, dim=2)
-        v = v.repeat_interleave(group, dim=2)
-    empty = torch.empty(0, dtype=torch.int64, device=q.device)  # philox seed/offset: unused without dropout
-    stats = lse.contiguous().unsqueeze(-1)
-    # attn_bias, cum_seq_q and cum_seq_k are undefined tensors (None): no bias, dense (not nested) inputs
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-        do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2), stats,
-        empty, empty, None, None, None, q.shape[1], k.shape[1], 0.0, bool(causal), scale=float(scale))
-    dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
-    if group > 1:
-        b, s, _, d = dk.shape
-        dk = dk.float().reshape(b, s, -1, group, d).sum(3)
-        dv = dv.float().reshape(b, s, -1, group, d).sum(3)
-    return dq, dk, dv
+    def cudnn(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
+        # attn_bias, cum_seq_q and cum_seq_k are undefined tensors (None): no bias, dense (not nested) inputs
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dot, qt, kt, vt, ot, lse.contiguous().unsqueeze(-1), empty, empty, None, None, None, max_q, max_k, 0.0,
+            cz, scale=sc)
+    return _per_kv_head(cudnn, do, q, k, v, o, lse, causal, scale)
 
 
 # which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason;
