@@ -474,13 +474,16 @@ def _fp8_gemm(a, b, scale_a, scale_b, out=None):
     core on a rank's SMs made the FP8 ops slower than the bf16 ones, bench tp --fp8 on an H100 at 261225c),
     tandem's FP8 core (torch.ops.tandem.scaled_gemm) with TANDEM_UNFUSED_GEMM=tandem and for the shapes
     torch._scaled_mm refuses (N or K not a multiple of 16). Both accumulate in fp32 (no fast accumulation) and
-    round once to bf16. `out`: a contiguous bf16 M x N tensor to write into (the op's partial buffer)."""
+    round once to bf16; the order in which they apply the scales and sum over K may differ, so with scales that are
+    not powers of two their bits may differ in the last place (the reduction then sums whichever partials ran). `out`: a contiguous bf16 M x N tensor to write into (the op's partial buffer)."""
     from .gemm import scaled_gemm_with
 
     m, k = a.shape
     n = b.shape[1]
+    tensors = (a, b, scale_a, scale_b) + (() if out is None else (out,))
     if (_UNFUSED_GEMM == "cublas" and k % 16 == 0 and n % 16 == 0 and a.stride(1) == 1 and b.stride(0) == 1
-            and (out is None or out.is_contiguous())):
+            and (out is None or out.is_contiguous()) and not any(t.data_ptr() % 16 for t in tensors)):
+        # (a misaligned address goes to tandem's core, whose checks refuse it clearly)
         if out is None:
             return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
         return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=out)
