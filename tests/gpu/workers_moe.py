@@ -363,7 +363,7 @@ def ffn_backward(counts, hidden, inter, epr, cases, compile_check=True):
     the same through torch.compile(fullgraph=True), and through torch.utils.checkpoint (recompute of the forward)."""
     from tandem.ops import moe_layer
 
-    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=120)  # torch.compile of the first case may keep one rank a while
     rank, world = comm.rank, comm.world_size
     experts = epr * world
     w1_all, w2_all = _ffn_weights(experts, hidden, inter)

@@ -202,10 +202,12 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
                            p.gemm);
         st != Status::kOk)
       return st;
-  } else if (cudaMemcpyAsync(a.rows, p.recv_x, static_cast<size_t>(p.c.capacity) * s.hidden * sizeof(Element),
-                             cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
-    // (the dispatch kernel waited for every row addressed to this rank: the copy after it sees them all)
-    return fail(why, "copying the received rows failed", Status::kCudaError);
+  } else {
+    // the received rows only (layout[0] of them, known on the device), not the whole receive capacity; the
+    // dispatch kernel waited for every row addressed to this rank: the copy after it sees them all
+    const int blocks = plan.sm_count < 32 ? plan.sm_count : 32;
+    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.c.capacity, p.recv_x, static_cast<char*>(a.rows),
+                                                      static_cast<size_t>(s.hidden) * sizeof(Element));
   }
   // after the GEMM (or the copy) has read the received rows: peers may send the next epoch's
   moe_release_kernel<<<1, 32, 0, stream>>>(p.c);

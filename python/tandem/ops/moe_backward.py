@@ -164,10 +164,10 @@ def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int):
     hidden, inter = w1.shape[1], w2.shape[1]
     cap = rows.shape[0]
     acc = _acc(rows.dtype)
-    # rows past `received` hold stale data (possibly NaN / Inf bit patterns): zero them once, so nothing below
-    # depends on _grouped_mm skipping them
+    # rows past `received` are not written by the dispatch-only copy (uninitialized, possibly NaN / Inf bit
+    # patterns): zero them once, so nothing below depends on _grouped_mm skipping them
     valid = torch.arange(cap, device=rows.device) < received.to(torch.int64)
-    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    rows.masked_fill_(~valid.unsqueeze(1), 0)  # in place: rows is this call's own buffer (_dispatch_rows)
     xr, r, w_all = unpack_rows(rows, hidden, k)
     slot = slot_of(row_source.to(torch.int64), k)
     w_row = row_weights(w_all.to(acc), slot)  # (cap, 1)
@@ -218,7 +218,8 @@ def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", ma
 
 def _fake(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto",
           sm_count=0):
-    return torch.empty_like(x), torch.empty_like(topk_weights), torch.empty_like(w1), torch.empty_like(w2)
+    # d topk_weights is contiguous whatever topk_weights' strides (the real op returns dw.to(dtype))
+    return torch.empty_like(x), topk_weights.new_empty(topk_weights.shape), torch.empty_like(w1), torch.empty_like(w2)
 
 
 moe_ffn_backward_op = rt.define_op(

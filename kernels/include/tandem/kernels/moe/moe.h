@@ -85,7 +85,7 @@ Status run(const DispatchArgs& args, cudaStream_t stream, std::string* why = nul
 // Unfused: the dispatch kernel alone (it waits for every row), then the grouped GEMM kernel.
 Status run_unfused(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
 // Dispatch only (no GEMM; w, y and shape.inter unused): the dispatch kernel, then a stream-ordered copy of the
-// workspace's received rows (all receive_capacity x H of them) into args.rows, then the release kernel (as the
+// workspace's received rows (layout[0] of them, read on the device) into args.rows, then the release kernel (as the
 // unfused path runs it after its GEMM): the next launch's senders overwrite the received rows only after the copy.
 // The layout is written as by the other modes. moe_ffn's backward sends [x | dOut | weights] rows with it.
 Status run_dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
