@@ -66,8 +66,26 @@
 #   2. b22 (issue 22's benchmarks after, to compare with af75616): then issue 22 can be resolved if within noise.
 #   3. s1 (rs-stream-loads, a build option: the trace without and with it; issue 21), e4 (rs-swizzle's trace and
 #      bench, issue 21), then bench train -n 4 and -n 2 with --reps 7 (issue 24).
+# 2026-12-05 22:58 (sixth session, an H100): k1 ran; fp8-configs, ring-bwd, moe-ffn and rs-stream-loads merged
+# (261225c) after their 32 tests passed. The machine was then taken back, and no other was lent (the budget went on
+# refusals). Next session, in this order:
+#   1. z1 on branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (they merge cleanly). integ3 is
+#      committed at 5030a88, and .carry/prebuilt holds tandem._C built here for it (tools/prebuild_device_module.sh),
+#      so the device skips its ~160 s build:
+#        git checkout integ3   # 5030a88 exactly: the prebuilt module is recorded against it
+#        run(command="export OUT; TANDEM_COMMIT=5030a88 CALL_S=580 timeout 590 bash tools/device_next.sh z1",
+#            carry=[".whl", ".carry/prebuilt"])
+#      (branch or .carry gone: git checkout -b integ3 main && git merge ring-bwd-cudnn fp8-cublaslt moe-grad, or
+#      apply tools/pending/*.diff; then commit, bash tools/prebuild_device_module.sh (~10 min here), and pass the
+#      new hash.)
+#      (branches gone: tools/pending/*.diff). Merge each branch whose tests pass. On an H200, z1 runs b22's
+#      benchmarks after the tests (issue 22: compare with af75616; then resolve issue 22 if within noise).
+#   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
+# a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
+# with an editable install, its finder takes precedence over this path
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
@@ -309,13 +327,16 @@ elif [ "$part" = s1 ]; then
     bash tools/device_suite.sh tests/gpu/test_tp.py -k "in_pieces_match or tile_claims_match"
   trace on 5
 elif [ "$part" = z1 ]; then
-  # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt (neither run before): ring attention's backward with
+  # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (none run before): ring attention's backward with
   # cuDNN's block kernel (gradient tests: both block kernels against fp32 autograd, which one ran), the FP8 TP ops
-  # with cuBLASLt as the unfused GEMM (both GEMMs exact); then bench attention -n 1 (backward against SDPA cuDNN),
+  # with cuBLASLt as the unfused GEMM (both GEMMs exact), moe_ffn's autograd (the dispatch-only mode; gradients
+  # against fp32 autograd of the reference, worlds 1-4) and the bindings' CPU test (Mode DISPATCH needs the built
+  # module); then bench attention -n 1 (backward against SDPA cuDNN),
   # bench tp -n 4 --fp8 (FP8 against bf16), bench moe -n 2 --layer (the heap fix), bench gemm bf16 (the op with
   # the rebuilt table), each in the time left
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
-    tests/gpu/test_tp.py -k "gradients or fp8"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    tests/gpu/test_ring_attention.py tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
+    -k "gradients or fp8 or ffn or typed"
   mkdir -p "$OUT/diag"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     # on the H200: issue 22's benchmarks after (b22's: bench tp w4 and w2, moe w2, attention w2, to compare with

@@ -19,9 +19,30 @@ python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.v
 python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)" \
   || python3 -m pip install -q --no-deps .whl/nvidia_cutlass-*.whl
 t0=$(date +%s)
-# TANDEM_PIP_DEFS: extra -Ccmake.define.X=Y arguments (tools/diag/exceptions.sh prints the ones that work)
-python3 -m pip install --no-build-isolation --no-deps -e . ${TANDEM_PIP_DEFS:-} > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"
+# A module built on the CPU machine (tools/prebuild_device_module.sh; carry .carry/prebuilt): used instead of the
+# ~160 s build when it was built from these native sources (tools/native_sources_hash.sh), no build option is
+# asked for, no editable install is there already (its finder would win over PYTHONPATH), and it imports here.
+# Tests that need the installed package (tests/gpu/test_consumer.py) need the usual build: TANDEM_PREBUILT=0.
+prebuilt=.carry/prebuilt/_C.cpython-312-x86_64-linux-gnu.so
+if [ "${TANDEM_PREBUILT:-1}" = 1 ] && [ -f "$prebuilt" ] && [ -z "${TANDEM_PIP_DEFS:-}" ] \
+    && [ "$(cat .carry/prebuilt/SOURCES 2>/dev/null)" = "$(bash tools/native_sources_hash.sh)" ] \
+    && ! python3 -m pip show -q tandem > /dev/null 2>&1; then
+  cp "$prebuilt" python/tandem/ && export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  if python3 -c "import tandem._native as n; n.native()" > "$OUT/build.log" 2>&1; then
+    echo "build: skipped, the prebuilt module ($(cat .carry/prebuilt/COMMIT)) imports ($(( $(date +%s) - t0 )) s)"
+  else
+    echo "the prebuilt module does not import here (build.log); building"; rm -f "python/tandem/$(basename $prebuilt)"
+    export PYTHONPATH=${PYTHONPATH#$PWD/python}; PYTHONPATH=${PYTHONPATH#:}
+    prebuilt=
+  fi
+else
+  prebuilt=
+fi
+if [ -z "$prebuilt" ]; then
+  # TANDEM_PIP_DEFS: extra -Ccmake.define.X=Y arguments (tools/diag/exceptions.sh prints the ones that work)
+  python3 -m pip install --no-build-isolation --no-deps -e . ${TANDEM_PIP_DEFS:-} > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
 python3 -X faulthandler -c "
 import torch, tandem._native as n
 try:
