@@ -39,6 +39,7 @@ enum class Mode {
   kGather,   // AG+GEMM: the all-gather alone (the caller multiplies the gathered A)
   kWait,     // GEMM+RS/AR: until every peer has read this rank's partial of the previous launch
   kReduce,   // GEMM+RS/AR: the reduction (and AR's gather) alone, over the workspace's partial buffer
+  kDispatch, // MoE: the dispatch alone, its received rows copied into args.rows (no GEMM; w and y unused)
 };
 
 const char* mode_name(Mode m) {
@@ -48,6 +49,7 @@ const char* mode_name(Mode m) {
     case Mode::kGather: return "GATHER";
     case Mode::kWait: return "WAIT";
     case Mode::kReduce: return "REDUCE";
+    case Mode::kDispatch: return "DISPATCH";
   }
   return "?";
 }
@@ -149,7 +151,8 @@ void bind_kernels(py::module_& m) {
       .value("UNFUSED", Mode::kUnfused)
       .value("GATHER", Mode::kGather)
       .value("WAIT", Mode::kWait)
-      .value("REDUCE", Mode::kReduce);
+      .value("REDUCE", Mode::kReduce)
+      .value("DISPATCH", Mode::kDispatch);
 
   // ---- the GEMM core ----------------------------------------------------------------------------------------------
   {
@@ -479,6 +482,7 @@ void bind_kernels(py::module_& m) {
     def_address(cls, "topk_ids", &moe::DispatchArgs::topk_ids);
     def_address(cls, "w", &moe::DispatchArgs::w);
     def_address(cls, "y", &moe::DispatchArgs::y);
+    def_address(cls, "rows", &moe::DispatchArgs::rows);
     def_address(cls, "layout", &moe::DispatchArgs::layout);
     def_address(cls, "workspace", &moe::DispatchArgs::workspace);
   }
@@ -507,10 +511,12 @@ void bind_kernels(py::module_& m) {
         std::string why;
         if (mode == Mode::kFused) check(moe::run(a, st, &why), why, "moe_dispatch_gemm", c.rank());
         else if (mode == Mode::kUnfused) check(moe::run_unfused(a, st, &why), why, "moe_dispatch_gemm", c.rank());
+        else if (mode == Mode::kDispatch) check(moe::run_dispatch(a, st, &why), why, "moe_dispatch_gemm", c.rank());
         else wrong_mode(mode, "moe_dispatch_gemm", c.rank());
       },
       py::arg("comm"), py::arg("args"), py::arg("mode"), py::arg("stream"),
-      "MoE dispatch + grouped GEMM: FUSED or UNFUSED; throws if it does not run.");
+      "MoE dispatch + grouped GEMM: FUSED or UNFUSED; DISPATCH: the dispatch alone, the received rows copied into "
+      "args.rows (w null, y unused); throws if it does not run.");
   k.def(
       "moe_combine",
       [](const tandem::Communicator& c, const moe::CombineArgs& args, uintptr_t stream) {

@@ -1,7 +1,7 @@
 """Ring attention's backward (tandem.ops.attention_backward) on the CPU: the ring's schedule and sums, run for
 every rank of a simulated world with the block kernel's contract written in float64 torch, against autograd on
 the whole sequence; which block pairs the causal (zigzag) mask leaves; the fake implementation. The GPU run
-(FlashAttention-2's block kernel, the copy engines, the flags) is tests/gpu/test_ring_attention.py."""
+(cuDNN's and FlashAttention-2's block kernels, the copy engines, the flags) is tests/gpu/test_ring_attention.py."""
 
 import math
 import types
@@ -108,3 +108,46 @@ def test_lse_is_not_differentiable():
         q, k, v = (torch.empty(1, 8, 2, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         o, lse = torch.ops.tandem.ring_attention(q, k, v, h, True, 0.0, 0, 0, 0)
         assert o.requires_grad and not lse.requires_grad
+
+
+def test_block_kernel_choice_cudnn_then_flash_where_refused_or_deterministic(monkeypatch):
+    """block_backward takes cuDNN by default, FlashAttention-2 in the deterministic mode, when asked by
+    TANDEM_RING_BWD_BLOCK=flash, and for a shape cuDNN refused once (remembered: cuDNN is not asked again)."""
+    calls = []
+
+    def fake(name, refuse=False):
+        def run(do, q, *_a):
+            calls.append((name, q.shape[1]))
+            if refuse and q.shape[1] == 3:
+                raise RuntimeError("cuDNN Frontend error: no valid engine configs\nmore")
+            return q, q, q
+        return run
+
+    monkeypatch.setattr(bwd, "cudnn_block_backward", fake("cudnn", refuse=True))
+    monkeypatch.setattr(bwd, "flash_block_backward", fake("flash"))
+    monkeypatch.setattr(bwd, "cudnn_refused", {})
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", True)
+    monkeypatch.delenv("TANDEM_RING_BWD_BLOCK", raising=False)
+
+    def call(s_l, dtype=torch.bfloat16):
+        t = torch.zeros(1, s_l, 2, 8, dtype=dtype)
+        bwd.block_backward(t, t, t, t, t, torch.zeros(1, 2, s_l), False, 1.0)
+        return calls[-1][0]
+
+    assert call(4) == "cudnn"
+    assert call(3) == "flash" and calls[-2] == ("cudnn", 3)  # refused, then flash
+    n = len(calls)
+    assert call(3) == "flash" and len(calls) == n + 1  # remembered: cuDNN not asked again
+    assert list(bwd.cudnn_refused.values()) == ["cuDNN Frontend error: no valid engine configs"]
+    assert call(4, torch.float32) == "flash"  # cuDNN's SDPA takes bf16 / fp16 only
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert call(4) == "flash"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    monkeypatch.setenv("TANDEM_RING_BWD_BLOCK", "flash")
+    assert call(4) == "flash"
+    monkeypatch.setenv("TANDEM_RING_BWD_BLOCK", "cudnn2")
+    with pytest.raises(Exception, match="TANDEM_RING_BWD_BLOCK must be auto or flash"):
+        bwd._block_choice(0)

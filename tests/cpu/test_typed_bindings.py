@@ -20,7 +20,7 @@ CLASSES = {
                    dict(plan=dict(sm_count=32, comm_blocks=4))),
     "GemmArArgs": (dict(m=8, n=16, k=24, lda=24, ldb=16), ("a", "b", "out", "workspace"),
                    dict(plan=dict(sm_count=66, comm_blocks=8))),
-    "DispatchArgs": ({}, ("x", "topk_ids", "w", "y", "layout", "workspace"),
+    "DispatchArgs": ({}, ("x", "topk_ids", "w", "y", "layout", "workspace", "rows"),
                      dict(plan=dict(sm_count=32, comm_blocks=2),
                           shape=dict(tokens=5, max_tokens=7, hidden=64, inter=32, topk=2, experts_per_rank=3))),
     "CombineArgs": (dict(dim=64), ("z", "topk_weights", "topk_ids", "out", "layout", "workspace"),
@@ -67,7 +67,7 @@ def test_gemm_ar_args_are_gemm_rs_args_with_an_algorithm(K):
 
 
 def test_one_mode_enum(K):
-    assert sorted(K.Mode.__members__) == ["FUSED", "GATHER", "REDUCE", "UNFUSED", "WAIT"]
+    assert sorted(K.Mode.__members__) == ["DISPATCH", "FUSED", "GATHER", "REDUCE", "UNFUSED", "WAIT"]
 
 
 def test_launches_take_args_and_a_mode(K):

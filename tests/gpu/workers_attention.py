@@ -9,11 +9,14 @@ rows are."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 import tandem.ops  # noqa: F401
 from tandem.ops import attention, tp
+from tandem.ops import attention_backward as bwd
 from tandem.transport import Communicator
 
 from .worker_common import capture, reject_statuses
@@ -234,17 +237,35 @@ def gradients(cases, seed=11):
             torch.cuda.synchronize()
             return [t.grad for t in leaves]
 
-        eager = grads(step)
+        def counted(fn):  # the gradients and which block kernels ran for them
+            before = dict(bwd.block_kernel_counts)
+            res = fn()
+            return res, {k: bwd.block_kernel_counts[k] - before[k] for k in before}
+
+        refused_before = set(bwd.cudnn_refused)
+        saved = os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
+        try:
+            eager, eager_blocks = counted(lambda: grads(step))
+            os.environ["TANDEM_RING_BWD_BLOCK"] = "flash"  # the other block kernel, against the same reference
+            flash, flash_blocks = counted(lambda: grads(step))
+        finally:
+            os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
+            if saved is not None:
+                os.environ["TANDEM_RING_BWD_BLOCK"] = saved
         ref_l = [attention.shard_sequence(r, rank, world, causal=causal) for r in ref]
         c = dict(case=[b, s_l, hq, hkv, d, causal, dtype],
                  rel=[_rel(x, y) for x, y in zip(eager, ref_l)],
-                 finite=all(bool(torch.isfinite(x.float()).all()) for x in eager))
+                 rel_flash=[_rel(x, y) for x, y in zip(flash, ref_l)],
+                 finite=all(bool(torch.isfinite(x.float()).all()) for x in eager + flash),
+                 eager_blocks=eager_blocks, flash_blocks=flash_blocks,
+                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}))
         torch.use_deterministic_algorithms(True)  # not warn-only: FlashAttention-2 keeps its atomics then
         try:
-            first, second = grads(step), grads(step)
+            (first, second), det_blocks = counted(lambda: (grads(step), grads(step)))
         finally:
             torch.use_deterministic_algorithms(False)
         c["deterministic"] = all(torch.equal(x, y) for x, y in zip(first, second))
+        c["deterministic_blocks"] = det_blocks
         if i == 0:  # compile and checkpoint once (each compiles or recomputes the whole step)
             compiled = grads(torch.compile(step, fullgraph=True))
             c["compile_rel"] = [_rel(x, y) for x, y in zip(compiled, eager)]

@@ -706,6 +706,25 @@ def _fp8_rank_operands(m, n, k, q, scaling):
     return a, b, sa, sb
 
 
+_FP8_GEMMS = ("cublas", "tandem")  # tp._UNFUSED_GEMM's values
+_DEFAULT_GEMM = tp._UNFUSED_GEMM  # restored after each case
+
+
+def _count_scaled_mm(fn):
+    """fn() and how many times it called torch._scaled_mm (the FP8 unfused path's cuBLASLt GEMM)."""
+    real, calls = torch._scaled_mm, [0]
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    torch._scaled_mm = counting
+    try:
+        return fn(), calls[0]
+    finally:
+        torch._scaled_mm = real
+
+
 def _fp8_partial(a, b, sa, sb):
     return ((a.float() @ b.float()) * sb * sa).to(torch.bfloat16).float()
 
@@ -728,17 +747,25 @@ def scaled_rs_ar(rs_shapes):
                     acc = p if acc is None else acc + p
                 return acc.to(torch.bfloat16)
 
-            got = tp.scaled_gemm_rs(comm, *ops_in[rank])
-            torch.cuda.synchronize()
-            comm.check()
-            out["rs"].append(dict(shape=[m, n, k], scaling=scaling, wrong=int((got != owner_rows(rank)).sum())))
-            for algo in ("one_shot", "two_shot"):
-                got = tp.scaled_gemm_ar(comm, *ops_in[rank], algo=algo)
-                torch.cuda.synchronize()
-                comm.check()
-                ref = torch.cat([owner_rows(o) for o in range(world)])
-                out["ar"].append(dict(shape=[m, n, k], scaling=scaling, algo=algo, wrong=int((got != ref).sum()),
-                                      digest=_digest(got)))
+            for gemm in _FP8_GEMMS:  # the unfused path's GEMM: cuBLASLt (where it takes the shape) or tandem's
+                tp._UNFUSED_GEMM = gemm
+                try:
+                    got, cublas_calls = _count_scaled_mm(lambda: tp.scaled_gemm_rs(comm, *ops_in[rank]))
+                    torch.cuda.synchronize()
+                    comm.check()
+                    out["rs"].append(dict(shape=[m, n, k], scaling=scaling, gemm=gemm, cublas_calls=cublas_calls,
+                                          wrong=int((got != owner_rows(rank)).sum())))
+                    for algo in ("one_shot", "two_shot"):
+                        got, cublas_calls = _count_scaled_mm(
+                            lambda: tp.scaled_gemm_ar(comm, *ops_in[rank], algo=algo))
+                        torch.cuda.synchronize()
+                        comm.check()
+                        ref = torch.cat([owner_rows(o) for o in range(world)])
+                        out["ar"].append(dict(shape=[m, n, k], scaling=scaling, algo=algo, gemm=gemm,
+                                              cublas_calls=cublas_calls, wrong=int((got != ref).sum()),
+                                              digest=_digest(got)))
+                finally:
+                    tp._UNFUSED_GEMM = _DEFAULT_GEMM
     # bad input is refused before any launch
     a, b, sa, sb = _fp8_rank_operands(8 * world, 64, 64, 0, "row")
     out["refused"] = reject_statuses({
@@ -771,12 +798,16 @@ def scaled_ag(ag_shapes):
                 smm = torch._scaled_mm(full, b, scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16)
             except RuntimeError:  # a shape _scaled_mm does not take: no cross-check
                 smm = None
-            for rep in range(2):
-                c, ga, srow = tp.scaled_ag_gemm(comm, a, b, sa, sb)
+            for rep, gemm in ((0, "cublas"), (1, "cublas"), (0, "tandem"), (1, "tandem")):
+                tp._UNFUSED_GEMM = gemm
+                try:
+                    (c, ga, srow), cublas_calls = _count_scaled_mm(lambda: tp.scaled_ag_gemm(comm, a, b, sa, sb))
+                finally:
+                    tp._UNFUSED_GEMM = _DEFAULT_GEMM
                 torch.cuda.synchronize()
                 comm.check()
                 out["cases"].append(dict(
-                    shape=[ml, n, k], scaling=scaling, rep=rep,
+                    shape=[ml, n, k], scaling=scaling, rep=rep, gemm=gemm, cublas_calls=cublas_calls,
                     gathered_wrong=int((ga.view(torch.uint8) != full.view(torch.uint8)).sum()),
                     scales_wrong=int((srow != rows).sum()), wrong=int((c != ref).sum()),
                     wrong_vs_scaled_mm=None if smm is None else int((c != smm).sum())))

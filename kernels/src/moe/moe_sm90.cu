@@ -79,8 +79,13 @@ SmPlan resolve(const SmPlan& plan) {
   return p;
 }
 
+// What run_typed launches: the fused kernel; the dispatch kernel then the GEMM kernel; the dispatch kernel alone
+// (its received rows copied out for the caller).
+enum class Launch { kFused, kUnfused, kDispatchOnly };
+
 template <class Element>
-Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::string* why) {
+Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::string* why) {
+  const bool fused = how == Launch::kFused, gemm = how != Launch::kDispatchOnly;
   using G = Gg<Element>;
   using Kernel = typename G::Kernel;
   const MoeShape& s = a.shape;
@@ -94,7 +99,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   p.c.ctl = reinterpret_cast<MoeControl*>(ws);
   p.c.tokens = s.tokens;
   p.c.hidden = s.hidden;
-  p.c.inter = s.inter;
+  p.c.inter = gemm ? s.inter : 0;  // dispatch only: the GEMM's arrays (written, never read) get empty shapes
   p.c.topk = s.topk;
   p.c.el = el;
   p.c.experts = E;
@@ -170,11 +175,13 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
     arr.gemm_block_y0 = p.dispatch_rows_y;
     arr.gemm_grid_y = grid_y - p.dispatch_rows_y;
   }
-  auto args = G::arguments(el, p.arrays, arr, 2 * grid_y);  // tensormap slots: every block of the grid
-  if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
-  if (Kernel::get_workspace_size(args) > o.cutlass_ws_bytes)
-    return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
-  p.gemm = Kernel::to_underlying_arguments(args, ws + o.cutlass_ws);
+  if (gemm) {
+    auto args = G::arguments(el, p.arrays, arr, 2 * grid_y);  // tensormap slots: every block of the grid
+    if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
+    if (Kernel::get_workspace_size(args) > o.cutlass_ws_bytes)
+      return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
+    p.gemm = Kernel::to_underlying_arguments(args, ws + o.cutlass_ws);
+  }
   const int dispatch_smem = static_cast<int>(sizeof(int32_t) * (2 * E + 2));
   const auto launch = [&](auto kernel, dim3 grid, int smem, const auto& params) {
     const cudaError_t err = launch_clustered(kernel, grid, Kernel::MaxThreadsPerBlock, smem, stream, params);
@@ -190,10 +197,19 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, bool fused, std::st
   if (Status st = launch(moe_dispatch_kernel<Element>, dim3(2, p.dispatch_rows_y, 1), dispatch_smem, p);
       st != Status::kOk)
     return st;
-  if (Status st = launch(moe_gemm_kernel<Element>, dim3(2, grid_y, 1), static_cast<int>(Kernel::SharedStorageSize),
-                         p.gemm);
-      st != Status::kOk)
-    return st;
+  if (gemm) {
+    if (Status st = launch(moe_gemm_kernel<Element>, dim3(2, grid_y, 1), static_cast<int>(Kernel::SharedStorageSize),
+                           p.gemm);
+        st != Status::kOk)
+      return st;
+  } else {
+    // the received rows only (layout[0] of them, known on the device), not the whole receive capacity; the
+    // dispatch kernel waited for every row addressed to this rank: the copy after it sees them all
+    const int blocks = plan.sm_count < 32 ? plan.sm_count : 32;
+    moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.c.capacity, p.recv_x, static_cast<char*>(a.rows),
+                                                      static_cast<size_t>(s.hidden) * sizeof(Element));
+  }
+  // after the GEMM (or the copy) has read the received rows: peers may send the next epoch's
   moe_release_kernel<<<1, 32, 0, stream>>>(p.c);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? Status::kOk
@@ -235,14 +251,18 @@ LayoutIndex layout_index(const MoeShape& s, int world) {
 
 size_t workspace_size(const DispatchArgs& a) { return offsets_of(a).total; }
 
+static bool dispatch_only(const DispatchArgs& a) { return a.rows != nullptr && a.w == nullptr; }
+
 Status can_implement(const DispatchArgs& a, std::string* why) {
   if (Status st = check_shape(a.shape, a.comm, why); st != Status::kOk) return st;
-  if (a.shape.inter <= 0 || a.shape.inter % 8) return fail(why, "inter must be a positive multiple of 8");
-  if ((a.x == nullptr && a.shape.tokens > 0) || (a.topk_ids == nullptr && a.shape.tokens > 0) || a.w == nullptr ||
-      a.y == nullptr || a.layout == nullptr)
+  const bool gemm = !dispatch_only(a);
+  if (gemm && (a.shape.inter <= 0 || a.shape.inter % 8)) return fail(why, "inter must be a positive multiple of 8");
+  if ((a.x == nullptr && a.shape.tokens > 0) || (a.topk_ids == nullptr && a.shape.tokens > 0) ||
+      (gemm && (a.w == nullptr || a.y == nullptr)) || a.layout == nullptr)
     return fail(why, "null pointer");
   const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
-  if (misaligned(a.x) || misaligned(a.w) || misaligned(a.y)) return fail(why, "x, w and y must be 16-byte aligned");
+  if (misaligned(a.x) || misaligned(a.w) || misaligned(a.y) || misaligned(a.rows))
+    return fail(why, "x, w, y and rows must be 16-byte aligned");
   const SmPlan plan = resolve(a.plan);
   if (plan.sm_count < 4) return fail(why, "sm_count must be the SMs this rank has");
   if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
@@ -250,16 +270,27 @@ Status can_implement(const DispatchArgs& a, std::string* why) {
   return check_common_moe(a.comm, a.dtype, a.workspace, workspace_size(a), why);
 }
 
-Status run(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
+namespace {
+Status run_as(const DispatchArgs& a, cudaStream_t stream, Launch how, std::string* why) {
   if (Status st = can_implement(a, why); st != Status::kOk) return st;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, true, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, true, why);
+  if ((how == Launch::kDispatchOnly) != dispatch_only(a))
+    return fail(why, how == Launch::kDispatchOnly ? "the dispatch alone takes rows (out) and no w"
+                                                  : "the GEMM modes take w and y (rows without w: the dispatch alone)");
+  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, how, why);
+  return run_typed<cutlass::bfloat16_t>(a, stream, how, why);
+}
+}  // namespace
+
+Status run(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
+  return run_as(a, stream, Launch::kFused, why);
 }
 
 Status run_unfused(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
-  if (Status st = can_implement(a, why); st != Status::kOk) return st;
-  if (a.dtype == DType::kFP16) return run_typed<cutlass::half_t>(a, stream, false, why);
-  return run_typed<cutlass::bfloat16_t>(a, stream, false, why);
+  return run_as(a, stream, Launch::kUnfused, why);
+}
+
+Status run_dispatch(const DispatchArgs& a, cudaStream_t stream, std::string* why) {
+  return run_as(a, stream, Launch::kDispatchOnly, why);
 }
 
 size_t workspace_size(const CombineArgs& a) { return combine_offsets(a).total; }

@@ -2,8 +2,10 @@
 
   world 1   tandem vs torch SDPA's cuDNN backend (the faster one on this GPU) and its flash backend on the same
             problem, forward and backward (rows per pass: fwd, bwd; backward timed alone, from a kept graph;
-            tandem's backward is the unfused mode of tandem.ops.attention_backward), keys b, s, hq, hkv, d,
-            causal, pass, tandem_tflops, cudnn_tflops, flash_tflops (backward FLOPs = 2.5 x forward's);
+            tandem's backward is the unfused mode of tandem.ops.attention_backward, timed with its default block
+            kernel and again with FlashAttention-2's), keys b, s, hq, hkv, d, causal, pass, tandem_tflops,
+            cudnn_tflops, flash_tflops, tandem_fa2_blocks_tflops, bwd_block_kernels (backward FLOPs = 2.5 x
+            forward's);
   world N   the global sequence of S rows sharded over the ranks (S / N rows a rank; zigzag when causal),
             tandem's one-kernel ring vs a torch ring in the same process: per step the K/V block goes to the next
             rank by a copy into its symmetric buffer (tandem Communicator peer views: NCCL refuses several ranks on
@@ -91,7 +93,7 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..ops import attention, tp
+    from ..ops import attention, attention_backward, tp
     from . import common
 
     scale = head_dim ** -0.5
@@ -121,7 +123,20 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
                 return o, torch.autograd.grad(o, (q, k, v), do)
 
             times, results = {}, {}
+            before = dict(attention_backward.block_kernel_counts)
             results["tandem"] = timed("tandem", mine)  # a tandem failure stops the bench
+            ran = sorted(n for n, c in attention_backward.block_kernel_counts.items() if c > before[n])
+            # the backward again with FlashAttention-2's block kernel (what the unfused mode used before cuDNN's)
+            saved = os.environ.get("TANDEM_RING_BWD_BLOCK")
+            os.environ["TANDEM_RING_BWD_BLOCK"] = "flash"
+            try:
+                o_fa2 = mine()
+                times[("tandem_fa2", "bwd")] = common.time_launches(
+                    lambda: torch.autograd.grad(o_fa2, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+            finally:
+                os.environ.pop("TANDEM_RING_BWD_BLOCK")
+                if saved is not None:
+                    os.environ["TANDEM_RING_BWD_BLOCK"] = saved
             for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                 try:
                     with sdpa_kernel(backend):
@@ -138,21 +153,24 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
             fwd_flop = 4.0 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
             for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop)):
                 tf = {n: (flop / times[(n, pss)] / 1e12 if (n, pss) in times else None)
-                      for n in ("tandem", "cudnn", "flash")}
+                      for n in ("tandem", "tandem_fa2", "cudnn", "flash")}
                 d = dict(b=batch, s=seq, hq=heads_q, hkv=heads_kv, d=head_dim, causal=causal, world=1, **{"pass": pss},
                          tandem_tflops=tf["tandem"], cudnn_tflops=tf["cudnn"], flash_tflops=tf["flash"],
+                         tandem_fa2_blocks_tflops=tf["tandem_fa2"], bwd_block_kernels=ran if pss == "bwd" else None,
                          tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None,
                          max_abs_diff=(diffs[0] if pss == "fwd" else max(diffs[1:])) if diffs else None)
                 data.append(d)
                 fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
                 rows.append([str(seq), "yes" if causal else "no", f"{batch}/{heads_q}/{heads_kv}/{head_dim}", pss,
-                             fmt(tf["tandem"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
+                             fmt(tf["tandem"]) + (f" ({'+'.join(ran)})" if pss == "bwd" else ""),
+                             fmt(tf["tandem_fa2"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
                              "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}",
                              "-" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.2e}"])
                 print("| " + " | ".join(rows[-1]) + " |", flush=True)
             tp.release_workspaces(comm)
     meta = common.header(command)
-    table = common.markdown_table(["S", "causal", "B/Hq/Hkv/d", "pass", "tandem TFLOP/s", "SDPA cuDNN TFLOP/s",
+    table = common.markdown_table(["S", "causal", "B/Hq/Hkv/d", "pass", "tandem TFLOP/s (bwd: block kernels)",
+                                   "tandem, FA2 blocks TFLOP/s", "SDPA cuDNN TFLOP/s",
                                    "SDPA flash TFLOP/s", "tandem/cuDNN", "max |tandem - SDPA| (o or dq/dk/dv)"],
                                   rows)
     print(f"# tandem attention, world 1 — {meta['device']}, commit {meta['commit']}, {meta['date']}")

@@ -24,3 +24,5 @@ from .attention import (  # noqa: F401,E402  (registers torch.ops.tandem.ring_at
 from . import tp_autograd  # noqa: F401,E402
 # ring attention's backward (torch.ops.tandem.ring_attention_backward, registered as ring_attention's autograd)
 from . import attention_backward  # noqa: F401,E402
+# the MoE layer's backward (torch.ops.tandem.moe_ffn_backward, registered as moe_ffn's autograd)
+from . import moe_backward  # noqa: F401,E402

@@ -386,7 +386,7 @@ def kernel_args(name: str, plan: dict | None = None, shape: dict | None = None, 
 
 
 def mode(name: str):
-    """The kernels layer's Mode (FUSED, UNFUSED, GATHER, WAIT, REDUCE)."""
+    """The kernels layer's Mode (FUSED, UNFUSED, GATHER, WAIT, REDUCE, DISPATCH)."""
     return getattr(native().kernels.Mode, name)
 
 

@@ -3,11 +3,18 @@ dV of this rank's shard from the saved q, k, v, o and lse and the incoming dO.
 
 This is the unfused mode: the ring's K/V blocks and the dK/dV partials move by copy engine through peer
 mappings (tandem's stream-ordered flags order them across ranks, as the TP ops' pipelined mode does), and each
-block's gradients come from FlashAttention-2's backward kernel in torch
-(aten::_scaled_dot_product_flash_attention_backward), called with the *global* o and lse of the forward: it then
-computes exactly that block's share of the gradients (P = exp(S - lse) is the block's columns of the global
-softmax, and D = rowsum(dO * o) is the global one). The fused persistent backward kernel (comm roles beside an
-FA3-style mainloop) is not built yet; this mode is its reference and what bench attention times until then.
+block's gradients come from a block backward kernel in torch, called with the *global* o and lse of the forward:
+it then computes exactly that block's share of the gradients (P = exp(S - lse) is the block's columns of the
+global softmax, and D = rowsum(dO * o) is the global one). The block kernel is cuDNN's SDPA backward
+(aten::_scaled_dot_product_cudnn_attention_backward: about twice FlashAttention-2's rate on Hopper, where SDPA's
+cuDNN backward ran at 457-551 TFLOP/s against flash's 254-324 in bench attention) or FlashAttention-2's
+(aten::_scaled_dot_product_flash_attention_backward): cuDNN by default; FlashAttention-2 in the deterministic mode
+(torch.use_deterministic_algorithms(True), not warn-only: torch promises FlashAttention-2's deterministic path,
+not cuDNN's), where cuDNN
+is missing or refuses the problem (then this shape keeps FlashAttention-2: `block_kernel_counts` says which ran),
+and with TANDEM_RING_BWD_BLOCK=flash (default auto). The fused persistent backward kernel (comm roles beside an FA3-style
+mainloop) is not built yet (docs/ring-attention.md has its design); this mode is its reference and what bench
+attention times until then.
 
 Schedule, rank r of W, one call (epoch e of the workspace's counter):
     copy k, v into this rank's kv_own (symmetric)            barrier A: every kv_own written, and every rank
@@ -16,14 +23,14 @@ Schedule, rank r of W, one call (epoch e of the workspace's counter):
         K, V of src (s = 0: k, v; else a copy-engine copy of src's kv_own into one of two local stages, issued
         on a side stream one step ahead: it overlaps the previous step's block kernels)
         for each (query chunk, key chunk) pair the mask leaves (block_pairs):
-            flash backward of the pair -> dq rows += (fp32), dk/dv partial of src rows += (fp32)
+            block backward of the pair -> dq rows += (fp32), dk/dv partial of src rows += (fp32)
         copy the fp32 dk/dv partial into src's slot [r] (its kv_slots, symmetric)
     barrier B: every partial written
     dk, dv = sum over the W slots in rank order (fp32), rounded once to the input dtype
 dq sums its W contributions in ring-step order in fp32 and is rounded once. The sums' order is fixed, so the
 result is deterministic whenever the block kernel is: FlashAttention-2's backward accumulates dQ with atomics
 unless torch.use_deterministic_algorithms(True) is on, and not in warn-only mode (then it runs its deterministic
-path; warn_only=True only warns and keeps the atomics).
+path; warn_only=True only warns and keeps the atomics); cuDNN's is not taken in that mode.
 
 Every backward of one shape on one communicator must be issued on the same stream: the workspace's slots and
 kv_own are reused in stream order (a call on another stream first waits for the stream of the previous call).
@@ -36,6 +43,8 @@ One node only: across nodes the copies have no peer mapping (a clear error befor
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
@@ -74,24 +83,93 @@ def block_pairs(rank: int, src: int, world: int, seq_local: int, causal: bool):
     return out
 
 
-def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
-    """(dq, dk, dv) of one block with the global o and lse, by FlashAttention-2's backward in torch. Tensors are
-    (B, S, H, d) views (last dimension contiguous); lse (B, Hq, S_q) fp32. K/V with fewer heads than q (GQA) are
-    repeated to q's heads and their gradients summed back."""
+def _per_kv_head(sdpa_backward, do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of one block by `sdpa_backward` (an aten SDPA backward taking (B, H, S, d) tensors with as many
+    K/V heads as query heads), for (B, S, H, d) views: K/V with fewer heads than q (GQA) are repeated to q's heads
+    and their gradients summed back in fp32."""
     group = q.shape[2] // k.shape[2]
     if group > 1:
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
     empty = torch.empty(0, dtype=torch.int64, device=q.device)  # philox seed/offset: unused without dropout
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-        do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), o.transpose(1, 2),
-        lse.contiguous(), None, None, q.shape[1], k.shape[1], 0.0, bool(causal), empty, empty, scale=float(scale))
+    dq, dk, dv = sdpa_backward(do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               o.transpose(1, 2), empty, q.shape[1], k.shape[1], float(scale), bool(causal))
     dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     if group > 1:
         b, s, _, d = dk.shape
         dk = dk.float().reshape(b, s, -1, group, d).sum(3)
         dv = dv.float().reshape(b, s, -1, group, d).sum(3)
     return dq, dk, dv
+
+
+def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv) of one block with the global o and lse, by FlashAttention-2's backward in torch. Tensors are
+    (B, S, H, d) views (last dimension contiguous); lse (B, Hq, S_q) fp32."""
+    def flash(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            dot, qt, kt, vt, ot, lse.contiguous(), None, None, max_q, max_k, 0.0, cz, empty, empty, scale=sc)
+    return _per_kv_head(flash, do, q, k, v, o, lse, causal, scale)
+
+
+def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """flash_block_backward's contract by cuDNN's SDPA backward in torch. cuDNN reads the softmax statistics as a
+    (B, H, S_q, 1) fp32 tensor of natural-log logsumexp, the layout of SDPA's cuDNN forward, and aligns the causal
+    mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway)."""
+    def cudnn(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
+        # attn_bias, cum_seq_q and cum_seq_k are undefined tensors (None): no bias, dense (not nested) inputs
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            dot, qt, kt, vt, ot, lse.contiguous().unsqueeze(-1), empty, empty, None, None, None, max_q, max_k, 0.0,
+            cz, scale=sc)
+    return _per_kv_head(cudnn, do, q, k, v, o, lse, causal, scale)
+
+
+# which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason;
+# shapes cuDNN ran (its plan is built: a CUDA graph capture may call it)
+block_kernel_counts = {"cudnn": 0, "flash": 0}
+cudnn_refused: dict = {}
+_cudnn_ran: set = set()
+_STICKY = tuple(t for t in (getattr(torch, "AcceleratorError", None), torch.OutOfMemoryError) if t is not None)
+
+
+def _block_choice(rank: int) -> str:
+    choice = os.environ.get("TANDEM_RING_BWD_BLOCK", "auto")
+    if choice not in ("auto", "flash"):
+        raise invalid(f"TANDEM_RING_BWD_BLOCK must be auto or flash, got {choice!r}", OP, rank)
+    return choice
+
+
+def _cudnn_allowed(q) -> bool:
+    if os.environ.get("TANDEM_RING_BWD_BLOCK", "auto") == "flash":
+        return False
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False  # the deterministic mode: FlashAttention-2's deterministic path
+    return (q.dtype in (torch.bfloat16, torch.float16) and torch.backends.cudnn.is_available()
+            and torch.backends.cudnn.enabled)
+
+
+def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """One block's (dq, dk, dv) by the block kernel this call may use (module docstring): cuDNN when allowed and
+    it has not refused this block's shape before, else FlashAttention-2. A refusal is an error raised by cuDNN's
+    graph build before anything is written; it is remembered per shape so the next call goes straight to flash."""
+    key = (tuple(q.shape), tuple(q.stride()), tuple(k.shape), q.dtype, bool(causal))
+    # a shape's first cuDNN call builds its plan (host work, possibly allocations): not inside a graph capture,
+    # where a refusal could leave the capture broken; flash there until the shape has run eagerly once
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if key not in cudnn_refused and (key in _cudnn_ran or not capturing) and _cudnn_allowed(q):
+        try:
+            out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
+            block_kernel_counts["cudnn"] += 1
+            _cudnn_ran.add(key)
+            return out
+        except _STICKY:  # out of memory or a CUDA error: not a refusal
+            raise
+        except RuntimeError as e:  # cuDNN has no engine for this problem: its graph build fails before any launch
+            cudnn_refused[key] = str(e).splitlines()[0][:200]
+            warnings.warn(f"tandem: ring attention backward: cuDNN refused the block q {tuple(q.shape)} k "
+                          f"{tuple(k.shape)} {q.dtype} causal={bool(causal)} ({cudnn_refused[key]}); "
+                          "FlashAttention-2 runs it", RuntimeWarning, stacklevel=2)
+    block_kernel_counts["flash"] += 1
+    return flash_block_backward(do, q, k, v, o, lse, causal, scale)
 
 
 def reference_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
@@ -120,7 +198,7 @@ def reference_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     return dq, dk, dv
 
 
-def ring_backward_math(rank, world, do, q, o, lse, kv_of, causal, scale, block=flash_block_backward):
+def ring_backward_math(rank, world, do, q, o, lse, kv_of, causal, scale, block=block_backward):
     """dq (fp32) of this rank and the fp32 dk/dv partials it owes every source rank: {src: (dk, dv)}. kv_of(src)
     gives src's (k, v). The schedule and the sums of the op, without the transport (the CPU tests run it for
     every rank of a simulated world against autograd on the whole sequence)."""
@@ -189,6 +267,7 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     b, s_l, hq, hkv, d = validate(q, k, v, causal=causal, softmax_scale=softmax_scale, comm_blocks=0, sm_count=0,
                                   device=torch.device("cuda", c.device), rank=c.rank, op=OP)
     _check(c, q, k, v, o, lse, do)
+    _block_choice(c.rank)
     do = do.contiguous()
     scale = float(softmax_scale) or 1.0 / math.sqrt(d)
     world, rank = c.world_size, c.rank
@@ -255,7 +334,7 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
             dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
             dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
             for q_rows, k_rows, diag in block_pairs(rank, src, world, s_l, causal):
-                gq, gk, gv = flash_block_backward(do[:, q_rows], q[:, q_rows], kk[:, k_rows], vv[:, k_rows],
+                gq, gk, gv = block_backward(do[:, q_rows], q[:, q_rows], kk[:, k_rows], vv[:, k_rows],
                                                   o[:, q_rows], lse[:, :, q_rows], diag, scale)
                 dq[:, q_rows] += gq
                 dk[:, k_rows] += gk

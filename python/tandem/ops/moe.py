@@ -157,6 +157,51 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     return y, layout
 
 
+def _dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0, sm_count=0, check_ids=True):
+    """The dispatch alone (no GEMM; the kernels layer's Mode DISPATCH): every (token, slot) row of x to the rank
+    owning expert topk_ids[t, slot] (E = world x experts_per_rank). Returns (rows, layout): rows (receive capacity,
+    x's columns), the received rows in the dispatch layout's order (for the same ids the same order as
+    moe_dispatch_gemm's y: the layout depends on the ids only); rows past layout_view(...)["received"] are
+    unspecified (stale data: mask them); layout as moe_dispatch_gemm's. A collective, like the dispatch: every rank
+    calls it with the same max_tokens, columns and experts_per_rank. x's columns (a multiple of 8) may carry any
+    payload: moe_ffn's backward sends [x | dOut | the weights' bits] in one dispatch."""
+    op = "moe_dispatch_gemm"
+    rt.check_comm_blocks(comm_blocks, op, comm.rank)
+    _check_rows(comm, x, "x", op)
+    if x.dtype not in _DTYPES:
+        raise invalid(f"x must be bfloat16 or float16, got {x.dtype}", op, comm.rank)
+    tokens, hidden = x.shape
+    if hidden % 8 or hidden == 0:
+        raise invalid(f"x's columns ({hidden}) must be a positive multiple of 8 (16-byte rows)", op, comm.rank)
+    epr = int(experts_per_rank)
+    world = comm.world_size
+    ids, k = _ids(comm, topk_ids, tokens, epr * world, op, check_ids)
+    max_tokens = int(max_tokens) or tokens
+    if max_tokens < max(tokens, 1):
+        raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
+    K = native().kernels
+    key = ("moe_dispatch_rows", rt.token(comm), max_tokens, hidden, k, epr, x.dtype)
+    agree = op_key("moe_dispatch_rows", max_tokens=max_tokens, hidden=hidden, k=k, experts_per_rank=epr,
+                   dtype=x.dtype, comm_blocks=int(comm_blocks))
+    shape = _shape(tokens, max_tokens, hidden, 0, k, epr)  # inter: unused without the GEMM
+    a = rt.kernel_args("DispatchArgs", dtype=_DTYPES[x.dtype], plan=dict(sm_count=int(sm_count),
+                                                                        comm_blocks=int(comm_blocks)))
+    a.shape = shape
+    ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
+    cap = K.moe_receive_capacity(shape, world)
+    size = layout_index(world, max_tokens, k, epr)[4]
+    rows = torch.empty((cap, hidden), dtype=x.dtype, device=x.device)
+    layout = torch.zeros(size, dtype=torch.int32, device=x.device)
+    # w and y null with rows set: the dispatch-only args (moe.h)
+    a.x, a.topk_ids, a.rows, a.layout, a.workspace = (x.data_ptr(), ids.data_ptr(), rows.data_ptr(),
+                                                      layout.data_ptr(), ws.data_ptr())
+    why = K.can_implement(comm.native, a)
+    if why:
+        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
+    K.moe_dispatch_gemm(comm.native, a, rt.mode("DISPATCH"), rt.stream_handle(x.device))
+    return rows, layout
+
+
 def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
     op = "moe_combine"
     _check_rows(comm, z, "z", op)

@@ -18,6 +18,12 @@ grouped GEMM (about eight launches),
 Rows of the layout past the received ones hold no token; the activation and the grouped GEMM leave them
 unspecified and the combine never reads them. Mode "fused" (dispatch, both GEMMs, the activation and the combine
 in one persistent kernel with roles) is not built yet: asking for it is an error. "auto" is "unfused".
+
+Autograd (moe_backward.py, registered on this op): gradients for x, topk_weights, w1 and w2 by one op,
+torch.ops.tandem.moe_ffn_backward: one dispatch of [x | dOut | the weights' bits] (the kernels' Mode DISPATCH, no
+GEMM), y recomputed and the GEMMs' transposes by torch._grouped_mm, SwiGLU's backward in fp32, and one combine of
+[dx rows | d weights]. The forward keeps its inputs only for the backward (no y, a or z). docs/moe.md has the
+schedule.
 """
 
 from __future__ import annotations
@@ -74,8 +80,9 @@ def check(comm, x, topk_ids, topk_weights, w1, w2, activation, mode, op=OP):
 
 def swiglu(y, inter: int):
     """silu(gate) * up of the dispatch's rows, y = [gate | up] (fp32 math, one rounding to y's dtype; one fp32
-    temporary of y's rows x I: it runs on every receive-capacity row, the received count being on the device)."""
-    g = y[:, :inter].float()
+    temporary of y's rows x I: it runs on every receive-capacity row, the received count being on the device;
+    float64 math for float64 y: the CPU reference of the backward)."""
+    g = y[:, :inter].to(torch.float64 if y.dtype == torch.float64 else torch.float32, copy=True)
     torch.nn.functional.silu(g, inplace=True)
     g.mul_(y[:, inter:])
     return g.to(y.dtype)
@@ -114,14 +121,16 @@ def moe_ffn(comm, x, topk_ids, topk_weights, w1, w2, *, activation: str = "swigl
 
 
 def reference(x, topk_ids, topk_weights, w1_all, w2_all):
-    """The layer on one device with every expert's weights (w1_all (E, H, 2 I), w2_all (E, I, H)), fp32 math:
-    the torch reference the tests and the bench compare with."""
+    """The layer on one device with every expert's weights (w1_all (E, H, 2 I), w2_all (E, I, H)), fp32 math
+    (float64 if x is float64): the torch reference the tests and the bench compare with. Differentiable (torch
+    autograd): the backward's tests compare with its gradients."""
     inter = w1_all.shape[2] // 2
-    out = torch.zeros(x.shape[0], w2_all.shape[2], dtype=torch.float32, device=x.device)
-    xf = x.float()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.zeros(x.shape[0], w2_all.shape[2], dtype=acc, device=x.device)
+    xf = x.to(acc)
     for e in topk_ids.unique().tolist():
         rows, slots = (topk_ids == e).nonzero(as_tuple=True)
-        y = xf[rows] @ w1_all[e].float()
+        y = xf[rows] @ w1_all[e].to(acc)
         a = torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
-        out.index_add_(0, rows, topk_weights[rows, slots].float().unsqueeze(1) * (a @ w2_all[e].float()))
+        out = out.index_add(0, rows, topk_weights[rows, slots].to(acc).unsqueeze(1) * (a @ w2_all[e].to(acc)))
     return out

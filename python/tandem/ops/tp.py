@@ -468,6 +468,28 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
 
 # ---- FP8: GEMM+RS and GEMM+AR with e4m3 operands and scales (issue 23, part 3: the unfused path) -----------------
 
+def _fp8_gemm(a, b, scale_a, scale_b, out=None):
+    """The FP8 unfused path's GEMM, bf16(scale_a * (scale_b * (a @ b))) (operands checked by _fp8_scaling):
+    cuBLASLt through torch._scaled_mm by default (as the bf16 unfused path takes cuBLAS: under MPS tandem's FP8
+    core on a rank's SMs made the FP8 ops slower than the bf16 ones, bench tp --fp8 on an H100 at 261225c),
+    tandem's FP8 core (torch.ops.tandem.scaled_gemm) with TANDEM_UNFUSED_GEMM=tandem and for the shapes
+    torch._scaled_mm refuses (N or K not a multiple of 16). Both accumulate in fp32 (no fast accumulation) and
+    round once to bf16; the order in which they apply the scales and sum over K may differ, so with scales that are
+    not powers of two their bits may differ in the last place (the reduction then sums whichever partials ran). `out`: a contiguous bf16 M x N tensor to write into (the op's partial buffer)."""
+    from .gemm import scaled_gemm_with
+
+    m, k = a.shape
+    n = b.shape[1]
+    tensors = (a, b, scale_a, scale_b) + (() if out is None else (out,))
+    if (_UNFUSED_GEMM == "cublas" and k % 16 == 0 and n % 16 == 0 and a.stride(1) == 1 and b.stride(0) == 1
+            and (out is None or out.is_contiguous()) and not any(t.data_ptr() % 16 for t in tensors)):
+        # (a misaligned address goes to tandem's core, whose checks refuse it clearly)
+        if out is None:
+            return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+        return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=out)
+    return scaled_gemm_with(a, b, scale_a, scale_b, out=out)
+
+
 def _fp8_scaling(comm, op, a, b, scale_a, scale_b, a_name="a"):
     """The FP8 TP ops' input checks: every operand on the communicator's device, then scaled_gemm's (shapes,
     dtypes, layouts); returns the scaling ("tensor" or "row")."""
@@ -483,9 +505,8 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     into the op's partial buffer), then the reduction kernel alone: the partials summed in fp32 in the owners' fixed
     order, bf16 out (RS: this rank's M/W rows; AR: all rows, the same bits on every rank). The same three steps as
     the bf16 ops' unfused path with cuBLAS (wait until every rank read this rank's partial of the previous launch,
-    the GEMM, the reduction), so the bits equal a bf16 gemm_rs/gemm_ar over the same bf16 partials."""
-    from .gemm import scaled_gemm_with
-
+    the GEMM, the reduction), so the bits equal a bf16 gemm_rs/gemm_ar over the same bf16 partials. The GEMM:
+    _fp8_gemm's choice."""
     scaling = _fp8_scaling(comm, op, a, b, scale_a, scale_b)
     world, rank = comm.world_size, comm.rank
     m, k = a.shape
@@ -493,7 +514,7 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     if m % world:
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, rank)
     if world == 1:
-        return scaled_gemm_with(a, b, scale_a, scale_b)
+        return _fp8_gemm(a, b, scale_a, scale_b)
     _check_nodes(comm, op)
     if world > _MAX_ONE_NODE_RS_WORLD:  # as _prepare_rs
         raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op, rank)
@@ -518,7 +539,7 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     run = K.gemm_ar if all_reduce else K.gemm_rs
     stream = rt.stream_handle(a.device)
     run(comm.native, x, rt.mode("WAIT"), stream)  # each raises TandemError if it does not run
-    scaled_gemm_with(a, b, scale_a, scale_b, out=partial)
+    _fp8_gemm(a, b, scale_a, scale_b, out=partial)
     run(comm.native, x, rt.mode("REDUCE"), stream)
     return out
 
@@ -569,9 +590,7 @@ def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
     (e4m3, valid until this rank's next call), s_row (W M_local x 1, float32)).
 
     The unfused path: the all-gather kernel moves the e4m3 rows (as 16-bit words) and the row scales, then the FP8
-    GEMM (torch.ops.tandem.scaled_gemm) runs on the gathered rows. One node so far."""
-    from .gemm import scaled_gemm_with
-
+    GEMM (_fp8_gemm's: cuBLASLt or tandem's core) runs on the gathered rows. One node so far."""
     op = "scaled_ag_gemm"
     scaling = _fp8_scaling(comm, op, a_local, b, scale_a, scale_b, a_name="a_local")
     world, rank = comm.world_size, comm.rank
@@ -584,7 +603,7 @@ def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
     col_scale = scale_b.reshape(1, 1).expand(1, n).contiguous() if scaling == "tensor" else scale_b
     if world == 1:
         s_row = rows_scale.contiguous()
-        return scaled_gemm_with(a_local, b, s_row, col_scale), a_local, s_row
+        return _fp8_gemm(a_local, b, s_row, col_scale), a_local, s_row
     _check_nodes(comm, op)
     if comm.native.num_nodes > 1:
         raise invalid("the FP8 ops run on one node so far (the gathered rows go to tandem's FP8 GEMM, whose first "
@@ -597,5 +616,5 @@ def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
     padded[:, :1] = rows_scale
     gathered_s = _gather_words(comm, padded.view(torch.bfloat16), "scales", agree)
     s_row = gathered_s.view(torch.float32)[:, :1].contiguous()  # a copy: the gathered view is the workspace's
-    return scaled_gemm_with(gathered_a, b, s_row, col_scale), gathered_a, s_row
+    return _fp8_gemm(gathered_a, b, s_row, col_scale), gathered_a, s_row
 

@@ -57,6 +57,8 @@ struct DispatchArgs {
   const int32_t* topk_ids = nullptr;  // T x k; ids outside [0, E) are dropped and reported (kInvalidArgument)
   const void* w = nullptr;            // E_local x H x I, each H x I row-major
   void* y = nullptr;                  // out: receive_capacity x I (rows past `received` are left as they were)
+  void* rows = nullptr;               // out (run_dispatch only): receive_capacity x H, the received token rows in
+                                      // layout order (rows past `received` unspecified); null for run/run_unfused
   int32_t* layout = nullptr;          // out: layout_size int32 (LayoutIndex below)
   void* workspace = nullptr;          // symmetric, workspace_size bytes, zeroed before first use
   SmPlan plan{};                      // comm_blocks: dispatch blocks beside the GEMM (0 = heuristic)
@@ -74,6 +76,7 @@ struct LayoutIndex {
 };
 LayoutIndex layout_index(const MoeShape& s, int world);
 
+// Args with `rows` set and w null are dispatch-only args (run_dispatch): w, y and shape.inter are not checked.
 Status can_implement(const DispatchArgs& args, std::string* why = nullptr);
 size_t workspace_size(const DispatchArgs& args);
 // Fused: one persistent kernel, dispatch blocks beside the grouped GEMM's; each expert's tiles start when its
@@ -81,6 +84,11 @@ size_t workspace_size(const DispatchArgs& args);
 Status run(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
 // Unfused: the dispatch kernel alone (it waits for every row), then the grouped GEMM kernel.
 Status run_unfused(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
+// Dispatch only (no GEMM; w, y and shape.inter unused): the dispatch kernel, then a stream-ordered copy of the
+// workspace's received rows (layout[0] of them, read on the device) into args.rows, then the release kernel (as the
+// unfused path runs it after its GEMM): the next launch's senders overwrite the received rows only after the copy.
+// The layout is written as by the other modes. moe_ffn's backward sends [x | dOut | weights] rows with it.
+Status run_dispatch(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
 struct CombineArgs {
   DType dtype = DType::kBF16;
