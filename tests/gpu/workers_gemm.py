@@ -267,7 +267,13 @@ def scaled_configs(shapes):
                                         wrong=int((got != exact).sum()),
                                         rel_vs_scaled_mm=float((mine.float() - theirs).norm() / theirs.norm()),
                                         rerun_same=bool(torch.equal(mine, again)),
-                                        same_as_core=bool(torch.equal(mine, core))))
+                                        same_as_core=bool(torch.equal(mine, core)),
+                                        # how far from the default configuration's bits, should they differ (a
+                                        # wider wgmma, m64n192k32, summing its k32 products otherwise): elements,
+                                        # and the largest difference relative to the output's largest magnitude
+                                        differ_from_core=int((mine != core).sum()),
+                                        max_rel_vs_core=float((mine.float() - core.float()).abs().max()
+                                                              / core.float().abs().max().clamp_min(1e-30))))
     try:
         scaled_gemm_with(a, b, sa, sb, config="no_such_config")
     except TandemError as e:
