@@ -83,6 +83,21 @@
 #      Merge each branch whose tests pass.
 #   2. g2 (bench gemm: FP8 with every configuration, bf16 op with the rebuilt table; issue 23's ratios).
 #   3. s1 (rs-stream-loads' trace with and without), e4 (rs-swizzle), bench train -n 4 / -n 2 --reps 7.
+# 2026-12-06 02:31 (eighth session, an H100 again): z1 passed (31 + 29 more of test_moe / test_ring_attention);
+# ring-bwd-cudnn, fp8-cublaslt and moe-grad merged (65976f3); g2 and the benches ran (docs/results.md, fb3158b).
+# NOTE: on the device `git rev-parse` answers a stale HEAD (1919500 all session): pass the commit as a literal,
+#   run(command="export OUT; TANDEM_COMMIT=<the hash from here> CALL_S=580 timeout 590 bash tools/device_next.sh <part>", ...)
+# Next session, in this order:
+#   1. On an H200: b22 (issue 22's benchmarks after, against af75616's with tools/diag/compare_runs.py; resolve 22
+#      if within noise). The command can pick by card:
+#        p=f1; nvidia-smi -L | grep -q H200 && p=b22; ... bash tools/device_next.sh $p
+#   2. f1 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
+#      (needs the device build, ~160 s, or a prebuilt module of that branch: tools/prebuild_device_module.sh), their
+#      exactness test, then bench gemm FP8 with every configuration; retune (python -m tandem tune gemm --from-bench
+#      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
+#   3. The ops with the H100 tables (gemm_tune_h100.json, tp_tune_h100.json, shipped 2026-12-06, not timed):
+#      bench gemm --no-variants and bench tp -n 4 / -n 2 on an H100.
+#   4. s1 (rs-stream-loads' trace), then issue 26's MoE speed (moe_ffn at 1,024 tokens as slow as at 4,096).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -339,6 +354,15 @@ elif [ "$part" = g2 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes bfloat16 --no-variants --out "$OUT/diag/bf16" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = f1 ]; then
+  # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
+  # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every
+  # configuration (issue 23: do the wider tiles close the gap to cuBLASLt at M 16384?)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_gemm.py -k "scaled"
+  mkdir -p "$OUT/diag/fp8"
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = z1 ]; then
   # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (none run before): ring attention's backward with

@@ -145,7 +145,7 @@ def test_a_table_rewritten_by_another_process_is_read_again(tmp_path, monkeypatc
     assert tp_plan.lookup("gemm_rs", 2, 40, 4096, 4096, 4096) == ("pipelined", 0)
 
 
-def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape():
+def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape(monkeypatch):
     # tp_tune_h200.json comes from docs/results/tp_w{2,4}.json (tandem tune --from-bench): at every bench row,
     # auto's choice is the mode the benchmark measured fastest in that run
     import pathlib
@@ -154,7 +154,12 @@ def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape():
 
     root = pathlib.Path(__file__).resolve().parents[2]
     sources = [str(root / "docs" / "results" / f"tp_w{w}.json") for w in (2, 4)]
-    shipped = json.loads(pathlib.Path(tp_plan.SHIPPED).read_text())
+    # the table shipped for the GPU model the runs were made on (docs/results holds the latest run)
+    from tandem.ops import _tune_table
+
+    device = json.loads(pathlib.Path(sources[0]).read_text())[0]["run"]["device"]
+    monkeypatch.setattr(_tune_table, "_device_name", lambda: device)
+    shipped = json.loads(pathlib.Path(_tune_table.device_table(tp_plan.SHIPPED)).read_text())
     by_key = {(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"]): r["mode"] for r in shipped}
     rows = tune.rows_from_bench(sources)
     assert len(rows) >= 40
@@ -202,3 +207,37 @@ def test_fused_grid_shrinks_only_for_rs_and_ar_on_a_gpu_shared_by_four_or_more(m
     assert tp_plan.fused_grid_sms("gemm_rs", 16, 1) == 16
     monkeypatch.setenv("TANDEM_TP_FUSED_SMS", "0")
     assert tp_plan.fused_grid_sms("gemm_rs", 32, 4) == 32
+
+
+def test_the_shipped_table_is_the_gpu_models_own(monkeypatch, tmp_path):
+    """An H100 reads <name>_h100.json where one is shipped, anything else (and an H100 without one) the H200's;
+    the planners look up through device_table."""
+    from tandem.ops import _tune_table, gemm_plan
+
+    h200 = tmp_path / "tp_tune_h200.json"
+    h100 = tmp_path / "tp_tune_h100.json"
+    h200.write_text("[]")
+    for name, want in (("NVIDIA H100 80GB HBM3", h100), ("NVIDIA H200", h200), ("NVIDIA A100-SXM4-80GB", h200),
+                       ("", h200)):
+        monkeypatch.setattr(_tune_table, "_device_name", lambda n=name: n)
+        if want == h100:
+            assert _tune_table.device_table(str(h200)) == str(h200)  # not shipped yet: the H200's
+            h100.write_text("[]")
+        assert _tune_table.device_table(str(h200)) == str(want), name
+    # a path of another form (a test's stand-in) is taken as it is
+    assert _tune_table.device_table("/nonexistent/shipped.json") == "/nonexistent/shipped.json"
+    # the shipped tables: one per model, both naming the same kinds of rows
+    for mod in (tp_plan, gemm_plan):
+        assert mod.SHIPPED.endswith("_h200.json")
+        monkeypatch.setattr(_tune_table, "_device_name", lambda: "NVIDIA H100 80GB HBM3")
+        assert _tune_table.device_table(mod.SHIPPED).endswith("_h100.json")
+    # and the lookup goes through it: a row only the H100's table has is found on an H100, not on an H200
+    monkeypatch.setattr(tp_plan, "table_path", lambda: str(tmp_path / "user.json"))
+    monkeypatch.setattr(tp_plan, "SHIPPED", str(h200))
+    tp_plan._TABLES.clear()
+    h100.write_text(json.dumps([dict(op="gemm_rs", world=4, sms=32, mb=14, nb=13, kb=12, mode="pipelined",
+                                     comm_blocks=0, ms=1.0)]))
+    monkeypatch.setattr(_tune_table, "_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    assert tp_plan.lookup("gemm_rs", 4, 32, 16384, 8192, 4096) == ("pipelined", 0)
+    monkeypatch.setattr(_tune_table, "_device_name", lambda: "NVIDIA H200")
+    assert tp_plan.lookup("gemm_rs", 4, 32, 16384, 8192, 4096) is None

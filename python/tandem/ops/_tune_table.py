@@ -1,7 +1,12 @@
 """The measured tuning tables behind tandem.ops.tp_plan and tandem.ops.gemm_plan: a JSON list of rows per file,
 keyed by the planner's own fields plus log2 buckets of M, N and K (mb, nb, kb), looked up in the user's file first,
-then in the one shipped for the H200. Each planner keeps its cache dict and recheck interval (tests reset them)
-and says how a row becomes a key and a value."""
+then in the one shipped for this GPU (`device_table`: <name>_h100.json on an H100 where one is shipped, else the
+H200's, <name>_h200.json). Each planner keeps its cache dict and recheck interval (tests reset them) and says how a
+row becomes a key and a value.
+
+Why a table per GPU model: the key has the SM count, which the H100 SXM and the H200 share (132), while the fastest
+configuration of a shape is not the same on both (HBM3 against HBM3e; docs/results.md, 2026-12-06: the H200's
+GEMM table on an H100 gave 0.885 of cuBLAS where the H100's own best configurations gave 0.982)."""
 
 from __future__ import annotations
 
@@ -9,6 +14,40 @@ import json
 import math
 import os
 import time
+
+
+# GPU models with tables of their own, by the tag in the device name (the H200's is the default)
+DEVICE_TAGS = ("H100", "H200")
+_DEVICE_NAMES: dict = {}
+
+
+def _device_name() -> str:
+    """This process's current CUDA device name ("" without CUDA); asked once per device index."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        index = torch.cuda.current_device()
+        if index not in _DEVICE_NAMES:
+            _DEVICE_NAMES[index] = torch.cuda.get_device_name(index)
+        return _DEVICE_NAMES[index]
+    except Exception:  # no driver, no device: the default table
+        return ""
+
+
+def device_table(default: str) -> str:
+    """The shipped table for this GPU: `default` (a path ending in _h200.json) with the model's tag in its place
+    (_h100.json on an H100) when that file exists, else `default`."""
+    name = _device_name()
+    stem, suffix = "_h200", ".json"
+    if not default.endswith(stem + suffix):
+        return default
+    for tag in DEVICE_TAGS:
+        if tag in name:
+            path = default[: -len(stem + suffix)] + "_" + tag.lower() + suffix
+            return path if os.path.exists(path) else default
+    return default
 
 
 def bucket(x: int) -> int:

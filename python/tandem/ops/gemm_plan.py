@@ -6,8 +6,8 @@ shapes it loses to cuBLAS by wave quantization and tile waste (docs/results.md: 
 256x128 / 128x128, cluster 2 or 1, cooperative or ping-pong) are the candidates; `choose` names one:
 
 1. a measured table, keyed by (SM count, log2 buckets of M, N, K): the user's (TANDEM_GEMM_TUNE_FILE, else
-   ~/.cache/tandem/gemm_tune.json), then the one shipped for the H200 (gemm_tune_h200.json, when a run has made
-   it). `python -m tandem tune gemm --from-bench docs/results/gemm_w1.json` writes one from `bench gemm`'s
+   ~/.cache/tandem/gemm_tune.json), then the one shipped for this GPU (gemm_tune_h100.json on an H100, else
+   gemm_tune_h200.json: _tune_table.device_table). `python -m tandem tune gemm --from-bench docs/results/gemm_w1.json` writes one from `bench gemm`'s
    per-configuration times;
 2. else a wave model: the time of a configuration is its waves (output tiles over the CTAs that run at once)
    times one tile's work over the configuration's relative rate. It moves off the core only when it predicts a
@@ -118,7 +118,7 @@ def _load(path: str) -> dict:
 
 def lookup(sms: int, m: int, n: int, k: int, kind: str = "bf16"):
     """The measured configuration for this shape: the user's table, else the shipped one, else None."""
-    return _tune_table.lookup((table_path(), SHIPPED), key(sms, m, n, k, kind), _load)
+    return _tune_table.lookup((table_path(), _tune_table.device_table(SHIPPED)), key(sms, m, n, k, kind), _load)
 
 
 def _tiles(tm, tn, cm, cn, m, n) -> int:

@@ -13,7 +13,7 @@ with the GEMM at a measured rate per SM and the role rates of `python -m tandem 
 measured on the H200; a table entry always wins over the model).
 
 Tables: TANDEM_TP_TUNE_FILE, else ~/.cache/tandem/tp_tune.json, else the one shipped beside this file
-(tp_tune_h200.json), each a JSON list of rows {op, world, sms, mb, nb, kb, mode, comm_blocks, ms}.
+(tp_tune_h100.json on an H100, else tp_tune_h200.json: _tune_table.device_table), each a JSON list of rows {op, world, sms, mb, nb, kb, mode, comm_blocks, ms}.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
 
 def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
     """(mode, comm_blocks) from the user's table, else the shipped one, else None."""
-    return _tune_table.lookup((table_path(), SHIPPED), key(op, world, sms, m, n, k), _load)
+    return _tune_table.lookup((table_path(), _tune_table.device_table(SHIPPED)), key(op, world, sms, m, n, k), _load)
 
 
 def collective_bytes(op: str, world: int, m: int, n: int, k: int) -> float:
