@@ -77,15 +77,25 @@ def test_every_scaled_gemm_configuration_matches(run_ranks):
     shapes = [(128, 128, 128), (257, 528, 1040), (64, 4096, 8192), (1000, 1024, 2048)]
     (r,) = run_ranks(f"{W}:scaled_configs", 1, shapes=shapes)
     assert len(r["rows"]) == len(gemm_plan.SCALED_CONFIGS) * 2 * len(shapes)
+    wide = []
     for row in r["rows"]:
         assert row["wrong"] == 0, row
         assert row["rel_vs_scaled_mm"] < 1e-2, row
         assert row["rerun_same"], row
-        # the unsplit configurations promote and sum each element's K loop in the same order: the same bits. For
-        # the 192-wide tiles this also assumes that a m64n192k32 wgmma sums an element's k32 products as m64n128k32
-        # does (no document says so; not yet run on a GPU): should only those rows fail here, differ_from_core and
-        # max_rel_vs_core tell a rounding-level difference (max_rel_vs_core 2**-7 or less: one bf16 ulp) from a bug
-        assert row["split"] or row["same_as_core"], row
+        # the unsplit configurations promote and sum each element's K loop in the same order. The 128-wide ones run
+        # the default's wgmma (m64n128k32): the same bits. The 192-wide ones run m64n192k32, and no document says
+        # that a wider wgmma sums an element's k32 products in the same order: they are held to one bf16 rounding
+        # step of the default (relative to the output's largest magnitude; a misplaced or dropped product is far
+        # more, and the structured data above is exact), and the rows record whether they were identical
+        if row["split"]:
+            continue
+        if gemm_plan.SCALED_CONFIGS[row["config"]][1] == 192:
+            assert row["same_as_core"] or row["max_rel_vs_core"] <= 2.0 ** -7, row
+            wide.append(row["same_as_core"])
+        else:
+            assert row["same_as_core"], row
+    assert wide, "no 192-wide configuration ran"
+    print(f"192-wide configurations bit-identical to the default at {sum(wide)} of {len(wide)} rows")
     assert r["refused"] == 3, r
 
 

@@ -30,9 +30,11 @@ namespace tandem::kernels::gemm {
 enum class Scaling : int32_t { kTensor = 0, kRow = 1 };
 
 // The CUTLASS configuration that computes the product (tile M x N x 128, cluster, schedule). Every configuration
-// has the semantics above; the unsplit ones give the same bits (each output element's K loop in the same order,
-// promoted every 128), the split ones sum fp32 partial tiles through the workspace in a fixed order
-// (deterministic, but other bits). Which one is fastest depends on the shape (tandem.ops.gemm_plan).
+// has the semantics above; the unsplit 128-wide ones give the same bits (each output element's K loop in the same
+// order, promoted every 128), the unsplit 192-wide ones run the same K blocks and promotions on a wider wgmma
+// (m64n192k32), whose order of summing an element's k32 products no document fixes (tests/gpu/test_gemm.py holds
+// them to one bf16 rounding step of the default and records whether they were identical), and the split ones sum
+// fp32 partial tiles through the workspace in a fixed order (deterministic, but other bits). Which one is fastest depends on the shape (tandem.ops.gemm_plan).
 enum class ScaledConfig : int32_t {
   kCoop128C2 = 0,      // cooperative 128x128, 2x1 clusters (the default)
   kCoop128C1 = 1,      // cooperative 128x128, no cluster
