@@ -98,7 +98,11 @@
 #      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
 #   3. The ops with the H100 tables (gemm_tune_h100.json, tp_tune_h100.json, shipped 2026-12-06, not timed):
 #      bench gemm --no-variants and bench tp -n 4 / -n 2 on an H100.
-#   4. m2 (issue 26: moe_ffn's steps timed; at 1,024 tokens it was as slow as at 4,096), then s1 (rs-stream-loads).
+#   4. m3 on branch moe-speed (tools/pending/moe-speed.diff; its module for Python 3.12 is prebuilt in
+#      .carry/prebuilt-moe-speed: git checkout moe-speed, then cp -r .carry/prebuilt-moe-speed/. .carry/prebuilt/
+#      and check tools/native_sources_hash.sh against .carry/prebuilt/SOURCES): the SwiGLU kernel's test, moe_ffn's
+#      steps new against old in one call, bench moe --layer. (m2 is the same steps diagnostic on main.)
+#   5. s1 (rs-stream-loads' trace).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
