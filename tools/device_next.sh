@@ -88,16 +88,21 @@
 # NOTE: on the device `git rev-parse` answers a stale HEAD (1919500 all session): pass the commit as a literal,
 #   run(command="export OUT; TANDEM_COMMIT=<the hash from here> CALL_S=580 timeout 590 bash tools/device_next.sh <part>", ...)
 # Next session, in this order:
-#   1. On an H200: b22 (issue 22's benchmarks after, against af75616's with tools/diag/compare_runs.py; resolve 22
-#      if within noise). The command can pick by card:
-#        p=f1; nvidia-smi -L | grep -q H200 && p=b22; ... bash tools/device_next.sh $p
-#   2. f1 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
+#   1. b22x (issue 22's benchmarks before = af75616 and after = this tree, on one machine in one call, any card;
+#      .carry/before holds af75616's python/ with its module, tools/prebuild_before.sh): resolve 22 if within noise.
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh b22x",
+#            carry=[".whl", ".carry/prebuilt", ".carry/before"])
+#   2. f8 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
 #      (needs the device build, ~160 s, or a prebuilt module of that branch: tools/prebuild_device_module.sh), their
 #      exactness test, then bench gemm FP8 with every configuration; retune (python -m tandem tune gemm --from-bench
 #      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
 #   3. The ops with the H100 tables (gemm_tune_h100.json, tp_tune_h100.json, shipped 2026-12-06, not timed):
 #      bench gemm --no-variants and bench tp -n 4 / -n 2 on an H100.
-#   4. s1 (rs-stream-loads' trace), then issue 26's MoE speed (moe_ffn at 1,024 tokens as slow as at 4,096).
+#   4. m3 on branch moe-speed (tools/pending/moe-speed.diff; its module for Python 3.12 is prebuilt in
+#      .carry/prebuilt-moe-speed: git checkout moe-speed, then cp -r .carry/prebuilt-moe-speed/. .carry/prebuilt/
+#      and check tools/native_sources_hash.sh against .carry/prebuilt/SOURCES): the SwiGLU kernel's test, moe_ffn's
+#      steps new against old in one call, bench moe --layer. (m2 is the same steps diagnostic on main.)
+#   5. s1 (rs-stream-loads' trace).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -355,7 +360,44 @@ elif [ "$part" = g2 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes bfloat16 --no-variants --out "$OUT/diag/bf16" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
-elif [ "$part" = f1 ]; then
+elif [ "$part" = b22x ]; then
+  # issue 22's benchmarks before (af75616: .carry/before, tools/prebuild_before.sh) and after (this tree) on one
+  # machine in one call, each bench before then after, so any card gives a same-run comparison: bench tp -n 4 and
+  # -n 2, bench moe -n 2, bench attention -n 2 (af75616's commands, docs/results.md 2026-12-04 19:00); then
+  # tools/diag/compare_runs.py before after on each. Needs carry [".whl", ".carry/prebuilt", ".carry/before"].
+  [ -f .carry/before/python/tandem/_C.cpython-312-x86_64-linux-gnu.so ] || { echo "b22x: no .carry/before"; exit 1; }
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  after_commit=$TANDEM_COMMIT
+  side() {  # side before|after, then the bench's arguments
+    local s=$1; shift
+    local pp=$PWD/python c=$after_commit
+    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+    mkdir -p "$OUT/b22/$s"
+    local t=$(( $(left) - 20 )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -lt 30 ] && { echo "b22x: $s $* skipped, $t s left"; return; }
+    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$OUT/b22/$s" 2>&1 | tail -2
+    rm -f "$OUT/b22/$s"/*.png
+    tar czf "$OUT/b22.tgz" -C "$OUT" b22
+  }
+  for args in "tp -n 4 --reps 5" "tp -n 2 --reps 5" "moe -n 2" "attention -n 2"; do
+    side before $args
+    side after $args
+  done
+  for f in tp_w4 tp_w2 moe_w2 attention_w2; do
+    [ -f "$OUT/b22/before/$f.json" ] && [ -f "$OUT/b22/after/$f.json" ] && { echo "== $f after/before";
+      python3 tools/diag/compare_runs.py "$OUT/b22/before/$f.json" "$OUT/b22/after/$f.json"; }
+  done
+elif [ "$part" = m2 ]; then
+  # issue 26: where moe_ffn's time goes at world 2 (tools/diag/moe_layer_steps.py: each step of the unfused chain
+  # timed in the layer, the op, allocator retries), then the same at world 4
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  mkdir -p "$OUT/diag"
+  for n in 2 4; do
+    t=$(( $(left) / 2 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $n -- \
+      python3 tools/diag/moe_layer_steps.py --out "$OUT/diag" 2>&1 | grep -E "^rank|Error" | head -20
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
+elif [ "$part" = f8 ]; then
   # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
   # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every
   # configuration (issue 23: do the wider tiles close the gap to cuBLASLt at M 16384?)
@@ -439,22 +481,6 @@ elif [ "$part" = m1 ]; then
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer \
     --reps 5 --out "$OUT/diag" 2>&1 | tail -10
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-elif [ "$part" = f1 ]; then
-  # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
-  # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
-  # --durations so the next calls can be planned by the clock
-  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_tp_train.py \
-    tests/gpu/test_moe.py --durations=0 \
-    -k "swizzle or in_pieces or fp8_ag or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or gathered_view or train or moe"
-  # then, in the time left: bench train at world 4 (issue 24's table, with the wgrad overlap and without), and the
-  # GEMM op with the shipped per-shape table (issue 23: its time with the table was never measured)
-  mkdir -p "$OUT/diag"
-  t=$(( $(left) - 70 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n 4 --reps 3 \
-    --out "$OUT/diag" 2>&1 | tail -8
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 \
-    --no-variants --out "$OUT/diag" 2>&1 | tail -30
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f2 ]; then
   # the rest of the suite on integ: test_tp's cases f1 left out, and the files the last session did not reach

@@ -1,7 +1,8 @@
 """Ring attention benchmark, N ranks (MPS on one GPU), bf16, in the same run:
 
   world 1   tandem vs torch SDPA's cuDNN backend (the faster one on this GPU) and its flash backend on the same
-            problem, forward and backward (rows per pass: fwd, bwd; backward timed alone, from a kept graph;
+            problem, forward and backward (rows per pass: fwd, bwd, fwd+bwd; backward timed alone, from a kept
+            graph, and fwd+bwd as one training step's forward and backward together, 3.5 x the forward's FLOPs;
             tandem's backward is the unfused mode of tandem.ops.attention_backward, timed with its default block
             kernel and again with FlashAttention-2's), keys b, s, hq, hkv, d, causal, pass, tandem_tflops,
             cudnn_tflops, flash_tflops, tandem_fa2_blocks_tflops, bwd_block_kernels (backward FLOPs = 2.5 x
@@ -120,6 +121,10 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
                 o = fn()
                 times[(name, "bwd")] = common.time_launches(
                     lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), warmup=3, reps=reps)
+                # a training step's attention: the forward and its backward together (what issue 25 asks beside
+                # the two passes alone)
+                times[(name, "fwd+bwd")] = common.time_launches(
+                    lambda: torch.autograd.grad(fn(), (q, k, v), do), warmup=3, reps=reps)
                 return o, torch.autograd.grad(o, (q, k, v), do)
 
             times, results = {}, {}
@@ -151,18 +156,18 @@ def run_w1(comm, seqs, causals, batch, heads_q, heads_kv, head_dim, reps, out_di
                          for a, b in zip((results["tandem"][0],) + tuple(results["tandem"][1]), (ref[0],) + tuple(ref[1]))]
             comm.check()
             fwd_flop = 4.0 * batch * heads_q * seq * seq * head_dim / (2 if causal else 1)
-            for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop)):
+            for pss, flop in (("fwd", fwd_flop), ("bwd", 2.5 * fwd_flop), ("fwd+bwd", 3.5 * fwd_flop)):
                 tf = {n: (flop / times[(n, pss)] / 1e12 if (n, pss) in times else None)
                       for n in ("tandem", "tandem_fa2", "cudnn", "flash")}
                 d = dict(b=batch, s=seq, hq=heads_q, hkv=heads_kv, d=head_dim, causal=causal, world=1, **{"pass": pss},
                          tandem_tflops=tf["tandem"], cudnn_tflops=tf["cudnn"], flash_tflops=tf["flash"],
-                         tandem_fa2_blocks_tflops=tf["tandem_fa2"], bwd_block_kernels=ran if pss == "bwd" else None,
+                         tandem_fa2_blocks_tflops=tf["tandem_fa2"], bwd_block_kernels=ran if pss != "fwd" else None,
                          tandem_over_cudnn=(tf["tandem"] / tf["cudnn"]) if tf["tandem"] and tf["cudnn"] else None,
-                         max_abs_diff=(diffs[0] if pss == "fwd" else max(diffs[1:])) if diffs else None)
+                         max_abs_diff=({"fwd": diffs[0], "bwd": max(diffs[1:])}.get(pss, max(diffs))) if diffs else None)
                 data.append(d)
                 fmt = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
                 rows.append([str(seq), "yes" if causal else "no", f"{batch}/{heads_q}/{heads_kv}/{head_dim}", pss,
-                             fmt(tf["tandem"]) + (f" ({'+'.join(ran)})" if pss == "bwd" else ""),
+                             fmt(tf["tandem"]) + (f" ({'+'.join(ran)})" if pss != "fwd" else ""),
                              fmt(tf["tandem_fa2"]), fmt(tf["cudnn"]), fmt(tf["flash"]),
                              "-" if d["tandem_over_cudnn"] is None else f"{d['tandem_over_cudnn']:.2f}",
                              "-" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.2e}"])
