@@ -92,7 +92,7 @@
 #      .carry/before holds af75616's python/ with its module, tools/prebuild_before.sh): resolve 22 if within noise.
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh b22x",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])
-#   2. f1 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
+#   2. f8 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
 #      (needs the device build, ~160 s, or a prebuilt module of that branch: tools/prebuild_device_module.sh), their
 #      exactness test, then bench gemm FP8 with every configuration; retune (python -m tandem tune gemm --from-bench
 #      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
@@ -393,7 +393,7 @@ elif [ "$part" = m2 ]; then
       python3 tools/diag/moe_layer_steps.py --out "$OUT/diag" 2>&1 | grep -E "^rank|Error" | head -20
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
-elif [ "$part" = f1 ]; then
+elif [ "$part" = f8 ]; then
   # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
   # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every
   # configuration (issue 23: do the wider tiles close the gap to cuBLASLt at M 16384?)
@@ -477,22 +477,6 @@ elif [ "$part" = m1 ]; then
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer \
     --reps 5 --out "$OUT/diag" 2>&1 | tail -10
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-elif [ "$part" = f1 ]; then
-  # branch integ = main + rs-swizzle + moe-finish + fp8-ag + tp-train (none run before): every test the four
-  # branches added or touched (swizzle pieces, tile claims, fp8 AG, the train MLP, the gathered ops, MoE's finish);
-  # --durations so the next calls can be planned by the clock
-  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_tp_train.py \
-    tests/gpu/test_moe.py --durations=0 \
-    -k "swizzle or in_pieces or fp8_ag or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or gathered_view or train or moe"
-  # then, in the time left: bench train at world 4 (issue 24's table, with the wgrad overlap and without), and the
-  # GEMM op with the shipped per-shape table (issue 23: its time with the table was never measured)
-  mkdir -p "$OUT/diag"
-  t=$(( $(left) - 70 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n 4 --reps 3 \
-    --out "$OUT/diag" 2>&1 | tail -8
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 \
-    --no-variants --out "$OUT/diag" 2>&1 | tail -30
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f2 ]; then
   # the rest of the suite on integ: test_tp's cases f1 left out, and the files the last session did not reach
