@@ -104,12 +104,17 @@ def swiglu_received(y, layout, inter: int, sm_count: int = 0):
     swiglu() over every row."""
     if not y.is_cuda or _SWIGLU == "torch" or y.dtype not in rt.DTYPES:
         return swiglu(y, inter)
+    # the kernel takes dense (rows, 2 I) rows and the int32 layout on y's GPU; anything else: torch's path
+    if (y.dim() != 2 or y.shape[1] != 2 * inter or not y.is_contiguous() or layout.dtype != torch.int32
+            or layout.device != y.device or y.data_ptr() % 16):
+        return swiglu(y, inter)
     out = torch.empty((y.shape[0], inter), dtype=y.dtype, device=y.device)
     if y.shape[0] == 0:
         return out
     args = rt.kernel_args("SwigluArgs", dtype=rt.DTYPES[y.dtype], y=y.data_ptr(), received=layout.data_ptr(),
                           capacity=y.shape[0], inter=inter, out=out.data_ptr(), sm_count=int(sm_count))
-    native().kernels.moe_swiglu(args, rt.stream_handle(y.device))
+    with torch.cuda.device(y.device):  # the binding launches on the current device (no communicator to scope it)
+        native().kernels.moe_swiglu(args, rt.stream_handle(y.device))
     return out
 
 
