@@ -397,6 +397,26 @@ elif [ "$part" = m2 ]; then
       python3 tools/diag/moe_layer_steps.py --out "$OUT/diag" 2>&1 | grep -E "^rank|Error" | head -20
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
+elif [ "$part" = m3 ]; then
+  # branch moe-speed (not run before): the SwiGLU kernel's test and the MoE tests around it, then moe_ffn's steps
+  # at world 2 with the branch's defaults and with the old behaviour (torch SwiGLU over every capacity row, 8
+  # dispatch blocks, spinning rendezvous waits), then bench moe --layer (against the 2026-12-06 table)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-230} )) bash tools/device_suite.sh tests/gpu/test_moe.py \
+    tests/cpu/test_typed_bindings.py -k "swiglu or ffn or dispatch_gemm_and_combine or repeated or typed or args"
+  mkdir -p "$OUT/diag/new" "$OUT/diag/old" "$OUT/diag/b16"
+  t=$(( ($(left) - 80) / 3 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
+    python3 tools/diag/moe_layer_steps.py --out "$OUT/diag/new" 2>&1 | grep -E "^rank|Error" | head -8
+  # the 16 dispatch blocks measured before (docs/results.md) against the new default of 32 at world 2
+  t=$(( ($(left) - 80) / 2 )); [ "$t" -gt 40 ] && TANDEM_MOE_DISPATCH_BLOCKS=16 timeout -s INT -k 10 $t \
+    python3 -m tandem.launch -n 2 -- python3 tools/diag/moe_layer_steps.py --out "$OUT/diag/b16" 2>&1 | \
+    grep -E "^rank|Error" | head -8
+  t=$(( $(left) - 80 )); [ "$t" -gt 40 ] && TANDEM_MOE_SWIGLU=torch TANDEM_MOE_DISPATCH_BLOCKS=8 TANDEM_MOE_WAIT_NS=0 \
+    timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
+    python3 tools/diag/moe_layer_steps.py --out "$OUT/diag/old" 2>&1 | grep -E "^rank|Error" | head -8
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
+    --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = f8 ]; then
   # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
   # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every

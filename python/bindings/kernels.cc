@@ -500,6 +500,26 @@ void bind_kernels(py::module_& m) {
     def_address(cls, "layout", &moe::CombineArgs::layout);
     def_address(cls, "workspace", &moe::CombineArgs::workspace);
   }
+  {
+    py::class_<moe::SwigluArgs> cls(k, "SwigluArgs");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("capacity", &moe::SwigluArgs::capacity)
+        .def_readwrite("inter", &moe::SwigluArgs::inter)
+        .def_readwrite("sm_count", &moe::SwigluArgs::sm_count);
+    def_address(cls, "y", &moe::SwigluArgs::y);
+    def_address(cls, "received", &moe::SwigluArgs::received);
+    def_address(cls, "out", &moe::SwigluArgs::out);
+  }
+  k.def(
+      "moe_swiglu",
+      [](const moe::SwigluArgs& args, uintptr_t stream) {
+        std::string why;
+        check(moe::run(args, reinterpret_cast<cudaStream_t>(stream), &why), why, "moe_swiglu", -1);
+      },
+      py::arg("args"), py::arg("stream"),
+      "SwiGLU of GEMM 1's rows over the received rows only (the count read on the device); throws if it does not "
+      "run. The launch goes to the current device.");
   def_comm_queries<moe::DispatchArgs>(k, "this MoE dispatch + grouped GEMM");
   def_comm_queries<moe::CombineArgs>(k, "this MoE combine");
   k.def(

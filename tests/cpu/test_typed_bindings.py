@@ -25,6 +25,7 @@ CLASSES = {
                           shape=dict(tokens=5, max_tokens=7, hidden=64, inter=32, topk=2, experts_per_rank=3))),
     "CombineArgs": (dict(dim=64), ("z", "topk_weights", "topk_ids", "out", "layout", "workspace"),
                     dict(plan=dict(sm_count=32), shape=dict(tokens=5, max_tokens=7, topk=2, experts_per_rank=3))),
+    "SwigluArgs": (dict(capacity=300, inter=136, sm_count=132), ("y", "received", "out"), {}),
     "RingArgs": ({}, ("q", "k", "v", "o", "lse", "workspace"),
                  dict(plan=dict(sm_count=32, comm_blocks=2, kv_slots=4),
                       shape=dict(batch=2, seq_local=64, heads_q=8, heads_kv=2, head_dim=128, causal=True))),
@@ -95,3 +96,20 @@ def test_a_launch_that_cannot_run_raises_its_status(K):
     x.m, x.n, x.k, x.lda, x.ldb, x.ldd = 16, 16, 16, 16, 16, 16
     x.a, x.b, x.d = ADDR, ADDR, ADDR + 8  # D misaligned
     assert "16-byte aligned" in K.can_implement(x)
+
+
+def test_the_swiglu_launch_checks_before_it_touches_the_gpu(K):
+    # moe_swiglu (moe.h: SwigluArgs): its checks come before any CUDA call, so they run here
+    x = K.SwigluArgs()
+    x.capacity, x.inter = 300, 0
+    with pytest.raises(TandemError, match="inter must be a positive multiple of 8") as ei:
+        K.moe_swiglu(x, 0)
+    assert (ei.value.status, ei.value.op) == (INVALID_ARGUMENT, "moe_swiglu")
+    x.inter = 136
+    with pytest.raises(TandemError, match="null pointer"):
+        K.moe_swiglu(x, 0)
+    x.y, x.out, x.received = ADDR, ADDR + 8, ADDR  # out misaligned
+    with pytest.raises(TandemError, match="16-byte aligned"):
+        K.moe_swiglu(x, 0)
+    x.capacity, x.out = 0, ADDR + 16  # no rows: nothing to launch
+    K.moe_swiglu(x, 0)

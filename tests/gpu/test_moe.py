@@ -105,6 +105,18 @@ def test_moe_ffn_matches_the_layer_on_one_device(run_ranks, world):
         assert r["graph_error"] is None and r["graph_same"], r
 
 
+# The SwiGLU kernel between the two GEMMs (moe.h: SwigluArgs): the same bits as torch's silu(gate.float()) * up on
+# the received rows, nothing written past them; received counts of none, some, all, and more than the capacity
+# (clamped) or negative (none); inter a multiple of 8 but not of 16; bf16 and fp16.
+def test_moe_swiglu_kernel_matches_torch_on_the_received_rows(run_ranks):
+    cases = [(64, 136, 0, "bfloat16"), (64, 136, 37, "bfloat16"), (300, 1024, 300, "bfloat16"),
+             (300, 1024, 5000, "bfloat16"), (300, 1024, -3, "bfloat16"), (257, 2048, 200, "float16")]
+    (res,) = run_ranks(f"{W}:swiglu_kernel", 1, cases=cases)
+    assert len(res) == len(cases)
+    for r in res:
+        assert r["differ"] == 0 and r["tail_written"] == 0 and r["op_differ"] == 0, r
+
+
 # The layer's backward (issue 26 item 4: moe_ffn's registered autograd, tandem.ops.moe_backward): dx, d topk_weights,
 # dW1 and dW2 against torch autograd of the fp32 reference on the gathered problem. Bound, relative Frobenius: the
 # backward rounds y, a, dz, dy and dxr to bf16 and sums dx once in fp32 (the CPU run of the same schedule in bf16,

@@ -280,6 +280,35 @@ def capacity_guard(comm_timeout_s, mode):
 
 # ---- the whole layer (torch.ops.tandem.moe_ffn, the unfused chain) ---------------------------------------------
 
+def swiglu_kernel(cases):
+    """The SwiGLU kernel (tandem.ops.moe_layer.swiglu_received, moe.h: SwigluArgs) against moe_layer.swiglu: for
+    each (capacity, inter, received, dtype), rows below min(received, capacity) must have swiglu()'s bits, and the
+    rows past them must keep what out held (a sentinel): the kernel stops at the count it reads on the device."""
+    from tandem._native import native
+    from tandem.ops import _runtime as rt
+    from tandem.ops import moe_layer
+
+    res = []
+    for capacity, inter, received, dtype_name in cases:
+        dtype = getattr(torch, dtype_name)
+        g = torch.Generator().manual_seed(capacity * 31 + inter)
+        y = (torch.randn(capacity, 2 * inter, generator=g) * 4).to(dtype).cuda()  # |x| up to ~16: exp's range
+        layout = torch.tensor([received, 7, 7, 7], dtype=torch.int32, device="cuda")
+        sentinel = torch.full((capacity, inter), -3.0, dtype=dtype, device="cuda")
+        out = sentinel.clone()
+        args = rt.kernel_args("SwigluArgs", dtype=rt.DTYPES[dtype], y=y.data_ptr(), received=layout.data_ptr(),
+                              capacity=capacity, inter=inter, out=out.data_ptr())
+        native().kernels.moe_swiglu(args, torch.cuda.current_stream().cuda_stream)
+        want = moe_layer.swiglu(y, inter)
+        via_op = moe_layer.swiglu_received(y, layout, inter)  # the op's path (its own output)
+        torch.cuda.synchronize()
+        n = max(0, min(received, capacity))
+        res.append(dict(capacity=capacity, inter=inter, received=received, dtype=dtype_name,
+                        differ=int((out[:n] != want[:n]).sum()), tail_written=int((out[n:] != sentinel[n:]).sum()),
+                        op_differ=int((via_op[:n] != want[:n]).sum())))
+    return res
+
+
 def _ffn_weights(experts, hidden, inter):
     """Every expert's w1 (E, H, 2 I) and w2 (E, I, H), bf16, from a CPU generator (the same on every rank)."""
     g = torch.Generator().manual_seed(77)

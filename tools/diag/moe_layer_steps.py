@@ -56,7 +56,10 @@ def main(argv=None) -> int:
             def steps(stamp):
                 y, layout = moe._dispatch(comm, x, ids, w1, tokens, "unfused", 0, 0)
                 stamp()
-                act = moe_layer.swiglu(y, inter)
+                # the op's SwiGLU (branch moe-speed: tandem's kernel over the received rows, unless
+                # TANDEM_MOE_SWIGLU=torch); before it, torch's over every receive-capacity row
+                act = (moe_layer.swiglu_received(y, layout, inter) if hasattr(moe_layer, "swiglu_received")
+                       else moe_layer.swiglu(y, inter))
                 stamp()
                 lv = moe.layout_view(comm, layout, epr, tokens, k)
                 z = torch._grouped_mm(act, w2, offs=lv["expert_offset"][1:])

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
     received = 0;
   }
   if (threadIdx.x == 0) {  // every source is done reading its combine buffer of e - 1
-    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e - 1, q);
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
   }
   if (!block_ok(st)) goto finish;
   for (int s = threadIdx.x; s < world; s += blockDim.x) {
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // every rank's rows of this rank's tokens have landed
-    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->done[q], Cmp::kGe, e, q);
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until_backoff(comm, &ctl->done[q], Cmp::kGe, e, c.wait_sleep_ns, q);
   }
   if (!block_ok(st)) goto finish;
   {

@@ -44,6 +44,7 @@ constexpr int32_t kSendChunk = 32;        // pairs a warp sends before the next 
 constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory
                                            // system to the senders
 constexpr int kMaxWorldMoe = 64;
+constexpr uint32_t kRendezvousSleepNs = 1000;  // see rendezvous_sleep_ns (moe_sm90.cu)
 using runtime::WorkspaceCarver;
 
 struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
@@ -116,6 +117,7 @@ struct Common {
   MoeControl* ctl;
   int tokens, hidden, inter, topk, el, experts;  // experts: E
   int64_t capacity;
+  uint32_t wait_sleep_ns;  // the rendezvous waits' sleep between polls (moe_sm90.cu: rendezvous_sleep_ns)
 };
 
 // What the last block of a launch does before the epoch is complete: waits until the proxy delivered every

@@ -61,7 +61,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   Status st = Status::kOk;
   // Every destination must be done with its buffers of e - 1 (counts, rows, row sources) before any of ours land.
   if (threadIdx.x == 0) {
-    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, q);
+    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until_backoff(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
   }
   if (!block_ok(st)) return;
   trace_stamp(p.trace, 1);
@@ -73,7 +73,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (threadIdx.x == 0) {
     for (int s = 0; s < world && st == Status::kOk; ++s)
-      st = wait_until(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, s);
+      st = wait_until_backoff(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, c.wait_sleep_ns, s);
   }
   if (!block_ok(st)) return;
   trace_stamp(p.trace, 2);

@@ -30,6 +30,7 @@
 #include "moe_common.cuh"
 #include "moe_dispatch.cuh"
 #include "moe_combine.cuh"
+#include "moe_swiglu.cuh"
 
 namespace tandem::kernels::moe {
 
@@ -70,13 +71,36 @@ Status check_common_moe(const tandem::DeviceComm& comm, DType dtype, const void*
   return Status::kOk;
 }
 
-SmPlan resolve(const SmPlan& plan) {
+// The dispatch blocks when the caller leaves comm_blocks 0. Fused: an eighth of the SMs (the rest run the GEMM
+// beside them). Alone (the unfused and dispatch-only launches: nothing runs beside the dispatch kernel): half of
+// them, at most 32 -- each row is a warp's put of 16-byte vectors, latency-bound, so the rate grows with the warps
+// (16 blocks cut the small config's unfused time at 4,096 tokens from 1.41 to 1.12 ms, docs/results.md), and half
+// the share keeps every rank's grid resident beside the others' under MPS. TANDEM_MOE_DISPATCH_BLOCKS=<n> sets the
+// alone default (a diagnostic: the issue-26 step timing compares them).
+int alone_dispatch_blocks(int sm_count) {
+  if (const char* v = std::getenv("TANDEM_MOE_DISPATCH_BLOCKS"); v != nullptr && std::atoi(v) > 0) {
+    const int c = std::atoi(v);
+    return (c > sm_count - 2 ? sm_count - 2 : c) & ~1;
+  }
+  const int c = sm_count / 2 < 32 ? sm_count / 2 : 32;
+  return c & ~1;
+}
+
+SmPlan resolve(const SmPlan& plan, bool alone = false) {
   SmPlan p = plan;
   if (p.comm_blocks <= 0) {
-    int c = p.sm_count / 8;
+    int c = alone ? alone_dispatch_blocks(p.sm_count) : p.sm_count / 8;
     p.comm_blocks = (c < 2 ? 2 : c) & ~1;
   }
   return p;
+}
+
+// How long the rendezvous waits (a peer's ready, counts, done flags) sleep between polls: spinning threads of one
+// rank's blocks compete with the other ranks' kernels for issue slots and memory under MPS. TANDEM_MOE_WAIT_NS
+// overrides (0: spin, as before 2026-12-06).
+uint32_t rendezvous_sleep_ns() {
+  if (const char* v = std::getenv("TANDEM_MOE_WAIT_NS")) return static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
+  return kRendezvousSleepNs;
 }
 
 // What run_typed launches: the fused kernel; the dispatch kernel then the GEMM kernel; the dispatch kernel alone
@@ -90,12 +114,13 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   using Kernel = typename G::Kernel;
   const MoeShape& s = a.shape;
   const int world = a.comm.world, rank = a.comm.rank, el = s.experts_per_rank, E = experts_total(s, world);
-  const SmPlan plan = resolve(a.plan);
+  const SmPlan plan = resolve(a.plan, /*alone=*/how != Launch::kFused);
   const DispatchOffsets o = offsets_of(a);
   const LayoutIndex li = layout_index(s, world);
   char* ws = static_cast<char*>(a.workspace);
   DispatchParams<Element> p{};
   p.c.comm = a.comm;
+  p.c.wait_sleep_ns = rendezvous_sleep_ns();
   p.c.ctl = reinterpret_cast<MoeControl*>(ws);
   p.c.tokens = s.tokens;
   p.c.hidden = s.hidden;
@@ -315,6 +340,7 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   char* ws = static_cast<char*>(a.workspace);
   CombineParams p{};
   p.c.comm = a.comm;
+  p.c.wait_sleep_ns = rendezvous_sleep_ns();
   p.c.ctl = reinterpret_cast<MoeControl*>(ws);
   p.c.tokens = a.shape.tokens;
   p.c.hidden = a.shape.hidden;
@@ -353,6 +379,44 @@ cudaError_t trace_snapshot(std::vector<uint64_t>* out) {
   return cudaMemcpyFromSymbol(out->data(), g_moe_trace, sizeof(uint64_t) * out->size());
 }
 
+Status can_implement(const SwigluArgs& a, std::string* why) {
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  if (a.inter <= 0 || a.inter % 8) return fail(why, "inter must be a positive multiple of 8");
+  if (a.capacity < 0) return fail(why, "capacity must not be negative");
+  if (a.capacity > 0 && (a.y == nullptr || a.out == nullptr || a.received == nullptr)) return fail(why, "null pointer");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.y) || misaligned(a.out)) return fail(why, "y and out must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(a.received) & 3u) return fail(why, "received must be 4-byte aligned");
+  if (a.sm_count < 0) return fail(why, "sm_count must not be negative");
+  return Status::kOk;
+}
+
+Status run(const SwigluArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  if (a.capacity == 0) return Status::kOk;
+  int sms = a.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return fail(why, "cannot read the SM count", Status::kCudaError);
+  }
+  // enough blocks for every vector of the capacity, at most 8 a SM (the received rows are often fewer: the
+  // grid-stride loop ends early there)
+  const int64_t vectors = a.capacity * (a.inter / 8);
+  const int64_t want = (vectors + kSwigluThreads - 1) / kSwigluThreads;
+  const int grid = static_cast<int>(want < int64_t(sms) * kSwigluBlocksPerSm ? want : int64_t(sms) * kSwigluBlocksPerSm);
+  if (a.dtype == DType::kFP16)
+    moe_swiglu_kernel<__half><<<grid, kSwigluThreads, 0, stream>>>(static_cast<const __half*>(a.y), a.received,
+                                                                  a.capacity, a.inter, static_cast<__half*>(a.out));
+  else
+    moe_swiglu_kernel<__nv_bfloat16><<<grid, kSwigluThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(a.y), a.received, a.capacity, a.inter, static_cast<__nv_bfloat16*>(a.out));
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return fail(why, std::string("swiglu launch failed: ") + cudaGetErrorString(e), Status::kCudaError);
+  return Status::kOk;
+}
+
 cudaError_t preload_kernels() {
   cudaFuncAttributes attr{};
   const void* fs[] = {
@@ -365,6 +429,8 @@ cudaError_t preload_kernels() {
       reinterpret_cast<const void*>(moe_combine_kernel<__nv_bfloat16>),
       reinterpret_cast<const void*>(moe_combine_kernel<__half>),
       reinterpret_cast<const void*>(moe_stage_rows_kernel),
+      reinterpret_cast<const void*>(moe_swiglu_kernel<__nv_bfloat16>),
+      reinterpret_cast<const void*>(moe_swiglu_kernel<__half>),
   };
   for (const void* f : fs)
     if (const cudaError_t e = cudaFuncGetAttributes(&attr, f); e != cudaSuccess) return e;

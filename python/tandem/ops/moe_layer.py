@@ -11,7 +11,8 @@
 Mode "unfused" and "auto" (what runs today): the chain of tandem's MoE ops, an elementwise SwiGLU and torch's
 grouped GEMM (about eight launches),
     y, layout = moe_dispatch_gemm(x, topk_ids, w1)     tokens to their experts' ranks, y = x_j W1_j per expert
-    a = silu(y[:, :I]) * y[:, I:]                      in the dispatch layout (receive-capacity rows)
+    a = silu(y[:, :I]) * y[:, I:]                      tandem's kernel over the received rows only (their count
+                                                       read on the device; swiglu_received)
     z = grouped GEMM a_j W2_j                          torch._grouped_mm over the layout's expert offsets (on the
                                                        device: no host sync, CUDA graphs capture it); bf16 only
     out = moe_combine(z, layout, topk_ids, topk_weights)   each row back to its token, weighted sum in fp32
@@ -28,8 +29,11 @@ schedule.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from .._native import native
 from ..errors import invalid
 from . import _runtime as rt
 from . import moe
@@ -88,6 +92,32 @@ def swiglu(y, inter: int):
     return g.to(y.dtype)
 
 
+# "kernel" (the default): the SwiGLU over the received rows only, by tandem's kernel (moe.h: SwigluArgs); "torch":
+# swiglu() above over every receive-capacity row (the way before 2026-12-06; the issue-26 step timing compares them)
+_SWIGLU = os.environ.get("TANDEM_MOE_SWIGLU", "kernel")
+
+
+def swiglu_received(y, layout, inter: int, sm_count: int = 0):
+    """swiglu(y, inter) on the dispatch layout's received rows (layout[0], read on the device: no host sync); the
+    rows past them are left unwritten (GEMM 2 and the combine never read them). The same bits as swiglu() on those
+    rows (fp32 math, one rounding; tests/gpu/test_moe.py checks it). CPU tensors and TANDEM_MOE_SWIGLU=torch take
+    swiglu() over every row."""
+    if not y.is_cuda or _SWIGLU == "torch" or y.dtype not in rt.DTYPES:
+        return swiglu(y, inter)
+    # the kernel takes dense (rows, 2 I) rows and the int32 layout on y's GPU; anything else: torch's path
+    if (y.dim() != 2 or y.shape[1] != 2 * inter or not y.is_contiguous() or layout.dtype != torch.int32
+            or layout.device != y.device or y.data_ptr() % 16):
+        return swiglu(y, inter)
+    out = torch.empty((y.shape[0], inter), dtype=y.dtype, device=y.device)
+    if y.shape[0] == 0:
+        return out
+    args = rt.kernel_args("SwigluArgs", dtype=rt.DTYPES[y.dtype], y=y.data_ptr(), received=layout.data_ptr(),
+                          capacity=y.shape[0], inter=inter, out=out.data_ptr(), sm_count=int(sm_count))
+    with torch.cuda.device(y.device):  # the binding launches on the current device (no communicator to scope it)
+        native().kernels.moe_swiglu(args, rt.stream_handle(y.device))
+    return out
+
+
 def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
     c = rt.comm_from_handle(comm, OP)
     inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode)
@@ -95,7 +125,7 @@ def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_toke
     # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
     y, layout = moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0,
                               sm_count)
-    a = swiglu(y, inter)
+    a = swiglu_received(y, layout, inter, sm_count)
     lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
     ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
     z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes

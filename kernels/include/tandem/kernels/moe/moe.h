@@ -108,6 +108,25 @@ size_t workspace_size(const CombineArgs& args);
 // out[t] = sum over slots s in order 0..k-1 of w[t, s] * z-row (fp32, one rounding): deterministic.
 Status run(const CombineArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
+// SwiGLU of GEMM 1's rows in the dispatch layout, over the received rows only (their count read on the device,
+// the layout's first element; no host sync): out[r, j] = silu(y[r, j]) * y[r, I + j] for r < min(received,
+// capacity), j < I, in fp32 with one rounding: x / (1 + expf(-x)), times up, rounded to nearest (torch's
+// silu(gate.float()) * up, the same bits). Rows past the received count are not written (nothing reads them: GEMM 2
+// runs over the layout's expert offsets, the combine over the received rows). Why: torch's elementwise ops cannot
+// stop at a count on the device, so they ran over every receive-capacity row (world x T_max x min(k, E_l), W times
+// the rows an even routing sends), with an fp32 temporary of that size.
+struct SwigluArgs {
+  DType dtype = DType::kBF16;
+  const void* y = nullptr;            // capacity x 2 I, rows [gate | up], 16-byte aligned
+  const int32_t* received = nullptr;  // device memory: the received row count (layout[0])
+  int64_t capacity = 0;               // rows of y and out
+  int inter = 0;                      // I: a positive multiple of 8
+  void* out = nullptr;                // capacity x I, 16-byte aligned
+  int sm_count = 0;                   // the grid: up to 8 blocks of 256 threads an SM (0: the device's)
+};
+Status can_implement(const SwigluArgs& args, std::string* why = nullptr);
+Status run(const SwigluArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
 cudaError_t preload_kernels();
 
 // Diagnostic: the per-block timeline of the last dispatch launched with TANDEM_MOE_TRACE=1 (512 blocks x 8
