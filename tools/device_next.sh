@@ -92,7 +92,11 @@
 #      .carry/before holds af75616's python/ with its module, tools/prebuild_before.sh): resolve 22 if within noise.
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh b22x",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])
-#   2. f8 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
+#   2. z2 on branch integ4 (= main + fp8-tiles + moe-speed, merged 2026-12-06 03:03; its module prebuilt in
+#      .carry/prebuilt-integ4: git checkout integ4; rm -rf .carry/prebuilt-main; mv .carry/prebuilt .carry/prebuilt-main;
+#      cp -r .carry/prebuilt-integ4 .carry/prebuilt; compare tools/native_sources_hash.sh with .carry/prebuilt/SOURCES):
+#      parts f8 and m3 in one call. Or each branch alone:
+#      f8 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
 #      (needs the device build, ~160 s, or a prebuilt module of that branch: tools/prebuild_device_module.sh), their
 #      exactness test, then bench gemm FP8 with every configuration; retune (python -m tandem tune gemm --from-bench
 #      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
@@ -387,6 +391,33 @@ elif [ "$part" = b22x ]; then
     [ -f "$OUT/b22/before/$f.json" ] && [ -f "$OUT/b22/after/$f.json" ] && { echo "== $f after/before";
       python3 tools/diag/compare_runs.py "$OUT/b22/before/$f.json" "$OUT/b22/after/$f.json"; }
   done
+elif [ "$part" = z2 ]; then
+  # branch integ4 = main + fp8-tiles + moe-speed (neither run before; they merge cleanly; one prebuilt module,
+  # .carry/prebuilt-integ4): the tests of both, then bench gemm FP8 with every configuration (the 128x192 tiles,
+  # issue 23), moe_ffn's steps at world 2 with the new defaults, with 16 dispatch blocks and with the old
+  # behaviour (issue 26), then bench moe --layer. Merge each branch whose tests pass.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
+    -k "scaled or swiglu or ffn or dispatch_gemm_and_combine or repeated or disagree or capacity or typed or args"
+  mkdir -p "$OUT/diag/fp8" "$OUT/diag/new" "$OUT/diag/old" "$OUT/diag/b16"
+  t=$(( $(left) - 220 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  for v in new b16 old; do
+    case $v in
+      new) env_v="" ;;
+      b16) env_v="TANDEM_MOE_DISPATCH_BLOCKS=16" ;;
+      old) env_v="TANDEM_MOE_SWIGLU=torch TANDEM_MOE_DISPATCH_BLOCKS=8 TANDEM_MOE_WAIT_NS=0" ;;
+    esac
+    t=$(( $(left) - 70 )); [ "$t" -gt 60 ] && t=60
+    [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
+      python3 tools/diag/moe_layer_steps.py --tokens 1024,4096 --reps 5 --out "$OUT/diag/$v" 2>&1 | \
+      grep -E "^rank 0|Error" | head -4 | sed "s/^/$v: /"
+    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
+    --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = m2 ]; then
   # issue 26: where moe_ffn's time goes at world 2 (tools/diag/moe_layer_steps.py: each step of the unfused chain
   # timed in the layer, the op, allocator retries), then the same at world 4
