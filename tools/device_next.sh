@@ -398,7 +398,7 @@ elif [ "$part" = z2 ]; then
   # behaviour (issue 26), then bench moe --layer. Merge each branch whose tests pass.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
-    -k "scaled or swiglu or ffn or dispatch_gemm_and_combine or repeated or disagree or capacity or typed or args"
+    -k "scaled or swiglu or ffn or dispatch_gemm_and_combine or repeated or refused or emulated or capacity or typed or args"
   mkdir -p "$OUT/diag/fp8" "$OUT/diag/new" "$OUT/diag/old" "$OUT/diag/b16"
   t=$(( $(left) - 220 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | grep -E "geometric|Error"
