@@ -394,22 +394,25 @@ elif [ "$part" = b22x ]; then
 elif [ "$part" = z2 ]; then
   # branch integ4 = main + fp8-tiles + moe-speed (neither run before; they merge cleanly; one prebuilt module,
   # .carry/prebuilt-integ4): the tests of both, then bench gemm FP8 with every configuration (the 128x192 tiles,
-  # issue 23), moe_ffn's steps at world 2 with the new defaults, with 16 dispatch blocks and with the old
-  # behaviour (issue 26), then bench moe --layer. Merge each branch whose tests pass.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+  # issue 23), moe_ffn's steps at world 2 with the new defaults, with 16 dispatch blocks, with GEMM 1 by torch and
+  # with the old behaviour (issue 26), then bench moe --layer. Merge each branch whose tests pass.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-320} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
     -k "scaled or swiglu or ffn or dispatch_gemm_and_combine or repeated or refused or emulated or capacity or typed or args"
-  mkdir -p "$OUT/diag/fp8" "$OUT/diag/new" "$OUT/diag/old" "$OUT/diag/b16"
-  t=$(( $(left) - 220 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+  mkdir -p "$OUT/diag/fp8"
+  t=$(( $(left) - 230 )); [ "$t" -gt 100 ] && t=100
+  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | grep -E "geometric|Error"
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
-  for v in new b16 old; do
+  for v in new b16 g1t old; do
     case $v in
       new) env_v="" ;;
       b16) env_v="TANDEM_MOE_DISPATCH_BLOCKS=16" ;;
+      g1t) env_v="TANDEM_MOE_GEMM1=torch" ;;
       old) env_v="TANDEM_MOE_SWIGLU=torch TANDEM_MOE_DISPATCH_BLOCKS=8 TANDEM_MOE_WAIT_NS=0" ;;
     esac
-    t=$(( $(left) - 70 )); [ "$t" -gt 60 ] && t=60
+    mkdir -p "$OUT/diag/$v"
+    t=$(( $(left) - 60 )); [ "$t" -gt 45 ] && t=45
     [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
       python3 tools/diag/moe_layer_steps.py --tokens 1024,4096 --reps 5 --out "$OUT/diag/$v" 2>&1 | \
       grep -E "^rank 0|Error" | head -4 | sed "s/^/$v: /"

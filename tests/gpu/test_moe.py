@@ -105,6 +105,20 @@ def test_moe_ffn_matches_the_layer_on_one_device(run_ranks, world):
         assert r["graph_error"] is None and r["graph_same"], r
 
 
+# The same layer with GEMM 1 by the dispatch alone and torch._grouped_mm (moe_layer._GEMM1 = "torch", the issue-26
+# alternative to tandem's grouped GEMM whose tiles pad every expert to 256 rows); the same bound as above.
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_ffn_with_torchs_gemm1_matches_the_layer_on_one_device(run_ranks, world):
+    counts = [37, 0, 53, 129][:world] if world > 1 else [37]
+    res = run_ranks(f"{W}:ffn", world, counts=counts, hidden=256, inter=136, epr=4,
+                    cases=[("uniform", 2), ("skewed", 3), ("empty", 2)], gemm1="torch", timeout_s=240)
+    for r in res:
+        for c in r["cases"]:
+            assert c["finite"] and c["rel"] < 2e-2, c
+    for r in res:
+        assert r["graph_error"] is None and r["graph_same"], r
+
+
 # The SwiGLU kernel between the two GEMMs (moe.h: SwigluArgs): the same bits as torch's silu(gate.float()) * up on
 # the received rows, nothing written past them; received counts of none, some, all, and more than the capacity
 # (clamped) or negative (none); inter a multiple of 8 but not of 16; bf16 and fp16.

@@ -317,10 +317,14 @@ def _ffn_weights(experts, hidden, inter):
     return w1, w2
 
 
-def ffn(counts, hidden, inter, epr, cases):
+def ffn(counts, hidden, inter, epr, cases, gemm1="tandem"):
     """moe_ffn on this rank's tokens against the layer on one device with every expert (tandem.ops.moe_layer.
-    reference, fp32): relative Frobenius error per case, and a CUDA graph replay of the op equal to eager."""
+    reference, fp32): relative Frobenius error per case, and a CUDA graph replay of the op equal to eager. gemm1:
+    the op's GEMM 1 (moe_layer._GEMM1: tandem's grouped GEMM after the dispatch, or the dispatch alone then
+    torch._grouped_mm)."""
     from tandem.ops import moe_layer
+
+    moe_layer._GEMM1 = gemm1
 
     comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size

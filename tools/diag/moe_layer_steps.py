@@ -11,7 +11,7 @@ tandem.ops.moe_layer._impl, with a CUDA event between steps, so each step's devi
 layer as it runs (every rank at once), plus the whole op for comparison, and reports the caching allocator's
 retries (an allocator that frees and retries inside the timed loop would show here, not in a profile of kernels).
 
-Per rank, medians over --reps calls, ms: dispatch (moe._dispatch: prepare, sort, the dispatch kernel, GEMM 1),
+Per rank, medians over --reps calls, ms: dispatch (the dispatch and GEMM 1: moe_layer.gemm1 where it exists),
 swiglu, gemm2 (torch._grouped_mm), combine (moe._combine), sum of steps, the op (torch.ops.tandem.moe_ffn), and
 the same with a host barrier before each call (the ranks started together: how much of a step is waiting for
 the other rank).
@@ -54,7 +54,10 @@ def main(argv=None) -> int:
             wts = torch.softmax(torch.randn(tokens, k, device="cuda"), dim=1).to(torch.bfloat16)
 
             def steps(stamp):
-                y, layout = moe._dispatch(comm, x, ids, w1, tokens, "unfused", 0, 0)
+                if hasattr(moe_layer, "gemm1"):  # the op's GEMM 1 (TANDEM_MOE_GEMM1: tandem's or torch's)
+                    y, layout = moe_layer.gemm1(comm, x, ids, w1, tokens, "unfused", 0)
+                else:
+                    y, layout = moe._dispatch(comm, x, ids, w1, tokens, "unfused", 0, 0)
                 stamp()
                 # the op's SwiGLU (branch moe-speed: tandem's kernel over the received rows, unless
                 # TANDEM_MOE_SWIGLU=torch); before it, torch's over every receive-capacity row

@@ -118,13 +118,30 @@ def swiglu_received(y, layout, inter: int, sm_count: int = 0):
     return out
 
 
+# GEMM 1 of the chain: "tandem" (moe_dispatch_gemm: the dispatch kernel, then tandem's CUTLASS grouped GEMM, whose
+# 128x256 tiles in 2x1 clusters pad every expert's rows to 256: 4x the MMA work at 65 rows an expert, the DeepSeek
+# config at 1,024 tokens a rank) or "torch" (the dispatch alone, the kernels' Mode DISPATCH that the backward uses,
+# then torch._grouped_mm over the layout's expert offsets, as GEMM 2 runs; it chooses its tile by the rows an
+# expert has). TANDEM_MOE_GEMM1 sets it; tools/device_next.sh z2 times both (issue 26).
+_GEMM1 = os.environ.get("TANDEM_MOE_GEMM1", "tandem")
+
+
+def gemm1(c, x, topk_ids, w1, max_tokens: int, mode: str, sm_count: int):
+    """(y, layout): the dispatch and GEMM 1 (y = x_j W1_j per local expert, receive-capacity rows in the dispatch
+    layout; rows past the received ones unspecified), by tandem's grouped GEMM or torch's (_GEMM1)."""
+    if _GEMM1 == "torch":
+        rows, layout = moe._dispatch_rows(c, x, topk_ids, w1.shape[0], max_tokens, 0, sm_count)
+        lv = moe.layout_view(c, layout, w1.shape[0], max_tokens, topk_ids.shape[1])
+        return torch._grouped_mm(rows, w1, offs=lv["expert_offset"][1:]), layout
+    # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
+    return moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0, sm_count)
+
+
 def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
     c = rt.comm_from_handle(comm, OP)
     inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode)
     max_tokens = int(max_tokens) or x.shape[0]
-    # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
-    y, layout = moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0,
-                              sm_count)
+    y, layout = gemm1(c, x, topk_ids, w1, max_tokens, mode, sm_count)
     a = swiglu_received(y, layout, inter, sm_count)
     lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
     ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
