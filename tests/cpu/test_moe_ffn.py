@@ -77,3 +77,35 @@ def test_the_reference_is_the_layer_on_one_device():
             y = x[a] @ w1[ids[a, s]]
             want[a] += wts[a, s] * ((torch.nn.functional.silu(y[:i]) * y[i:]) @ w2[ids[a, s]])
     assert torch.allclose(mf.reference(x, ids, wts, w1, w2), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("gemm1", ["tandem", "torch"])
+def test_gemm1_takes_the_dispatch_it_names(monkeypatch, gemm1):
+    # moe_layer.gemm1 (TANDEM_MOE_GEMM1): "tandem" is moe_dispatch_gemm (mode unfused asks the unfused dispatch,
+    # auto lets it choose); "torch" is the dispatch alone, then torch._grouped_mm of the received rows with the
+    # local experts' w1 over the layout's expert offsets (ends: offsets[1:]). Recorded with stand-ins.
+    calls = []
+    x, w1 = torch.randn(8, 16), torch.randn(2, 16, 12)
+    ids = torch.zeros(8, 2, dtype=torch.int32)
+    offsets = torch.tensor([0, 5, 16], dtype=torch.int32)
+    rows, layout, y = torch.randn(32, 16), torch.zeros(40, dtype=torch.int32), torch.randn(32, 12)
+    monkeypatch.setattr(mf, "_GEMM1", gemm1)
+    monkeypatch.setattr(mf.moe, "_dispatch", lambda *a: calls.append(("dispatch",) + a[1:]) or (y, layout))
+    monkeypatch.setattr(mf.moe, "_dispatch_rows", lambda *a: calls.append(("rows",) + a[1:]) or (rows, layout))
+    monkeypatch.setattr(mf.moe, "layout_view", lambda c, lay, epr, mt, k: {"expert_offset": offsets})
+
+    def grouped_mm(a, b, offs):
+        calls.append(("grouped_mm", a, b, offs))
+        return y
+    monkeypatch.setattr(torch, "_grouped_mm", grouped_mm)
+    for mode in ("unfused", "auto"):
+        got, got_layout = mf.gemm1("c", x, ids, w1, 9, mode, 3)
+        assert got is y and got_layout is layout
+    if gemm1 == "tandem":
+        assert [c[0] for c in calls] == ["dispatch", "dispatch"]
+        assert calls[0][1:] == (x, ids, w1, 9, "unfused", 0, 3) and calls[1][5] == "auto"
+    else:
+        assert [c[0] for c in calls] == ["rows", "grouped_mm"] * 2
+        assert calls[0][1:] == (x, ids, 2, 9, 0, 3)  # experts_per_rank from w1, max_tokens, comm_blocks, sm_count
+        _, a, b, offs = calls[1]
+        assert a is rows and b is w1 and torch.equal(offs, offsets[1:])
