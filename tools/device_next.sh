@@ -92,20 +92,20 @@
 #      .carry/before holds af75616's python/ with its module, tools/prebuild_before.sh): resolve 22 if within noise.
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh b22x",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])
-#   2. z2 on branch integ4 (= main + fp8-tiles + moe-speed, merged 2026-12-06 03:03; its module prebuilt in
-#      .carry/prebuilt-integ4: git checkout integ4; rm -rf .carry/prebuilt-main; mv .carry/prebuilt .carry/prebuilt-main;
-#      cp -r .carry/prebuilt-integ4 .carry/prebuilt; compare tools/native_sources_hash.sh with .carry/prebuilt/SOURCES):
-#      parts f8 and m3 in one call. Or each branch alone:
-#      f8 on branch fp8-tiles (tools/pending/fp8-tiles.diff; not run): the FP8 GEMM's 128x192 configurations
-#      (needs the device build, ~160 s, or a prebuilt module of that branch: tools/prebuild_device_module.sh), their
-#      exactness test, then bench gemm FP8 with every configuration; retune (python -m tandem tune gemm --from-bench
-#      ... --out python/tandem/ops/gemm_tune_<h100|h200>.json) and time the op with the table.
+#   2. z2 on branch integ4 (= main + fp8-tiles + moe-speed; their tests and measurements in one call). The modules
+#      prebuilt here for Python 3.12 are .carry/prebuilt-{main,integ4,moe-speed}; put the branch's in place, check
+#      the hashes, then call:
+#        git checkout integ4 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-integ4 .carry/prebuilt
+#        bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES     # equal? (else the device builds, ~160 s)
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh z2",
+#            carry=[".whl", ".carry/prebuilt"])
+#      Merge fp8-tiles / moe-speed if their tests pass; make the torch GEMM 1 the default if g1t beats new.
+#      (Each branch alone: f8 on fp8-tiles, m3 on moe-speed.) Back on main: cp -r .carry/prebuilt-main .carry/prebuilt.
+#      After fp8-tiles: python -m tandem tune gemm --from-bench <the FP8 bench JSON> --out
+#      python/tandem/ops/gemm_tune_<h100|h200>.json, then time the op with the table.
 #   3. The ops with the H100 tables (gemm_tune_h100.json, tp_tune_h100.json, shipped 2026-12-06, not timed):
 #      bench gemm --no-variants and bench tp -n 4 / -n 2 on an H100.
-#   4. m3 on branch moe-speed (tools/pending/moe-speed.diff; its module for Python 3.12 is prebuilt in
-#      .carry/prebuilt-moe-speed: git checkout moe-speed, then cp -r .carry/prebuilt-moe-speed/. .carry/prebuilt/
-#      and check tools/native_sources_hash.sh against .carry/prebuilt/SOURCES): the SwiGLU kernel's test, moe_ffn's
-#      steps new against old in one call, bench moe --layer. (m2 is the same steps diagnostic on main.)
+#   4. m2 on main (moe_ffn's steps, if integ4's z2 did not run).
 #   5. s1 (rs-stream-loads' trace).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
