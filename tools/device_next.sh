@@ -103,6 +103,8 @@
 #      (Each branch alone: f8 on fp8-tiles, m3 on moe-speed.) Back on main: cp -r .carry/prebuilt-main .carry/prebuilt.
 #      After fp8-tiles: python -m tandem tune gemm --from-bench <the FP8 bench JSON> --out
 #      python/tandem/ops/gemm_tune_<h100|h200>.json, then time the op with the table.
+#   2b. r2 on integ4 too (ring-bwd-merge, merged into integ4: one block call a ring step; the gradient tests, bench
+#      attention's causal shapes), same checkout and module as z2.
 #   3. The ops with the H100 tables (gemm_tune_h100.json, tp_tune_h100.json, shipped 2026-12-06, not timed):
 #      bench gemm --no-variants and bench tp -n 4 / -n 2 on an H100.
 #   4. m2 on main (moe_ffn's steps, if integ4's z2 did not run).
@@ -421,6 +423,22 @@ elif [ "$part" = z2 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
     --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
+elif [ "$part" = r2 ]; then
+  # branch ring-bwd-merge (in integ4; not run before): the ring backward with one block kernel call a step (causal:
+  # the shard causally at the own step, one unmasked rectangle at the others) -- the gradient tests at worlds 1-4
+  # (both block kernels, which ran), then bench attention -n 1 at the issue's causal shapes (backward and fwd+bwd
+  # against SDPA cuDNN; 2026-12-06's run had the three-call schedule: docs/results.md)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    --durations=0 -k "gradients or backward"
+  mkdir -p "$OUT/diag"
+  for a in "--seqs 8192,32768 --causal yes" "--seqs 2048 --causal yes --batch 8 --heads 32 --heads-kv 8" \
+           "--seqs 8192 --causal yes --batch 2 --heads 32 --heads-kv 8"; do
+    t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && t=60
+    d="$OUT/diag/$(echo $a | tr -dc 'a-z0-9' | cut -c1-24)"; mkdir -p "$d"
+    [ "$t" -gt 20 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 --reps 5 --out "$d" $a 2>&1 | \
+      grep -E "^\| [0-9]" | sort -u
+    rm -f "$d"/*.png; tar czf "$OUT/diag.tgz" -C "$OUT" diag
+  done
 elif [ "$part" = m2 ]; then
   # issue 26: where moe_ffn's time goes at world 2 (tools/diag/moe_layer_steps.py: each step of the unfused chain
   # timed in the layer, the op, allocator retries), then the same at world 4

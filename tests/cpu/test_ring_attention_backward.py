@@ -71,11 +71,15 @@ def test_causal_block_pairs_cover_each_visible_key_once(world):
         seen = torch.zeros(s_l, world * s_l, dtype=torch.int64)
         for src in range(world):
             k_pos = att.local_positions(s_l, world, src, causal=True)
-            for q_rows, k_rows, diag in bwd.block_pairs(r, src, world, s_l, True):
+            pairs = bwd.block_pairs(r, src, world, s_l, True)
+            assert len(pairs) == 1, (r, src, pairs)  # one block kernel call a ring step
+            for q_rows, k_rows, diag in pairs:
                 qp, kp = q_pos[q_rows], k_pos[k_rows]
                 visible = kp.view(1, -1) <= qp.view(-1, 1)
-                if diag:  # the pair's own triangle: same chunk, same offsets
-                    assert torch.equal(qp, kp)
+                if diag:  # the block's own causal mask: the same rows on both sides, in increasing global order,
+                    # so the local top-left mask is the global one
+                    assert torch.equal(qp, kp) and bool((qp[1:] > qp[:-1]).all())
+                    assert torch.equal(visible, torch.ones_like(visible).tril())
                 else:
                     assert bool(visible.all()), (r, src)
                 seen[q_rows.start:q_rows.stop].index_add_(1, kp, visible.long())

@@ -22,8 +22,9 @@ Schedule, rank r of W, one call (epoch e of the workspace's counter):
     for s = 0 .. W-1, src = (r - s) mod W:
         K, V of src (s = 0: k, v; else a copy-engine copy of src's kv_own into one of two local stages, issued
         on a side stream one step ahead: it overlaps the previous step's block kernels)
-        for each (query chunk, key chunk) pair the mask leaves (block_pairs):
-            block backward of the pair -> dq rows += (fp32), dk/dv partial of src rows += (fp32)
+        the one block of (query rows, key rows) the mask leaves (block_pairs; causal: the shard against itself
+        causally, or a rectangle without mask):
+            block backward of it -> dq rows += (fp32), dk/dv partial of src rows += (fp32)
         copy the fp32 dk/dv partial into src's slot [r] (its kv_slots, symmetric)
     barrier B: every partial written
     dk, dv = sum over the W slots in rank order (fp32), rounded once to the input dtype
@@ -63,24 +64,28 @@ def _align(n: int, a: int = 256) -> int:
 
 
 def block_pairs(rank: int, src: int, world: int, seq_local: int, causal: bool):
-    """[(q_rows, k_rows, is_causal)]: the (query rows of this rank, key rows of src's block) pairs whose attention
-    is not fully masked, and whether the pair is on the causal diagonal (same global chunk: the upper triangle
-    masked). Non-causal: the whole block. Causal (zigzag): this rank holds global chunks rank and 2W - 1 - rank
-    (rows [0, c) and [c, 2c) of its shard, c = S_l / 2), src the same for src; a query chunk sees a key chunk
-    with a lower index whole, its own chunk causally, a higher one not at all."""
+    """[(q_rows, k_rows, is_causal)]: the one block of (query rows of this rank, key rows of src's shard) that the
+    mask leaves at this ring step, and whether it takes the causal mask (top-left aligned, square). Non-causal: the
+    whole shard against the whole shard. Causal (zigzag): this rank holds global chunks rank and 2W - 1 - rank
+    (rows [0, c) and [c, 2c) of its shard, c = S_l / 2), src the same for src; a query chunk sees a key chunk with
+    a lower index whole, its own chunk causally, a higher one not at all. So each step is one rectangle:
+      src == rank   the shard against itself, causally: its two chunks are in global order (rank < 2W - 1 - rank),
+                    so the local causal mask is the global one (chunk r causal, 2W-1-r sees r whole and itself
+                    causally);
+      src < rank    every query row against src's first chunk (src < rank and src < 2W - 1 - rank), not its
+                    second (2W - 1 - src > 2W - 1 - rank > rank);
+      src > rank    our second chunk's rows against src's whole shard (src and 2W - 1 - src are both below
+                    2W - 1 - rank), our first chunk against nothing (both are above rank).
+    One block kernel call a step (before 2026-12-06: one per chunk pair, three at src == rank and two otherwise, each
+    on half the rows, with an fp32 sum between them)."""
     if not causal:
         return [(slice(0, seq_local), slice(0, seq_local), False)]
     c = seq_local // 2
-    q_chunks = ((slice(0, c), rank), (slice(c, 2 * c), 2 * world - 1 - rank))
-    k_chunks = ((slice(0, c), src), (slice(c, 2 * c), 2 * world - 1 - src))
-    out = []
-    for q_rows, qi in q_chunks:
-        for k_rows, ki in k_chunks:
-            if ki < qi:
-                out.append((q_rows, k_rows, False))
-            elif ki == qi:
-                out.append((q_rows, k_rows, True))
-    return out
+    if src == rank:
+        return [(slice(0, 2 * c), slice(0, 2 * c), True)]
+    if src < rank:
+        return [(slice(0, 2 * c), slice(0, c), False)]
+    return [(slice(c, 2 * c), slice(0, 2 * c), False)]
 
 
 def _per_kv_head(sdpa_backward, do, q, k, v, o, lse, causal: bool, scale: float):
@@ -272,8 +277,11 @@ def _ring_backward_impl(do, q, k, v, o, lse, comm, causal=False, softmax_scale=0
     scale = float(softmax_scale) or 1.0 / math.sqrt(d)
     world, rank = c.world_size, c.rank
     if world == 1:
-        dq, partials = ring_backward_math(0, 1, do, q, o, lse, lambda _src: (k, v), causal, scale)
-        dk, dv = partials[0]
+        # one ring step, one block (the whole shard, causally or not): its gradients are the op's, rounded once
+        # (ring_backward_math's fp32 zeros and sums around the one block would give the same bits, a pass later)
+        ((q_rows, k_rows, diag),) = block_pairs(0, 0, 1, s_l, causal)
+        dq, dk, dv = block_backward(do[:, q_rows], q[:, q_rows], k[:, k_rows], v[:, k_rows], o[:, q_rows],
+                                    lse[:, :, q_rows], diag, scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
     K = native().kernels
     kv_bytes = k.numel() * k.element_size()
