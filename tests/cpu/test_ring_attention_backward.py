@@ -144,6 +144,9 @@ def test_block_kernel_choice_cudnn_then_flash_where_refused_or_deterministic(mon
     n = len(calls)
     assert call(3) == "flash" and len(calls) == n + 1  # remembered: cuDNN not asked again
     assert list(bwd.cudnn_refused.values()) == ["cuDNN Frontend error: no valid engine configs"]
+    n = len(calls)
+    assert call(1) == "flash" and len(calls) == n + 1  # a sequence length of 1: cuDNN not asked, reason named
+    assert list(bwd.cudnn_refused.values())[-1].startswith("a sequence length of 1")
     assert call(4, torch.float32) == "flash"  # cuDNN's SDPA takes bf16 / fp16 only
     torch.use_deterministic_algorithms(True)
     try:

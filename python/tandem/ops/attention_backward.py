@@ -160,6 +160,11 @@ def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     # a shape's first cuDNN call builds its plan (host work, possibly allocations): not inside a graph capture,
     # where a refusal could leave the capture broken; flash there until the shape has run eagerly once
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if key not in cudnn_refused and min(q.shape[1], k.shape[1]) == 1 and _cudnn_allowed(q):
+        # torch's SDPA never gives a sequence length of 1 to cuDNN (sdp_utils check_cudnn_tensor_shapes), though
+        # the frontend takes it unless both are 1; the causal rectangles have one at S_l = 2: FlashAttention-2,
+        # named here like a refusal
+        cudnn_refused[key] = "a sequence length of 1 (torch's SDPA does not give it to cuDNN)"
     if key not in cudnn_refused and (key in _cudnn_ran or not capturing) and _cudnn_allowed(q):
         try:
             out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
