@@ -139,6 +139,7 @@ def test_a_table_written_before_kinds_reads_as_bf16(tmp_path, monkeypatch):
 
 
 def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_wave(tmp_path):
+    # (or, for stream-K, where it wins by more than gemm_plan.STREAM_K_TABLE_MARGIN)
     bench = tmp_path / "gemm_w1.json"
     rows = [dict(m=256, n=4096, k=14336, dtype="bfloat16", scaling="none", sm_count=132,  # 64 tiles: may split
                  variants_ms={"coop_128x256_c2": 0.15, "splitk2_128x128_c1": 0.06}),
@@ -146,7 +147,15 @@ def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_w
                  variants_ms={"coop_128x256_c2": 12.0, "streamk_128x256_c1": 11.9}),
             dict(m=64, n=4096, k=8192, dtype="float8_e4m3fn", scaling="row", sm_count=132,
                  variants_ms={"fp8_coop_128x128_c2": 0.05, "fp8_splitk2_128x128_c1": 0.03})]
+    # beyond a wave: stream-K only by more than the margin (3 %), split-K never
+    rows += [dict(m=2500, n=14336, k=4096, dtype="bfloat16", scaling="none", sm_count=132,  # 1120 tiles
+                  variants_ms={"coop_128x256_c2": 0.50, "coop_128x256_c1": 0.48, "streamk_128x256_c1": 0.43,
+                               "splitk2_128x128_c1": 0.30}),
+             dict(m=256, n=28672, k=8192, dtype="float8_e4m3fn", scaling="row", sm_count=132,  # 448 tiles
+                  variants_ms={"fp8_coop_128x128_c1": 0.160, "fp8_streamk_128x128_c1": 0.158,
+                               "fp8_splitk2_128x128_c1": 0.10})]
     bench.write_text(json.dumps(rows))
     got = {(r["kind"], r["m"]): r["variant"] for r in gemm_plan.rows_from_bench([str(bench)])}
     assert got == {("bf16", 256): "splitk2_128x128_c1", ("bf16", 16384): "coop_128x256_c2",
-                   ("fp8_row", 64): "fp8_splitk2_128x128_c1"}
+                   ("fp8_row", 64): "fp8_splitk2_128x128_c1", ("bf16", 2500): "streamk_128x256_c1",
+                   ("fp8_row", 256): "fp8_coop_128x128_c1"}

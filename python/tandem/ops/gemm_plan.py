@@ -57,6 +57,7 @@ MARGIN = 0.10  # the model leaves the core only for a predicted gain above this
 TILE_K = 64  # the bf16 configurations' tile depth (the FP8 ones': SCALED_TILE_K)
 STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model never spreads K thinner
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
+STREAM_K_TABLE_MARGIN = 0.03  # a stream-K win over the unsplit configurations the table takes where tiles fill a wave
 
 # The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
 # them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
@@ -209,12 +210,17 @@ def rows_from_bench(paths) -> list:
             if not times:
                 continue
             sms = int(r.get("sm_count") or 132)
-            # a split configuration is taken only where the output tiles fill less than one wave (its workspace
-            # grows with the whole output: 1.9 GB for split-K at 16384 x 28672): a noisy win elsewhere is not worth it
+            # Where the output tiles fill a wave or more: split-K is not taken (its workspace grows with the whole
+            # output: 1.9 GB at 16384 x 28672), and stream-K (whose partials are the grid's units, bounded by the
+            # SMs) only if it beats every unsplit configuration by more than STREAM_K_TABLE_MARGIN, since its bits
+            # differ from the unsplit ones' and a win within the bench's noise is not worth that. (Before
+            # 2026-12-06 stream-K was dropped there too: on the H100 that left 4-16 % at 7 of 72 bench rows.)
             splits = SPLITS if kind == "bf16" else SCALED_SPLITS
-            for v in [v for v in times if v in splits]:
-                tm, tn = configs[v][0], configs[v][1]
-                if _tiles(tm, tn, 1, 1, int(r["m"]), int(r["n"])) >= sms:
+            full_wave = {v for v in times if v in splits and
+                         _tiles(configs[v][0], configs[v][1], 1, 1, int(r["m"]), int(r["n"])) >= sms}
+            unsplit = [t for v, t in times.items() if v not in splits]
+            for v in full_wave:
+                if splits[v] != "stream" or not unsplit or times[v] * (1 + STREAM_K_TABLE_MARGIN) >= min(unsplit):
                     del times[v]
             if not times:
                 continue
