@@ -156,3 +156,35 @@ def test_autograd_is_registered_and_traces_to_the_backward_op():
     assert calls == ["tandem.moe_ffn.default", "tandem.moe_ffn_backward.default"], calls
     outs = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
     assert [tuple(o.meta["val"].shape) for o in outs] == [(8, 64), (8, 2), (2, 64, 64), (2, 32, 64)]
+
+
+@pytest.mark.parametrize("need_w1, need_w2", [(False, True), (True, False), (False, False)])
+def test_frozen_weights_skip_their_gemms_and_change_nothing_else(need_w1, need_w2):
+    # moe_ffn's backward asks for dW1 / dW2 only where the weights need a gradient (autograd's needs_input_grad):
+    # the gradients it still returns are the same bits as the full backward's, the skipped ones None here (the op
+    # returns empty tensors for them)
+    world, epr, k, counts, kind = 2, 3, 3, [11, 4], "skewed"
+    xs, ids, wts, gs, w1, w2 = _problem(world, epr, k, counts, 32, 24, kind, 5)
+    full = mb.simulate_backward(xs, ids, wts, gs, w1, w2, world, max(counts) + 2)
+    part = mb.simulate_backward(xs, ids, wts, gs, w1, w2, world, max(counts) + 2, need_w1=need_w1, need_w2=need_w2)
+    for a, b in zip(full[0] + full[1], part[0] + part[1]):  # dx and d topk_weights of every rank
+        assert torch.equal(a, b)
+    assert (part[2] is None) != need_w1 and (part[3] is None) != need_w2
+    if need_w1:
+        assert torch.equal(part[2], full[2])
+    if need_w2:
+        assert torch.equal(part[3], full[3])
+
+
+def test_the_op_returns_empty_gradients_for_frozen_weights_under_tracing():
+    # the fake (and the real op) give an empty tensor for a weight whose gradient is not asked for
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, g = torch.empty(8, 64, dtype=torch.bfloat16), torch.empty(8, 64, dtype=torch.bfloat16)
+        ids, wts = torch.empty(8, 2, dtype=torch.int32), torch.empty(8, 2)
+        w1, w2 = torch.empty(2, 64, 48, dtype=torch.bfloat16), torch.empty(2, 24, 64, dtype=torch.bfloat16)
+        for n1, n2 in ((True, True), (False, True), (True, False)):
+            _, _, d1, d2 = mb._fake(g, x, ids, wts, w1, w2, 0, need_w1=n1, need_w2=n2)
+            assert tuple(d1.shape) == (tuple(w1.shape) if n1 else (0,))
+            assert tuple(d2.shape) == (tuple(w2.shape) if n2 else (0,))

@@ -147,3 +147,7 @@ def test_moe_ffn_backward_matches_autograd(run_ranks, world):
             assert c["dtypes"] == ["torch.bfloat16", "torch.float32", "torch.bfloat16", "torch.bfloat16"], c
         assert r["compile_error"] is None and max(r["compile_rel"]) < 2e-2, r
         assert r["checkpoint_error"] is None and max(r["checkpoint_rel"]) < 2e-2, r
+        # frozen experts (w1, w2 or both without requires_grad): the weights' GEMMs skipped, nothing else changed
+        for which, f in r["frozen"].items():
+            assert f["same_dx"] and f["same_dw"] and f["same_kept"], (which, f)
+            assert f["none"] == ["w1" in which, "w2" in which], (which, f)

@@ -420,12 +420,12 @@ def ffn_backward(counts, hidden, inter, epr, cases, compile_check=True):
         sl = slice(t0, t0 + counts[rank])
         return every[rank], (x.grad[sl], wts.grad[sl], a1.grad[lo:hi], a2.grad[lo:hi])
 
-    def op_grads(inputs, fn):
+    def op_grads(inputs, fn, frozen=()):
         x, ids, wts, g = inputs
         x = x.clone().requires_grad_()
         wts = wts.clone().requires_grad_()
-        w1 = w1_all[lo:hi].clone().requires_grad_()
-        w2 = w2_all[lo:hi].clone().requires_grad_()
+        w1 = w1_all[lo:hi].clone().requires_grad_("w1" not in frozen)
+        w2 = w2_all[lo:hi].clone().requires_grad_("w2" not in frozen)
         out = fn(x, ids, wts, w1, w2)
         out.backward(g)
         torch.cuda.synchronize()
@@ -444,7 +444,19 @@ def ffn_backward(counts, hidden, inter, epr, cases, compile_check=True):
         results.append(dict(kind=kind, k=k, tokens=counts[rank], rel=[rel(a, b) for a, b in zip(got, want)],
                             finite=[bool(torch.isfinite(a.float()).all()) for a in got],
                             dtypes=[str(a.dtype) for a in got]))
-    extra = dict(compile_rel=None, compile_error=None, checkpoint_rel=None, checkpoint_error=None)
+    # frozen experts: the weights' grouped GEMMs are skipped (needs_input_grad); dx and d topk_weights must be the
+    # same bits as with every input requiring a gradient, and the frozen weights get none
+    kind, k = cases[0]
+    inputs, _ = reference_grads(kind, k, 300)
+    full, _ = op_grads(inputs, eager)
+    frozen = {}
+    for which in (("w1",), ("w2",), ("w1", "w2")):
+        got, _ = op_grads(inputs, eager, frozen=which)
+        frozen["+".join(which)] = dict(
+            same_dx=bool(torch.equal(got[0], full[0])), same_dw=bool(torch.equal(got[1], full[1])),
+            none=[got[2] is None, got[3] is None],
+            same_kept=all(torch.equal(got[i], full[i]) for i, w in ((2, "w1"), (3, "w2")) if w not in which))
+    extra = dict(compile_rel=None, compile_error=None, checkpoint_rel=None, checkpoint_error=None, frozen=frozen)
     kind, k = cases[0]
     inputs, want = reference_grads(kind, k, 600)
     if compile_check:

@@ -156,11 +156,13 @@ def swiglu_backward(y, da, inter: int):
     return torch.cat([d_gate, d_up], dim=1).to(y.dtype)
 
 
-def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int):
+def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int, need_w1: bool = True,
+                    need_w2: bool = True):
     """The expert rank's part: rows (capacity, 2 H + pad) dispatched pack_rows rows in layout order, received (1,),
     expert_offset (E_l + 1,), row_source (capacity,) int32 (the layout's views, on the device: no host sync).
     Returns (rows to combine (capacity, H + pad8(2 k)): [dxr | hi, lo of d w in columns 2 slot, 2 slot + 1],
-    dW1 (E_l, H, 2 I), dW2 (E_l, I, H))."""
+    dW1 (E_l, H, 2 I), dW2 (E_l, I, H)); dW1 / dW2 are None, and their grouped GEMMs skipped, when not needed
+    (need_w1 / need_w2: frozen experts; the rows to combine do not depend on them)."""
     hidden, inter = w1.shape[1], w2.shape[1]
     cap = rows.shape[0]
     acc = _acc(rows.dtype)
@@ -176,10 +178,9 @@ def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int):
     a = swiglu(y, inter)
     q = grouped_rows(r, w2.transpose(-2, -1), ends)  # r W2^T, unweighted
     s = (a.to(acc) * q.to(acc)).sum(-1)  # r . (a W2) = r . z
-    dz = (r.to(acc) * w_row).to(rows.dtype)
-    dw2 = grouped_k(a.t(), dz, ends)
+    dw2 = grouped_k(a.t(), (r.to(acc) * w_row).to(rows.dtype), ends) if need_w2 else None
     dy = swiglu_backward(y, q.to(acc) * w_row, inter)
-    dw1 = grouped_k(xr.t(), dy, ends)
+    dw1 = grouped_k(xr.t(), dy, ends) if need_w1 else None
     dxr = grouped_rows(dy, w1.transpose(-2, -1), ends)
     hi = s.to(rows.dtype)
     lo = (s - hi.to(acc)).to(rows.dtype)
@@ -187,16 +188,17 @@ def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int):
     m.scatter_(1, (2 * slot).unsqueeze(1), hi.unsqueeze(1))
     m.scatter_(1, (2 * slot + 1).unsqueeze(1), lo.unsqueeze(1))
     nonempty = (expert_offset[1:] > expert_offset[:-1]).view(-1, 1, 1)
-    zero = torch.zeros((), dtype=dw1.dtype, device=dw1.device)
-    dw1 = torch.where(nonempty, dw1, zero)
-    dw2 = torch.where(nonempty, dw2, zero)
+    if dw1 is not None:
+        dw1 = torch.where(nonempty, dw1, torch.zeros((), dtype=dw1.dtype, device=dw1.device))
+    if dw2 is not None:
+        dw2 = torch.where(nonempty, dw2, torch.zeros((), dtype=dw2.dtype, device=dw2.device))
     return torch.cat([dxr, m], dim=1), dw1, dw2
 
 
 # ---- the op ---------------------------------------------------------------------------------------------------------
 
 def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto",
-          sm_count=0):
+          sm_count=0, need_w1=True, need_w2=True):
     c = rt.comm_from_handle(comm, OP)
     inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode, op=OP)
     tokens, hidden = x.shape
@@ -209,7 +211,11 @@ def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", ma
     # the forward checked the ids (one host sync); the backward does not sync
     rows, layout = moe._dispatch_rows(c, packed, topk_ids, epr, max_tokens, 0, sm_count, check_ids=False)
     lv = moe.layout_view(c, layout, epr, max_tokens, k)
-    out_rows, dw1, dw2 = expert_backward(rows, lv["received"], lv["expert_offset"], lv["row_source"], w1, w2, k)
+    out_rows, dw1, dw2 = expert_backward(rows, lv["received"], lv["expert_offset"], lv["row_source"], w1, w2, k,
+                                         bool(need_w1), bool(need_w2))
+    # a weight whose gradient is not needed gets an empty tensor (the op's outputs are fixed in number)
+    dw1 = dw1 if dw1 is not None else w1.new_empty(0)
+    dw2 = dw2 if dw2 is not None else w2.new_empty(0)
     ones = torch.ones(topk_ids.shape, dtype=torch.float32, device=x.device)
     res = moe._combine(c, out_rows, layout, topk_ids, ones, max_tokens, sm_count, check_ids=False)
     dx, dw = unpack_combined(res, hidden, k)
@@ -217,15 +223,17 @@ def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", ma
 
 
 def _fake(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto",
-          sm_count=0):
-    # d topk_weights is contiguous whatever topk_weights' strides (the real op returns dw.to(dtype))
-    return torch.empty_like(x), topk_weights.new_empty(topk_weights.shape), torch.empty_like(w1), torch.empty_like(w2)
+          sm_count=0, need_w1=True, need_w2=True):
+    # d topk_weights is contiguous whatever topk_weights' strides (the real op returns dw.to(dtype)); a weight's
+    # gradient that is not needed is empty, as the real op returns it
+    return (torch.empty_like(x), topk_weights.new_empty(topk_weights.shape),
+            torch.empty_like(w1) if need_w1 else w1.new_empty(0), torch.empty_like(w2) if need_w2 else w2.new_empty(0))
 
 
 moe_ffn_backward_op = rt.define_op(
     OP, '(Tensor grad, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2, SymInt comm, '
-    'str activation="swiglu", SymInt max_tokens=0, str mode="auto", SymInt sm_count=0) '
-    '-> (Tensor, Tensor, Tensor, Tensor)', _impl, _fake)
+    'str activation="swiglu", SymInt max_tokens=0, str mode="auto", SymInt sm_count=0, bool need_w1=True, '
+    'bool need_w2=True) -> (Tensor, Tensor, Tensor, Tensor)', _impl, _fake)
 
 
 def _setup(ctx, inputs, output):
@@ -236,8 +244,11 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, topk_ids, topk_weights, w1, w2 = ctx.saved_tensors
-    dx, dw, dw1, dw2 = torch.ops.tandem.moe_ffn_backward(grad, x, topk_ids, topk_weights, w1, w2, *ctx.args)
     need = ctx.needs_input_grad
+    # the weights' grouped GEMMs (two of the five) run only for the weights that need a gradient; the dispatch and
+    # the combine are collectives and run on every rank whatever this rank needs
+    dx, dw, dw1, dw2 = torch.ops.tandem.moe_ffn_backward(grad, x, topk_ids, topk_weights, w1, w2, *ctx.args,
+                                                         need[3], need[4])
     return (dx if need[0] else None, None, dw if need[2] else None, dw1 if need[3] else None,
             dw2 if need[4] else None, None, None, None, None, None)
 
@@ -262,11 +273,12 @@ def simulate_layout(ids, world: int, experts_per_rank: int, rank: int):
     return pairs, offs
 
 
-def simulate_backward(xs, ids, wts, grads, w1_all, w2_all, world: int, max_tokens: int, garbage=float("nan")):
+def simulate_backward(xs, ids, wts, grads, w1_all, w2_all, world: int, max_tokens: int, garbage=float("nan"),
+                      need_w1: bool = True, need_w2: bool = True):
     """The op's backward for every rank of a simulated world, on one device: the dispatch and the combine by
     indexing (rows past `received` filled with `garbage`, as stale receive buffers are), expert_backward as the op
     runs it. xs, ids, wts, grads: per rank; w1_all (E, H, 2 I), w2_all (E, I, H). Returns (dx per rank, d weights
-    per rank, dW1 (E, H, 2 I), dW2 (E, I, H))."""
+    per rank, dW1 (E, H, 2 I), dW2 (E, I, H)); dW1 / dW2 None when not needed (need_w1 / need_w2)."""
     epr = w1_all.shape[0] // world
     hidden = xs[0].shape[1]
     k = ids[0].shape[1]
@@ -288,7 +300,8 @@ def simulate_backward(xs, ids, wts, grads, w1_all, w2_all, world: int, max_token
             row_source[i] = t * k + slot
         out_rows, dw1, dw2 = expert_backward(rows, torch.tensor([n], dtype=torch.int32),
                                              torch.tensor(offs, dtype=torch.int32), row_source,
-                                             w1_all[q * epr:(q + 1) * epr], w2_all[q * epr:(q + 1) * epr], k)
+                                             w1_all[q * epr:(q + 1) * epr], w2_all[q * epr:(q + 1) * epr], k,
+                                             need_w1, need_w2)
         dw1s.append(dw1)
         dw2s.append(dw2)
         for i, (s, t, slot) in enumerate(pairs):  # the combine with weights 1: fp32 sums, one rounding below
@@ -298,4 +311,4 @@ def simulate_backward(xs, ids, wts, grads, w1_all, w2_all, world: int, max_token
         dx, dw = unpack_combined(sums[s].to(dtype), hidden, k)
         dxs.append(dx)
         dws.append(dw)
-    return dxs, dws, torch.cat(dw1s), torch.cat(dw2s)
+    return dxs, dws, torch.cat(dw1s) if need_w1 else None, torch.cat(dw2s) if need_w2 else None
