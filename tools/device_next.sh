@@ -373,27 +373,35 @@ elif [ "$part" = b22x ]; then
   # tools/diag/compare_runs.py before after on each. Needs carry [".whl", ".carry/prebuilt", ".carry/before"].
   [ -f .carry/before/python/tandem/_C.cpython-312-x86_64-linux-gnu.so ] || { echo "b22x: no .carry/before"; exit 1; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
-  after_commit=$TANDEM_COMMIT
+  after_commit=${TANDEM_COMMIT:-unknown}
+  # an editable install (device_suite.sh's fallback build) has a finder that wins over PYTHONPATH: the "before"
+  # side would silently be this tree
+  got=$(PYTHONPATH=$PWD/.carry/before/python python3 -c "import tandem; print(tandem.__file__)" 2>&1)
+  case $got in *.carry/before/*) ;; *) echo "b22x: the before side imports $got"; exit 1 ;; esac
+  # outputs outside $OUT (at most 8 files come back): only b22.tgz there
+  W=/tmp/b22x; rm -rf "$W"; mkdir -p "$OUT"
   side() {  # side before|after, then the bench's arguments
     local s=$1; shift
     local pp=$PWD/python c=$after_commit
     [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-    mkdir -p "$OUT/b22/$s"
+    mkdir -p "$W/b22/$s"
     local t=$(( $(left) - 20 )); [ "$t" -gt 150 ] && t=150
-    [ "$t" -lt 30 ] && { echo "b22x: $s $* skipped, $t s left"; return; }
-    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$OUT/b22/$s" 2>&1 | tail -2
-    rm -f "$OUT/b22/$s"/*.png
-    tar czf "$OUT/b22.tgz" -C "$OUT" b22
+    [ "$t" -lt 30 ] && { echo "b22x: $s $* skipped, $(left) s left"; return; }
+    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$W/b22/$s" 2>&1 | tail -2
+    rm -f "$W/b22/$s"/*.png
+    tar czf "$OUT/b22.tgz" -C "$W" b22
   }
-  for args in "tp -n 4 --reps 5" "tp -n 2 --reps 5" "moe -n 2" "attention -n 2"; do
+  # moe and attention write their JSON only at the end (a timeout loses the run); tp after every case: tp last
+  for args in "moe -n 2" "attention -n 2" "tp -n 4 --reps 5" "tp -n 2 --reps 5"; do
     side before $args
     side after $args
   done
   for f in tp_w4 tp_w2 moe_w2 attention_w2; do
-    [ -f "$OUT/b22/before/$f.json" ] && [ -f "$OUT/b22/after/$f.json" ] && { echo "== $f after/before";
-      python3 tools/diag/compare_runs.py "$OUT/b22/before/$f.json" "$OUT/b22/after/$f.json"; }
+    [ -f "$W/b22/before/$f.json" ] && [ -f "$W/b22/after/$f.json" ] && { echo "== $f after/before";
+      python3 tools/diag/compare_runs.py "$W/b22/before/$f.json" "$W/b22/after/$f.json"; }
   done
 elif [ "$part" = z2 ]; then
+  D=/tmp/dn_z2; rm -rf "$D"  # outputs outside $OUT (at most 8 files come back): only diag.tgz there
   # branch integ4 = main + fp8-tiles + moe-speed (neither run before; they merge cleanly; one prebuilt module,
   # .carry/prebuilt-integ4): the tests of both, then bench gemm FP8 with every configuration (the 128x192 tiles,
   # issue 23), moe_ffn's steps at world 2 with the new defaults, with 16 dispatch blocks, with GEMM 1 by torch and
@@ -401,11 +409,11 @@ elif [ "$part" = z2 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-320} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/gpu/test_moe.py tests/cpu/test_typed_bindings.py --durations=0 \
     -k "scaled or swiglu or ffn or dispatch_gemm_and_combine or repeated or refused or emulated or capacity or typed or args"
-  mkdir -p "$OUT/diag/fp8"
+  mkdir -p "$D/diag/fp8"
   t=$(( $(left) - 230 )); [ "$t" -gt 100 ] && t=100
   [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
-    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | grep -E "geometric|Error"
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    --dtypes fp8_tensor,fp8_row --out "$D/diag/fp8" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/diag.tgz" -C "$D" diag
   for v in new b16 g1t old; do
     case $v in
       new) env_v="" ;;
@@ -413,31 +421,32 @@ elif [ "$part" = z2 ]; then
       g1t) env_v="TANDEM_MOE_GEMM1=torch" ;;
       old) env_v="TANDEM_MOE_SWIGLU=torch TANDEM_MOE_DISPATCH_BLOCKS=8 TANDEM_MOE_WAIT_NS=0" ;;
     esac
-    mkdir -p "$OUT/diag/$v"
+    mkdir -p "$D/diag/$v"
     t=$(( $(left) - 60 )); [ "$t" -gt 45 ] && t=45
     [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
-      python3 tools/diag/moe_layer_steps.py --tokens 1024,4096 --reps 5 --out "$OUT/diag/$v" 2>&1 | \
+      python3 tools/diag/moe_layer_steps.py --tokens 1024,4096 --reps 5 --out "$D/diag/$v" 2>&1 | \
       grep -E "^rank 0|Error" | head -4 | sed "s/^/$v: /"
-    tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    tar czf "$OUT/diag.tgz" -C "$D" diag
   done
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
-    --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    --tokens 1024,4096 --out "$D/diag" 2>&1 | tail -6
+  tar czf "$OUT/diag.tgz" -C "$D" diag
 elif [ "$part" = r2 ]; then
+  D=/tmp/dn_r2; rm -rf "$D"  # outputs outside $OUT (at most 8 files come back): only diag.tgz there
   # branch ring-bwd-merge (in integ4; not run before): the ring backward with one block kernel call a step (causal:
   # the shard causally at the own step, one unmasked rectangle at the others) -- the gradient tests at worlds 1-4
   # (both block kernels, which ran), then bench attention -n 1 at the issue's causal shapes (backward and fwd+bwd
   # against SDPA cuDNN; 2026-12-06's run had the three-call schedule: docs/results.md)
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     --durations=0 -k "gradients or backward"
-  mkdir -p "$OUT/diag"
+  mkdir -p "$D/diag"
   for a in "--seqs 8192,32768 --causal yes" "--seqs 2048 --causal yes --batch 8 --heads 32 --heads-kv 8" \
            "--seqs 8192 --causal yes --batch 2 --heads 32 --heads-kv 8"; do
     t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && t=60
-    d="$OUT/diag/$(echo $a | tr -dc 'a-z0-9' | cut -c1-24)"; mkdir -p "$d"
+    d="$D/diag/$(echo $a | tr -dc 'a-z0-9' | cut -c1-24)"; mkdir -p "$d"
     [ "$t" -gt 20 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 --reps 5 --out "$d" $a 2>&1 | \
       grep -E "^\| [0-9]" | sort -u
-    rm -f "$d"/*.png; tar czf "$OUT/diag.tgz" -C "$OUT" diag
+    rm -f "$d"/*.png; tar czf "$OUT/diag.tgz" -C "$D" diag
   done
 elif [ "$part" = m2 ]; then
   # issue 26: where moe_ffn's time goes at world 2 (tools/diag/moe_layer_steps.py: each step of the unfused chain

@@ -26,7 +26,9 @@ def _device_name() -> str:
     try:
         import torch
 
-        if not torch.cuda.is_available():
+        # never the first CUDA call of a process (a CPU tool, a test's parent before its workers): the ops look
+        # up with CUDA tensors, so CUDA is initialized wherever the device matters
+        if not torch.cuda.is_initialized():
             return ""
         index = torch.cuda.current_device()
         if index not in _DEVICE_NAMES:
