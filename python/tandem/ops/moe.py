@@ -130,31 +130,46 @@ def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, che
     world = comm.world_size
     experts = epr * world
     ids, k = _ids(comm, topk_ids, tokens, experts, op, check_ids)
-    max_tokens = int(max_tokens) or tokens
-    if max_tokens < max(tokens, 1):
-        raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
-    K = native().kernels
+    max_tokens = _max_tokens(max_tokens, tokens, op, comm.rank)
     key = (op, rt.token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
     agree = op_key(op, max_tokens=max_tokens, hidden=hidden, inter=inter, k=k, experts_per_rank=epr, dtype=x.dtype,
                    mode=mode, comm_blocks=int(comm_blocks))
-    shape = _shape(tokens, max_tokens, hidden, inter, k, epr)
+    return _launch_dispatch(comm, x, ids, _shape(tokens, max_tokens, hidden, inter, k, epr), key, agree,
+                            "FUSED" if _use_fused(mode, world) else "UNFUSED", inter, comm_blocks, sm_count, op, w=w)
+
+
+def _max_tokens(max_tokens, tokens, op, rank):
+    """The dispatch's T_max (0: this rank's token count), at least the token count and 1."""
+    max_tokens = int(max_tokens) or tokens
+    if max_tokens < max(tokens, 1):
+        raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, rank)
+    return max_tokens
+
+
+def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_blocks, sm_count, op, w=None):
+    """One dispatch launch (moe_dispatch_gemm's, or the dispatch alone when w is None): its DispatchArgs, the op's
+    workspace (cached by key, agreed by every rank as agree), the output it writes (receive capacity x out_cols in
+    x's dtype: GEMM 1's y, or the received rows) and the layout; the adapter's can_implement, then the launch in
+    `mode` (a TandemError with its status if it does not run). Returns (output, layout)."""
+    K = native().kernels
+    world = comm.world_size
     a = rt.kernel_args("DispatchArgs", dtype=_DTYPES[x.dtype], plan=dict(sm_count=int(sm_count),
                                                                         comm_blocks=int(comm_blocks)))
     a.shape = shape
     ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
-    cap = K.moe_receive_capacity(shape, world)
-    size = layout_index(world, max_tokens, k, epr)[4]
-    y = torch.empty((cap, inter), dtype=x.dtype, device=x.device)
-    layout = torch.zeros(size, dtype=torch.int32, device=x.device)
-    a.x, a.topk_ids, a.w, a.y, a.layout, a.workspace = (x.data_ptr(), ids.data_ptr(), w.data_ptr(), y.data_ptr(),
-                                                         layout.data_ptr(), ws.data_ptr())
+    out = torch.empty((K.moe_receive_capacity(shape, world), out_cols), dtype=x.dtype, device=x.device)
+    layout = torch.zeros(layout_index(world, shape.max_tokens, shape.topk, shape.experts_per_rank)[4],
+                         dtype=torch.int32, device=x.device)
+    a.x, a.topk_ids, a.layout, a.workspace = x.data_ptr(), ids.data_ptr(), layout.data_ptr(), ws.data_ptr()
+    if w is None:  # w and y null with rows set: the dispatch-only args (moe.h)
+        a.rows = out.data_ptr()
+    else:
+        a.w, a.y = w.data_ptr(), out.data_ptr()
     why = K.can_implement(comm.native, a)
     if why:
         raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    # raises TandemError (its status) if it does not run
-    K.moe_dispatch_gemm(comm.native, a, rt.mode("FUSED" if _use_fused(mode, world) else "UNFUSED"),
-                        rt.stream_handle(x.device))
-    return y, layout
+    K.moe_dispatch_gemm(comm.native, a, rt.mode(mode), rt.stream_handle(x.device))
+    return out, layout
 
 
 def _dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0, sm_count=0, check_ids=True):
@@ -176,30 +191,13 @@ def _dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=
     epr = int(experts_per_rank)
     world = comm.world_size
     ids, k = _ids(comm, topk_ids, tokens, epr * world, op, check_ids)
-    max_tokens = int(max_tokens) or tokens
-    if max_tokens < max(tokens, 1):
-        raise invalid(f"max_tokens ({max_tokens}) must be at least the token count ({tokens}) and 1", op, comm.rank)
-    K = native().kernels
+    max_tokens = _max_tokens(max_tokens, tokens, op, comm.rank)
     key = ("moe_dispatch_rows", rt.token(comm), max_tokens, hidden, k, epr, x.dtype)
     agree = op_key("moe_dispatch_rows", max_tokens=max_tokens, hidden=hidden, k=k, experts_per_rank=epr,
                    dtype=x.dtype, comm_blocks=int(comm_blocks))
-    shape = _shape(tokens, max_tokens, hidden, 0, k, epr)  # inter: unused without the GEMM
-    a = rt.kernel_args("DispatchArgs", dtype=_DTYPES[x.dtype], plan=dict(sm_count=int(sm_count),
-                                                                        comm_blocks=int(comm_blocks)))
-    a.shape = shape
-    ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
-    cap = K.moe_receive_capacity(shape, world)
-    size = layout_index(world, max_tokens, k, epr)[4]
-    rows = torch.empty((cap, hidden), dtype=x.dtype, device=x.device)
-    layout = torch.zeros(size, dtype=torch.int32, device=x.device)
-    # w and y null with rows set: the dispatch-only args (moe.h)
-    a.x, a.topk_ids, a.rows, a.layout, a.workspace = (x.data_ptr(), ids.data_ptr(), rows.data_ptr(),
-                                                      layout.data_ptr(), ws.data_ptr())
-    why = K.can_implement(comm.native, a)
-    if why:
-        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
-    K.moe_dispatch_gemm(comm.native, a, rt.mode("DISPATCH"), rt.stream_handle(x.device))
-    return rows, layout
+    # inter 0: unused without the GEMM
+    return _launch_dispatch(comm, x, ids, _shape(tokens, max_tokens, hidden, 0, k, epr), key, agree, "DISPATCH",
+                            hidden, comm_blocks, sm_count, op)
 
 
 def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
