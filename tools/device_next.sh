@@ -400,6 +400,24 @@ elif [ "$part" = b22x ]; then
     [ -f "$W/b22/before/$f.json" ] && [ -f "$W/b22/after/$f.json" ] && { echo "== $f after/before";
       python3 tools/diag/compare_runs.py "$W/b22/before/$f.json" "$W/b22/after/$f.json"; }
   done
+elif [ "$part" = b22m ]; then
+  # issue 22's MoE benchmark before (af75616, .carry/before) and after (this tree): b22x's "moe -n 2" ran out of
+  # memory on an H100 at its default 65536 tokens (two ranks' 41 + 34 GiB); 1024-16384 tokens fit. Then bench gemm
+  # FP8 with every configuration (fp8-tiles' 128x192 tiles, issue 23; gemm_w1.json is written after every case).
+  W=/tmp/b22m; rm -rf "$W"; mkdir -p "$W/b22/before" "$W/b22/after" "$OUT"
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  for s in before after; do
+    pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
+    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 ${MOE_S:-110} python3 -m tandem bench moe -n 2 \
+      --tokens 1024,4096,16384 --out "$W/b22/$s" 2>&1 | tail -8
+    rm -f "$W/b22/$s"/*.png
+  done
+  python3 tools/diag/compare_runs.py "$W/b22/before/moe_w2.json" "$W/b22/after/moe_w2.json"
+  tar czf "$OUT/b22m.tgz" -C "$W" b22
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes fp8_tensor,fp8_row --out "$W/fp8" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/b22m.tgz" -C "$W" b22 fp8
 elif [ "$part" = z2 ]; then
   D=/tmp/dn_z2; rm -rf "$D"  # outputs outside $OUT (at most 8 files come back): only diag.tgz there
   # branch integ4 = main + fp8-tiles + moe-speed (neither run before; they merge cleanly; one prebuilt module,

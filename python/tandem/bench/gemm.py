@@ -99,6 +99,7 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
     from . import common
 
     rows, data = [], []
+    meta = common.header(command)
     for m, n_shape, k in shapes:
         for kind in dtypes:
             n = n_shape
@@ -159,7 +160,8 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                          f"{d['rel_err']:.1e}" if "rel_err" in d else d.get("error", "-"),
                          str(d.get("differ", "-"))])
             sets = []  # free this case's inputs before the next
-    meta = common.header(command)
+            # the rows so far, after every case: a sweep stopped by its time limit keeps what it measured
+            common.write_json(out_dir, "gemm_w1.json", [dict(r, run=meta) for r in data])
     table = common.markdown_table(["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline",
                                    "baseline/tandem", "tandem TFLOP/s", "rel. error vs baseline",
                                    "elements differing"], rows)
