@@ -122,7 +122,8 @@
 #      If all pass: merge i22 into main and resolve issue 22 (the suite passed before at af75616 on the H200;
 #      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 5bd77b9 && git apply tools/pending/i22.diff.
 #   2. Branch gemm-clusters (issue 23; bf16 coop_128x256_c1x2 / coop_256x128_c2, no per-call workspace where the
-#      kernel needs none): build its module (tools/prebuild_device_module.sh on that branch), part g3; then
+#      kernel needs none): its module is .carry/prebuilt-gemm-clusters (sources ceceab3; copy it to .carry/prebuilt
+#      after git checkout gemm-clusters; the hashes must match), part g3; then
 #      python -m tandem tune gemm --from-bench <its bf16 JSON> --out python/tandem/ops/gemm_tune_h100.json, and
 #      bench gemm --no-variants (the op with the rebuilt bf16 and FP8 tables; neither timed as the op yet).
 #   3. Branch ag-ce (issue 21; the unfused AG's gather ran 1.5-4.6x slower than torch's copies): part agce (no
