@@ -129,6 +129,8 @@
 #   3. Branch ag-ce (issue 21; the unfused AG's gather ran 1.5-4.6x slower than torch's copies): part agce (no
 #      native change: main's module). If "one" wins at a shape, make it a pipelined variant the tune table picks.
 #   (Both add a part at the same place in this file: merging both conflicts there only.)
+#   Budget: a machine start cost 90-390 s of the 1,800 s here; i1-i3 take up to 3 x 580 s. If the start is slow,
+#   run i1 and i2, and i3 first thing the session after (i3 alone needs .carry/before for its before/after bench).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
