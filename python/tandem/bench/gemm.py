@@ -92,6 +92,10 @@ def _scaled_variants_ms(sets, reps):
     return out
 
 
+COLUMNS = ["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline", "baseline/tandem",
+           "tandem TFLOP/s", "rel. error vs baseline", "elements differing"]
+
+
 def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
@@ -160,11 +164,11 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                          f"{d['rel_err']:.1e}" if "rel_err" in d else d.get("error", "-"),
                          str(d.get("differ", "-"))])
             sets = []  # free this case's inputs before the next
-            # the rows so far, after every case: a sweep stopped by its time limit keeps what it measured
-            common.write_json(out_dir, "gemm_w1.json", [dict(r, run=meta) for r in data])
-    table = common.markdown_table(["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline",
-                                   "baseline/tandem", "tandem TFLOP/s", "rel. error vs baseline",
-                                   "elements differing"], rows)
+            # the rows so far, after every case (as bench tp): a sweep stopped by its time limit keeps what it
+            # measured
+            part_meta = dict(meta, partial=f"{len(data)} of {len(shapes) * len(dtypes)} cases")
+            common.write_outputs(out_dir, "gemm_w1", part_meta, common.markdown_table(COLUMNS, rows), data)
+    table = common.markdown_table(COLUMNS, rows)
     print(f"# tandem GEMM vs cuBLAS / torch._scaled_mm — {meta['device']}, commit {meta['commit']}, {meta['date']}")
     print(table)
     for line in summary_lines(data):
