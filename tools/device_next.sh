@@ -142,6 +142,20 @@ part=${1:-n1}
 start=$(date +%s)
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
+# One side of issue 22's before/after comparison: `tandem bench ARGS` with the side's tree and commit (before:
+# af75616's python/ and module in .carry/before; after: this tree), output in DIR/SIDE, at most CAP s and the
+# call's time left less 20 (skipped under 30); its plots dropped (at most 8 files come back).
+#   bench_side before|after CAP DIR ARGS...
+bench_side() {
+  local s=$1 cap=$2 dir=$3; shift 3
+  local pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
+  [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+  local t=$(( $(left) - 20 )); [ "$t" -gt "$cap" ] && t=$cap
+  [ "$t" -lt 30 ] && { echo "bench $* ($s) skipped: $(left) s left"; return; }
+  mkdir -p "$dir/$s"
+  PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$dir/$s" 2>&1 | tail -4
+  rm -f "$dir/$s"/*.png
+}
 # bench tp at worlds 4 and 2 into $OUT/diag, each bounded by `cap` s and by the call's time left less `margin`;
 # the archive is refreshed after each (bench tp writes its rows after every case: a timeout keeps them)
 bench_tp_worlds() {
@@ -395,7 +409,6 @@ elif [ "$part" = b22x ]; then
   # tools/diag/compare_runs.py before after on each. Needs carry [".whl", ".carry/prebuilt", ".carry/before"].
   [ -f .carry/before/python/tandem/_C.cpython-312-x86_64-linux-gnu.so ] || { echo "b22x: no .carry/before"; exit 1; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
-  after_commit=${TANDEM_COMMIT:-unknown}
   # an editable install (device_suite.sh's fallback build) has a finder that wins over PYTHONPATH: the "before"
   # side would silently be this tree
   got=$(PYTHONPATH=$PWD/.carry/before/python python3 -c "import tandem; print(tandem.__file__)" 2>&1)
@@ -403,14 +416,7 @@ elif [ "$part" = b22x ]; then
   # outputs outside $OUT (at most 8 files come back): only b22.tgz there
   W=/tmp/b22x; rm -rf "$W"; mkdir -p "$OUT"
   side() {  # side before|after, then the bench's arguments
-    local s=$1; shift
-    local pp=$PWD/python c=$after_commit
-    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-    mkdir -p "$W/b22/$s"
-    local t=$(( $(left) - 20 )); [ "$t" -gt 150 ] && t=150
-    [ "$t" -lt 30 ] && { echo "b22x: $s $* skipped, $(left) s left"; return; }
-    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$W/b22/$s" 2>&1 | tail -2
-    rm -f "$W/b22/$s"/*.png
+    bench_side "$1" 150 "$W/b22" "${@:2}"
     tar czf "$OUT/b22.tgz" -C "$W" b22
   }
   # moe and attention write their JSON only at the end (a timeout loses the run); tp after every case: tp last
@@ -436,11 +442,8 @@ elif [ "$part" = i1 ] || [ "$part" = i2 ] || [ "$part" = i3 ]; then
           tests/gpu/test_transport.py tests/gpu/test_torchrun.py --durations=0
         W=/tmp/i3; rm -rf "$W"; mkdir -p "$W/b22/before" "$W/b22/after" "$OUT"
         for s in before after; do
-          pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
-          [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-          t=$(( ($(left) - 90) / 2 )); [ "$t" -gt 140 ] && t=140
-          [ "$t" -gt 30 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 \
-            --reps 5 --out "$W/b22/$s" 2>&1 | tail -1
+          t=$(( ($(left) - 90) / 2 )); [ "$t" -gt 140 ] && t=140  # each side its share; 90 s for test_consumer
+          bench_side $s $t "$W/b22" tp -n 4 --reps 5
         done
         python3 tools/diag/compare_runs.py "$W/b22/before/tp_w4.json" "$W/b22/after/tp_w4.json"
         tar czf "$OUT/i3.tgz" -C "$W" b22
@@ -454,11 +457,7 @@ elif [ "$part" = b22m ]; then
   W=/tmp/b22m; rm -rf "$W"; mkdir -p "$W/b22/before" "$W/b22/after" "$OUT"
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   for s in before after; do
-    pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
-    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 ${MOE_S:-110} python3 -m tandem bench moe -n 2 \
-      --tokens 1024,4096,16384 --out "$W/b22/$s" 2>&1 | tail -8
-    rm -f "$W/b22/$s"/*.png
+    bench_side $s ${MOE_S:-110} "$W/b22" moe -n 2 --tokens 1024,4096,16384
   done
   python3 tools/diag/compare_runs.py "$W/b22/before/moe_w2.json" "$W/b22/after/moe_w2.json"
   tar czf "$OUT/b22m.tgz" -C "$W" b22
