@@ -120,7 +120,7 @@
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh i1",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])          # then i2, i3
 #      If all pass: merge i22 into main and resolve issue 22 (the suite passed before at af75616 on the H200;
-#      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 5bd77b9 && git apply tools/pending/i22.diff.
+#      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 f298404 && git apply tools/pending/i22.diff.
 #   2. Branch gemm-clusters (issue 23; bf16 coop_128x256_c1x2 / coop_256x128_c2, no per-call workspace where the
 #      kernel needs none): its module is .carry/prebuilt-gemm-clusters (sources ceceab3; copy it to .carry/prebuilt
 #      after git checkout gemm-clusters; the hashes must match), part g3; then
