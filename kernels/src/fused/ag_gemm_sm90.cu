@@ -283,7 +283,7 @@ size_t workspace_size(const AgGemmArgs& a) {
 
 static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
-  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (Status s = check_world(a.comm, why); s != Status::kOk) return s;
   if (a.m_local <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M_local, N and K must be positive");
   if (fused && a.m_local % 8) return fail(why, "M_local must be a multiple of 8 for the fused kernel (TMA row alignment of the chunks)");
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");

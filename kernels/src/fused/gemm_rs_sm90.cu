@@ -435,7 +435,7 @@ size_t workspace_size(const GemmRsArgs& a) {
 
 static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
-  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (Status s = check_world(a.comm, why); s != Status::kOk) return s;
   if (fused && world > kMaxFusedRsWorld) return fail(why, "the fused GEMM+RS takes at most 8 ranks (use the unfused path)");
   if (a.m <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M, N and K must be positive");
   if (a.m % world) return fail(why, "M must be a multiple of the world size");
