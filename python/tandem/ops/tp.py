@@ -41,14 +41,14 @@ def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple
                           nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
 
 
-def _fused_sms(comm, op, sm_count) -> int:
+def fused_sms(comm, op, sm_count) -> int:
     """The fused kernel's grid: the caller's sm_count, else tp_plan.fused_grid_sms of the rank's share."""
     if int(sm_count):
         return int(sm_count)
     return tp_plan.fused_grid_sms(op, comm.sm_count, getattr(comm, "ranks_on_device", 1))
 
 
-def _fused_split(comm, op, m, n, k, sm_count) -> int:
+def fused_split(comm, op, m, n, k, sm_count) -> int:
     """comm_blocks of mode="fused" called with comm_blocks=0 (tandem.ops.tp_plan.fused_split): part of the key the
     ranks agree on, as auto's plan is."""
     return tp_plan.fused_split(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
@@ -130,7 +130,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     K = native().kernels
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
     if mode == "fused" and not comm_blocks:
-        plan = ("fused", _fused_split(comm, op, world * m_local, n, k, sm_count))
+        plan = ("fused", fused_split(comm, op, world * m_local, n, k, sm_count))
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
@@ -221,7 +221,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
     if mode == "fused" and not comm_blocks:
-        plan = ("fused", _fused_split(comm, op, m, n, k, _fused_sms(comm, op, sm_count)))
+        plan = ("fused", fused_split(comm, op, m, n, k, fused_sms(comm, op, sm_count)))
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
@@ -248,7 +248,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     blocks = int(comm_blocks)
     # mode is now "fused", "auto" (a fused plan) or "unfused": the fused kernel's grid is one every rank's clusters
     # fit in (MPS)
-    sms = int(sm_count) if mode == "unfused" else _fused_sms(comm, op, sm_count)
+    sms = int(sm_count) if mode == "unfused" else fused_sms(comm, op, sm_count)
     # the call's typed arguments, made once per signature; each call sets the addresses
     x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=rt.DTYPES[dtype], m=m, n=n, k=k,
                        lda=a.stride(0), ldb=b.stride(0), workspace=ws.data_ptr(),
