@@ -120,10 +120,14 @@
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh i1",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])          # then i2, i3
 #      If all pass: merge i22 into main and resolve issue 22 (the suite passed before at af75616 on the H200;
-#      benchmarks: docs/results.md 2026-12-06). Branches gone: tools/pending/i22-*.diff.
-#   2. The GEMM op with the rebuilt FP8 table: bench gemm --no-variants (issue 23).
-#   3. Issue 21: the unfused AG's gather is 1.5-4x slower than torch's peer-view copies (tandem_collective_ms
-#      against torch_collective_ms in tp_w4/tp_w2.json, e5a5065): a copy-engine gather for the unfused path.
+#      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 54bce67 && git apply tools/pending/i22.diff.
+#   2. Branch gemm-clusters (issue 23; bf16 coop_128x256_c1x2 / coop_256x128_c2, no per-call workspace where the
+#      kernel needs none): build its module (tools/prebuild_device_module.sh on that branch), part g3; then
+#      python -m tandem tune gemm --from-bench <its bf16 JSON> --out python/tandem/ops/gemm_tune_h100.json, and
+#      bench gemm --no-variants (the op with the rebuilt bf16 and FP8 tables; neither timed as the op yet).
+#   3. Branch ag-ce (issue 21; the unfused AG's gather ran 1.5-4.6x slower than torch's copies): part agce (no
+#      native change: main's module). If "one" wins at a shape, make it a pipelined variant the tune table picks.
+#   (Both add a part at the same place in this file: merging both conflicts there only.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
