@@ -110,6 +110,18 @@ int main() {
          "comm_blocks must be even and at least 2");
   expect("tp no GEMM SMs", tp_check(a, ws, 16, 16), why, Status::kInvalidArgument, "no SMs left for the GEMM");
 
+  // the SM plan alone (TP with at least 1 SM, MoE with at least 4)
+  expect("plan ok", rt::check_sm_plan(32, 4, 4, &why), why, Status::kOk, "");
+  expect("plan few SMs", rt::check_sm_plan(3, 2, 4, &why), why, Status::kInvalidArgument,
+         "sm_count must be the SMs this rank has");
+  expect("plan odd comm_blocks", rt::check_sm_plan(32, 5, 4, &why), why, Status::kInvalidArgument,
+         "comm_blocks must be even and at least 2");
+  expect("plan no comm_blocks", rt::check_sm_plan(32, 0, 1, &why), why, Status::kInvalidArgument,
+         "comm_blocks must be even and at least 2");
+  expect("plan no GEMM SMs", rt::check_sm_plan(8, 8, 4, &why), why, Status::kInvalidArgument,
+         "no SMs left for the GEMM");
+  expect("plan two GEMM SMs", rt::check_sm_plan(8, 6, 4, &why), why, Status::kOk, "");
+
   // one world limit: the TP control block's per-rank flags hold kMaxWorld ranks
   static_assert(tp::detail::kMaxWorld == rt::kMaxWorld, "TP uses the runtime's world limit");
   static_assert(sizeof(tp::detail::Control::arrive) / sizeof(uint64_t) == rt::kMaxWorld, "a flag per rank");

@@ -120,6 +120,7 @@ using runtime::complete_bulk_stores;
 using runtime::current_epoch;
 using runtime::dispatch_roles;
 using runtime::fail;
+using runtime::kClusterX;
 using runtime::finish_block;
 using runtime::last_of;
 using runtime::last_of_units;
@@ -171,10 +172,7 @@ inline Status check_common(const tandem::DeviceComm& comm, DType dtype, std::ini
   if (Status s = runtime::check_launch_common(comm, dtype, operands, names, workspace, workspace_bytes, 16, why);
       s != Status::kOk)
     return s;
-  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
-  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
-  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
-  return Status::kOk;
+  return runtime::check_sm_plan(plan.sm_count, plan.comm_blocks, 1, why);
 }
 
 }  // namespace tandem::kernels::tp::detail

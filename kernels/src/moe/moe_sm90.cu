@@ -311,9 +311,7 @@ Status can_implement(const DispatchArgs& a, std::string* why) {
   if (misaligned(a.x) || misaligned(a.w) || misaligned(a.y) || misaligned(a.rows))
     return fail(why, "x, w, y and rows must be 16-byte aligned");
   const SmPlan plan = resolve(a.plan);
-  if (plan.sm_count < 4) return fail(why, "sm_count must be the SMs this rank has");
-  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
-  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  if (Status st = runtime::check_sm_plan(plan.sm_count, plan.comm_blocks, 4, why); st != Status::kOk) return st;
   // the runtime's common checks (world, dtype, the workspace: non-null, 256-byte aligned, in the heap); the
   // operands above: which may be null depends on the mode and the tokens
   return runtime::check_launch_common(a.comm, a.dtype, {}, "", a.workspace, workspace_size(a), 256, why);

@@ -272,4 +272,14 @@ inline Status check_launch_common(const tandem::DeviceComm& comm, gemm::DType dt
   return Status::kOk;
 }
 
+// The SM plan every comm-role kernel checks (TP, MoE): `sm_count` (at least `min_sm_count`) SMs, of which
+// `comm_blocks` (whole rows of the kClusterX-wide grid, at least one row) take the comm roles and at least two are
+// left for the GEMM.
+inline Status check_sm_plan(int sm_count, int comm_blocks, int min_sm_count, std::string* why) {
+  if (sm_count < min_sm_count) return fail(why, "sm_count must be the SMs this rank has");
+  if (comm_blocks < kClusterX || comm_blocks % kClusterX) return fail(why, "comm_blocks must be even and at least 2");
+  if (sm_count - comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  return Status::kOk;
+}
+
 }  // namespace tandem::kernels::runtime
