@@ -120,14 +120,17 @@
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh i1",
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])          # then i2, i3
 #      If all pass: merge i22 into main and resolve issue 22 (the suite passed before at af75616 on the H200;
-#      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 54bce67 && git apply tools/pending/i22.diff.
+#      benchmarks: docs/results.md 2026-12-06). Branch gone: git checkout -b i22 5bd77b9 && git apply tools/pending/i22.diff.
 #   2. Branch gemm-clusters (issue 23; bf16 coop_128x256_c1x2 / coop_256x128_c2, no per-call workspace where the
-#      kernel needs none): build its module (tools/prebuild_device_module.sh on that branch), part g3; then
+#      kernel needs none): its module is .carry/prebuilt-gemm-clusters (sources ceceab3; copy it to .carry/prebuilt
+#      after git checkout gemm-clusters; the hashes must match), part g3; then
 #      python -m tandem tune gemm --from-bench <its bf16 JSON> --out python/tandem/ops/gemm_tune_h100.json, and
 #      bench gemm --no-variants (the op with the rebuilt bf16 and FP8 tables; neither timed as the op yet).
 #   3. Branch ag-ce (issue 21; the unfused AG's gather ran 1.5-4.6x slower than torch's copies): part agce (no
 #      native change: main's module). If "one" wins at a shape, make it a pipelined variant the tune table picks.
 #   (Both add a part at the same place in this file: merging both conflicts there only.)
+#   Budget: a machine start cost 90-390 s of the 1,800 s here; i1-i3 take up to 3 x 580 s. If the start is slow,
+#   run i1 and i2, and i3 first thing the session after (i3 alone needs .carry/before for its before/after bench).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -139,6 +142,20 @@ part=${1:-n1}
 start=$(date +%s)
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
+# One side of issue 22's before/after comparison: `tandem bench ARGS` with the side's tree and commit (before:
+# af75616's python/ and module in .carry/before; after: this tree), output in DIR/SIDE, at most CAP s and the
+# call's time left less 20 (skipped under 30); its plots dropped (at most 8 files come back).
+#   bench_side before|after CAP DIR ARGS...
+bench_side() {
+  local s=$1 cap=$2 dir=$3; shift 3
+  local pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
+  [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+  local t=$(( $(left) - 20 )); [ "$t" -gt "$cap" ] && t=$cap
+  [ "$t" -lt 30 ] && { echo "bench $* ($s) skipped: $(left) s left"; return; }
+  mkdir -p "$dir/$s"
+  PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$dir/$s" 2>&1 | tail -4
+  rm -f "$dir/$s"/*.png
+}
 # bench tp at worlds 4 and 2 into $OUT/diag, each bounded by `cap` s and by the call's time left less `margin`;
 # the archive is refreshed after each (bench tp writes its rows after every case: a timeout keeps them)
 bench_tp_worlds() {
@@ -392,7 +409,6 @@ elif [ "$part" = b22x ]; then
   # tools/diag/compare_runs.py before after on each. Needs carry [".whl", ".carry/prebuilt", ".carry/before"].
   [ -f .carry/before/python/tandem/_C.cpython-312-x86_64-linux-gnu.so ] || { echo "b22x: no .carry/before"; exit 1; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
-  after_commit=${TANDEM_COMMIT:-unknown}
   # an editable install (device_suite.sh's fallback build) has a finder that wins over PYTHONPATH: the "before"
   # side would silently be this tree
   got=$(PYTHONPATH=$PWD/.carry/before/python python3 -c "import tandem; print(tandem.__file__)" 2>&1)
@@ -400,14 +416,7 @@ elif [ "$part" = b22x ]; then
   # outputs outside $OUT (at most 8 files come back): only b22.tgz there
   W=/tmp/b22x; rm -rf "$W"; mkdir -p "$OUT"
   side() {  # side before|after, then the bench's arguments
-    local s=$1; shift
-    local pp=$PWD/python c=$after_commit
-    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-    mkdir -p "$W/b22/$s"
-    local t=$(( $(left) - 20 )); [ "$t" -gt 150 ] && t=150
-    [ "$t" -lt 30 ] && { echo "b22x: $s $* skipped, $(left) s left"; return; }
-    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench "$@" --out "$W/b22/$s" 2>&1 | tail -2
-    rm -f "$W/b22/$s"/*.png
+    bench_side "$1" 150 "$W/b22" "${@:2}"
     tar czf "$OUT/b22.tgz" -C "$W" b22
   }
   # moe and attention write their JSON only at the end (a timeout loses the run); tp after every case: tp last
@@ -433,11 +442,8 @@ elif [ "$part" = i1 ] || [ "$part" = i2 ] || [ "$part" = i3 ]; then
           tests/gpu/test_transport.py tests/gpu/test_torchrun.py --durations=0
         W=/tmp/i3; rm -rf "$W"; mkdir -p "$W/b22/before" "$W/b22/after" "$OUT"
         for s in before after; do
-          pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
-          [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-          t=$(( ($(left) - 90) / 2 )); [ "$t" -gt 140 ] && t=140
-          [ "$t" -gt 30 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 \
-            --reps 5 --out "$W/b22/$s" 2>&1 | tail -1
+          t=$(( ($(left) - 90) / 2 )); [ "$t" -gt 140 ] && t=140  # each side its share; 90 s for test_consumer
+          bench_side $s $t "$W/b22" tp -n 4 --reps 5
         done
         python3 tools/diag/compare_runs.py "$W/b22/before/tp_w4.json" "$W/b22/after/tp_w4.json"
         tar czf "$OUT/i3.tgz" -C "$W" b22
@@ -451,11 +457,7 @@ elif [ "$part" = b22m ]; then
   W=/tmp/b22m; rm -rf "$W"; mkdir -p "$W/b22/before" "$W/b22/after" "$OUT"
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
   for s in before after; do
-    pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
-    [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
-    PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 10 ${MOE_S:-110} python3 -m tandem bench moe -n 2 \
-      --tokens 1024,4096,16384 --out "$W/b22/$s" 2>&1 | tail -8
-    rm -f "$W/b22/$s"/*.png
+    bench_side $s ${MOE_S:-110} "$W/b22" moe -n 2 --tokens 1024,4096,16384
   done
   python3 tools/diag/compare_runs.py "$W/b22/before/moe_w2.json" "$W/b22/after/moe_w2.json"
   tar czf "$OUT/b22m.tgz" -C "$W" b22

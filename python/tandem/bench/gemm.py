@@ -91,6 +91,10 @@ def _scaled_variants_ms(sets, reps):
     return out
 
 
+COLUMNS = ["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline", "baseline/tandem",
+           "tandem TFLOP/s", "rel. error vs baseline", "elements differing"]
+
+
 def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
     import torch
 
@@ -159,22 +163,48 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                          f"{d['rel_err']:.1e}" if "rel_err" in d else d.get("error", "-"),
                          str(d.get("differ", "-"))])
             sets = []  # free this case's inputs before the next
-            # the rows so far, after every case: a sweep stopped by its time limit keeps what it measured
-            common.write_json(out_dir, "gemm_w1.json", [dict(r, run=meta) for r in data])
-    table = common.markdown_table(["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline",
-                                   "baseline/tandem", "tandem TFLOP/s", "rel. error vs baseline",
-                                   "elements differing"], rows)
+            # the rows so far, after every case (as bench tp): a sweep stopped by its time limit keeps what it
+            # measured
+            part_meta = dict(meta, partial=f"{len(data)} of {len(shapes) * len(dtypes)} cases")
+            common.write_outputs(out_dir, "gemm_w1", part_meta, common.markdown_table(COLUMNS, rows), data)
+    table = common.markdown_table(COLUMNS, rows)
     print(f"# tandem GEMM vs cuBLAS / torch._scaled_mm — {meta['device']}, commit {meta['commit']}, {meta['date']}")
     print(table)
-    for dtype in sorted({d["dtype"] + "/" + d["scaling"] for d in data}):
-        r = [d["baseline_ms"] / d["tandem_ms"] for d in data
-             if d["dtype"] + "/" + d["scaling"] == dtype and "tandem_ms" in d and "baseline_ms" in d]
-        if r:
-            import math
-            print(f"{dtype}: geometric mean baseline/tandem {math.exp(sum(map(math.log, r)) / len(r)):.3f} over "
-                  f"{len(r)} shapes, lowest {min(r):.3f}")
+    for line in summary_lines(data):
+        print(line)
     common.write_outputs(out_dir, "gemm_w1", meta, table, data)
     return data
+
+
+def summary_lines(data) -> list:
+    """Per dtype / scaling: the op's geometric mean of baseline/tandem (both one call between two events), and
+    where the rows carry per-configuration times, the best configuration per shape against the baseline timed
+    the same way as the configurations: bf16 configurations are single calls (baseline_ms), the FP8 ones 20 calls
+    back to back (baseline_ms_inner20; _scaled_variants_ms). Comparing 20-call configuration times with a
+    single-call baseline flattered the configurations by the baseline's host time (docs/results.md, 2026-12-06)."""
+    import math
+
+    def geo(r):
+        return math.exp(sum(map(math.log, r)) / len(r))
+
+    lines = []
+    for kind in sorted({d["dtype"] + "/" + d["scaling"] for d in data}):
+        rows = [d for d in data if d["dtype"] + "/" + d["scaling"] == kind]
+        r = [d["baseline_ms"] / d["tandem_ms"] for d in rows if "tandem_ms" in d and "baseline_ms" in d]
+        if r:
+            lines.append(f"{kind}: geometric mean baseline/tandem {geo(r):.3f} over {len(r)} shapes, lowest "
+                         f"{min(r):.3f}")
+        fp8 = not (kind.startswith("bfloat16") or kind.startswith("float16"))
+        base_key = "baseline_ms_inner20" if fp8 else "baseline_ms"
+        best = []
+        for d in rows:
+            times = [t for t in (d.get("variants_ms") or {}).values() if t]
+            if times and d.get(base_key):
+                best.append(d[base_key] / min(times))
+        if best:
+            lines.append(f"{kind}: best configuration per shape, baseline/configuration ({base_key}) "
+                         f"{geo(best):.3f} over {len(best)} shapes, lowest {min(best):.3f}")
+    return lines
 
 
 def main(argv=None) -> int:

@@ -224,16 +224,15 @@ def main(argv=None) -> int:
     from . import common
 
     ap = common.parser("moe", __doc__, reps=7)
-    ap.add_argument("--tokens", default=None, help="tokens a rank (default 1024,4096,16384, issue 26's range; 65536 "
-                                                   "needs about 41 GiB a rank at the deepseek config: two ranks do not "
-                                                   "fit one 80 GB GPU)")
+    ap.add_argument("--tokens", default="1024,4096,16384",
+                    help="tokens a rank (default %(default)s, issue 26's range; 65536 needs about 41 GiB a rank at the "
+                         "deepseek config: two ranks do not fit one 80 GB GPU)")
     ap.add_argument("--configs", default="small,deepseek")
     ap.add_argument("--layer", action="store_true", help="the whole layer: moe_ffn against a torch reference")
     a = ap.parse_args(argv)
     rc = common.relaunch("moe", a.nprocs, argv)
     if rc is not None:
         return rc
-    tokens = a.tokens or "1024,4096,16384"
-    (run_layer if a.layer else run)(a.configs.split(","), [int(t) for t in tokens.split(",")], a.reps, a.out,
+    (run_layer if a.layer else run)(a.configs.split(","), [int(t) for t in a.tokens.split(",")], a.reps, a.out,
                                     common.command_line("moe", argv))
     return 0

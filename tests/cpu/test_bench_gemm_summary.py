@@ -1,0 +1,31 @@
+"""bench gemm's summary: the op against its baseline, and each shape's best configuration against the baseline
+timed as the configurations are (bf16: single calls; FP8: 20 calls back to back), never mixed."""
+
+import json
+import pathlib
+
+from tandem.bench.gemm import summary_lines
+
+
+def _row(dtype, scaling, tandem, base, base20, variants):
+    return dict(dtype=dtype, scaling=scaling, tandem_ms=tandem, baseline_ms=base, baseline_ms_inner20=base20,
+                variants_ms=variants)
+
+
+def test_best_configurations_are_compared_like_for_like():
+    data = [_row("bfloat16", "none", 2.0, 1.0, 0.5, {"a": 1.0, "b": 4.0, "c": None}),
+            _row("float8_e4m3fn", "row", 2.0, 1.0, 0.5, {"x": 1.0, "y": None})]
+    lines = summary_lines(data)
+    assert "bfloat16/none: geometric mean baseline/tandem 0.500 over 1 shapes" in lines[0]
+    assert "(baseline_ms) 1.000 over 1 shapes" in lines[1]  # bf16 configurations: single calls
+    assert "float8_e4m3fn/row: geometric mean baseline/tandem 0.500" in lines[2]
+    assert "(baseline_ms_inner20) 0.500 over 1 shapes" in lines[3]  # FP8 configurations: 20-call times
+
+
+def test_the_recorded_fp8_sweep_gives_the_corrected_ratios():
+    # docs/results/gemm_w1_fp8.json (H100, df0cc50): the figures docs/results.md reports
+    path = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "gemm_w1_fp8.json"
+    lines = summary_lines(json.loads(path.read_text()))
+    best = {line.split(":")[0]: line for line in lines if "best configuration" in line}
+    assert "0.891 over 24 shapes" in best["float8_e4m3fn/tensor"], best
+    assert "0.990 over 24 shapes" in best["float8_e4m3fn/row"], best
