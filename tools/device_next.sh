@@ -317,7 +317,7 @@ elif [ "$part" = d4 ]; then
 import tandem, tandem.ops.tp as tp
 c = tandem.Communicator()
 print('rank', c.rank, 'share', c.sm_count, 'ranks_on_device', c.ranks_on_device, 'fused grid rs/ar/ag',
-      tp._fused_sms(c, 'gemm_rs', 0), tp._fused_sms(c, 'gemm_ar', 0), tp._fused_sms(c, 'ag_gemm', 0))
+      tp.fused_sms(c, 'gemm_rs', 0), tp.fused_sms(c, 'gemm_ar', 0), tp.fused_sms(c, 'ag_gemm', 0))
 c.destroy()" 2>&1 | grep rank | head -4
   mkdir -p "$OUT/diag"
   t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \

@@ -67,7 +67,7 @@ __global__ void put_bulk_kernel(DeviceComm comm, char* dst, const char* src, siz
 // 12 / 13: signal through a SignalTarget resolved once (signal_target), relaxed / ordered, with the API wait.
 __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int iters, uint64_t base, bool initiator,
                                 int variant, int32_t* status_out) {
-  using namespace device::impl;
+  // the reference variants use the device API's scoped word accesses (tandem/device/scoped.cuh) by name
   uint64_t* remote = reinterpret_cast<uint64_t*>(device::peer_ptr(comm, flag, peer));
   volatile uint64_t* vremote = remote;
   const volatile uint64_t* vlocal = flag;
@@ -75,7 +75,7 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
     record(status_out, Status::kUnreachablePeer);
     return;
   }
-  const bool same_device = peer_on_same_device(comm, peer);
+  const bool same_device = device::peer_on_same_device(comm, peer);
   const device::SignalTarget target = device::signal_target(comm, flag, peer);
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
@@ -85,8 +85,9 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
       const device::Order order =
           variant == 8 || variant == 11 || variant == 12 ? device::Order::kRelaxed : device::Order::kOrdered;
       auto send = [&] {
-        if (variant == 7) {
-          release_store(remote, v, same_device);
+        if (variant == 7) {  // the API's release store, at the scope that covers the peer
+          if (same_device) device::st_release_gpu(remote, v);
+          else device::st_release_sys(remote, v);
           return Status::kOk;
         }
         if (variant >= 12) return device::signal(comm, target, v, SignalOp::kSet, order);
@@ -101,17 +102,17 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
       }
     } else {
       auto store = [&] {
-        if (variant == 4 || variant == 5) st_release_gpu(remote, v);
-        else if (variant == 6 || variant == 9) st_relaxed_gpu(remote, v);
-        else if (variant == 10) st_relaxed_sys(remote, v);
+        if (variant == 4 || variant == 5) device::st_release_gpu(remote, v);
+        else if (variant == 6 || variant == 9) device::st_relaxed_gpu(remote, v);
+        else if (variant == 10) device::st_relaxed_sys(remote, v);
         else *vremote = v;
       };
       if (initiator) store();
       uint32_t spins = 0;
       for (;;) {
-        const uint64_t seen = variant == 4    ? ld_acquire_gpu(flag)
-                              : variant == 10 ? ld_relaxed_sys(flag)
-                              : variant >= 5  ? ld_relaxed_gpu(flag)
+        const uint64_t seen = variant == 4    ? device::ld_acquire_gpu(flag)
+                              : variant == 10 ? device::ld_relaxed_sys(flag)
+                              : variant >= 5  ? device::ld_relaxed_gpu(flag)
                                               : *vlocal;
         if (seen >= v) break;
         if (++spins == (1u << 26)) {
@@ -119,8 +120,8 @@ __global__ void pingpong_kernel(DeviceComm comm, uint64_t* flag, int peer, int i
           return;
         }
       }
-      if (variant == 1) fence_acq_rel_sys();
-      if (variant == 5 || variant == 6) fence_acq_rel_gpu();
+      if (variant == 1) device::fence_acq_rel_sys();
+      if (variant == 5 || variant == 6) device::fence_acq_rel_gpu();
       if (!initiator) store();
     }
     if (s != Status::kOk) {

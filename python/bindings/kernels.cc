@@ -237,43 +237,47 @@ void bind_kernels(py::module_& m) {
       },
       py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the FP8 GEMM; throws if it does not run.");
   k.def("preload_scaled_gemm_kernels", [] { check_cuda(g::preload_scaled_kernels(), "scaled_gemm.preload"); });
+  // The arrival-aware tile scheduler's schedule (gemm.h ArrivalSchedule), less the communicator's device state,
+  // which gemm_with_arrivals fills in from the communicator it is given.
+  py::class_<g::ArrivalSchedule>(k, "ArrivalSchedule", "The AG+GEMM mainloop's arrival schedule (gemm.h).")
+      .def(py::init<>())
+      .def_readwrite("epoch", &g::ArrivalSchedule::epoch)
+      .def_readwrite("chunk_rows", &g::ArrivalSchedule::chunk_rows)
+      .def_readwrite("chunks", &g::ArrivalSchedule::chunks)
+      .def_readwrite("first_chunk", &g::ArrivalSchedule::first_chunk)
+      .def_readwrite("source_of_chunk0", &g::ArrivalSchedule::source_of_chunk0)
+      .def_property(
+          "flags", [](const g::ArrivalSchedule& s) { return reinterpret_cast<uintptr_t>(s.flags); },
+          [](g::ArrivalSchedule& s, uintptr_t v) { s.flags = reinterpret_cast<const uint64_t*>(v); },
+          "device address of the chunks' arrival flags (uint64 each)");
   k.def(
       "gemm_with_arrivals",
-      [](const tandem::Communicator& c, g::GemmArgs a, uintptr_t flags, uint64_t epoch, int chunk_rows, int chunks,
-         int first_chunk, int source_of_chunk0, uintptr_t workspace, uintptr_t stream) {
+      [](const tandem::Communicator& c, g::GemmArgs a, g::ArrivalSchedule s, uintptr_t workspace, uintptr_t stream) {
         tandem::ScopedDevice device_scope(c.device());
-        g::ArrivalSchedule s;
         s.comm = c.device_comm();
-        s.flags = reinterpret_cast<const uint64_t*>(flags);
-        s.epoch = epoch;
-        s.chunk_rows = chunk_rows;
-        s.chunks = chunks;
-        s.first_chunk = first_chunk;
-        s.source_of_chunk0 = source_of_chunk0;
         if (a.sm_count <= 0) a.sm_count = c.sm_count();
         std::string why;
         check(g::run_with_arrivals(a, s, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream),
                                    &why),
               why, "gemm_with_arrivals", c.rank());
       },
-      py::arg("comm"), py::arg("args"), py::arg("flags"), py::arg("epoch"), py::arg("chunk_rows"), py::arg("chunks"),
-      py::arg("first_chunk"), py::arg("source_of_chunk0"), py::arg("workspace"), py::arg("stream"),
+      py::arg("comm"), py::arg("args"), py::arg("schedule"), py::arg("workspace"), py::arg("stream"),
       "The GEMM core with the arrival-aware tile scheduler (the AG+GEMM mainloop's contract); throws if it does not "
       "run. Timed-out waits are recorded in the communicator.");
-  // Measurement only (tools/diag/gemm_mps.py): other configurations of the GEMM core, their occupancy, and a
-  // residency probe (gemm_variants.h). They answer '' or the reason, as a diagnostic reports and goes on.
+  // Other configurations of the GEMM core (the op's per-shape choice, gemm_plan.py), their occupancy, and a
+  // residency probe (gemm_variants.h). Failures throw tandem::Error with the adapter's status, like every launch.
   k.def("gemm_variant_names", [] { return g::variants::names(); });
   k.def(
       "gemm_variant",
       [](const std::string& name, const g::GemmArgs& a, uintptr_t stream, uintptr_t workspace) {
         std::string why;
-        return reason(g::variants::run(name, a, reinterpret_cast<cudaStream_t>(stream), &why,
-                                       reinterpret_cast<void*>(workspace)),
-                      why);
+        const Status s =
+            g::variants::run(name, a, reinterpret_cast<cudaStream_t>(stream), &why, reinterpret_cast<void*>(workspace));
+        check(s, name + ": " + (why.empty() ? std::string("failed") : why), "gemm", -1);
       },
       py::arg("name"), py::arg("args"), py::arg("stream"), py::arg("workspace") = 0,
-      "bf16 D = A @ B with the named configuration; '' or the reason it did not run. workspace: device memory of "
-      "gemm_variant_workspace_size bytes (the split-K / stream-K configurations need one).");
+      "bf16 D = A @ B with the named configuration; throws TandemError (its status) if it does not run. workspace: "
+      "device memory of gemm_variant_workspace_size bytes (the split-K / stream-K configurations need one).");
   k.def(
       "gemm_variant_workspace_size",
       [](const std::string& name, const g::GemmArgs& a) {
@@ -289,12 +293,8 @@ void bind_kernels(py::module_& m) {
       [](const std::string& name, const g::GemmArgs& a) {
         g::variants::Occupancy o;
         std::string why;
-        const auto s = g::variants::occupancy(name, a, &o, &why);
+        check(g::variants::occupancy(name, a, &o, &why), why, "gemm_variant_occupancy", -1);
         py::dict r;
-        if (s != Status::kOk) {
-          r["error"] = why;
-          return r;
-        }
         r["grid_ctas"] = o.grid_ctas;
         r["cluster_size"] = o.cluster_size;
         r["max_active_clusters"] = o.max_active_clusters;
@@ -306,12 +306,11 @@ void bind_kernels(py::module_& m) {
       "residency_probe",
       [](int blocks, int cluster_x, int smem_bytes, int spin_us, uintptr_t timeline, uintptr_t stream) {
         std::string why;
-        return reason(g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us,
-                                                   reinterpret_cast<int64_t*>(timeline),
-                                                   reinterpret_cast<cudaStream_t>(stream), &why),
-                      why);
+        check(g::variants::residency_probe(blocks, cluster_x, smem_bytes, spin_us, reinterpret_cast<int64_t*>(timeline),
+                                           reinterpret_cast<cudaStream_t>(stream), &why),
+              why, "residency_probe", -1);
       },
-      "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; '' or the reason.");
+      "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; throws if it does not run.");
 
   // ---- stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode ------------------------------
   k.def("stream_advance", [](uintptr_t counter, uintptr_t stream) {

@@ -53,7 +53,7 @@ def test_the_torch_reference_is_the_layer(world, monkeypatch):
            for c in counts]
     wts = [torch.rand(c, k) for c in counts]
     barrier = threading.Barrier(world, timeout=60)
-    monkeypatch.setattr("tandem.bench.tp._stream_barrier", lambda comm: (barrier.wait, None))
+    monkeypatch.setattr("tandem.bench.tp.stream_barrier", lambda comm: (barrier.wait, None))
     heap, out, errors = _Heap(), [None] * world, []
 
     def body(r):

@@ -27,7 +27,7 @@ def test_stream_barrier_signals_own_slot_and_waits_for_every_peer(monkeypatch):
     ws = torch.zeros(8 * 5, dtype=torch.uint8)
     comm = types.SimpleNamespace(world_size=4, rank=2, native=object(), barrier=lambda: None,
                                  zeros=lambda n, dtype: ws[:n])
-    run, keep = tp_bench._stream_barrier(comm)
+    run, keep = tp_bench.stream_barrier(comm)
     assert keep.numel() == 8 * 5
     run()
     base = ws.data_ptr()

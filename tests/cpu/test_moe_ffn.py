@@ -90,8 +90,8 @@ def test_gemm1_takes_the_dispatch_it_names(monkeypatch, gemm1):
     offsets = torch.tensor([0, 5, 16], dtype=torch.int32)
     rows, layout, y = torch.randn(32, 16), torch.zeros(40, dtype=torch.int32), torch.randn(32, 12)
     monkeypatch.setattr(mf, "_GEMM1", gemm1)
-    monkeypatch.setattr(mf.moe, "_dispatch", lambda *a: calls.append(("dispatch",) + a[1:]) or (y, layout))
-    monkeypatch.setattr(mf.moe, "_dispatch_rows", lambda *a: calls.append(("rows",) + a[1:]) or (rows, layout))
+    monkeypatch.setattr(mf.moe, "run_dispatch_gemm", lambda *a: calls.append(("dispatch",) + a[1:]) or (y, layout))
+    monkeypatch.setattr(mf.moe, "dispatch_rows", lambda *a: calls.append(("rows",) + a[1:]) or (rows, layout))
     monkeypatch.setattr(mf.moe, "layout_view", lambda c, lay, epr, mt, k: {"expert_offset": offsets})
 
     def grouped_mm(a, b, offs):

@@ -3,7 +3,7 @@ random interleavings, with the slot schedule the kernel uses (ring_schedule.h, t
 interleaving must finish (no deadlock), every step must compute on the block of rank (r - i) mod W of its own
 launch, and no slot may be rewritten before its holder released it.
 
-The rules replayed are the kernel's (kernels/src/attention/ring_attention_sm90.cu):
+The rules replayed are the kernel's (kernels/src/attention/ring_flow.cuh):
   comm blocks, step i < W-1 in order: wait arrived[slot(i)] >= G(i) (i > 0) and released[slot(i+1)] >=
       previous_use(i+1) (set by the successor), write the successor's slot(i+1), set its arrived = G(i+1);
       then count themselves a party of step i

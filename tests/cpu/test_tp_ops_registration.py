@@ -65,7 +65,7 @@ def test_traced_without_graph_breaks():
 
 
 def _key(op, h, a, b, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
-    # the signature tandem.ops.tp._run computes
+    # the signature tandem.ops.tp.run_tp_op computes
     return (op, h, mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
             b.dtype, b.device)
 

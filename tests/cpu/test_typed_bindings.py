@@ -113,3 +113,25 @@ def test_the_swiglu_launch_checks_before_it_touches_the_gpu(K):
         K.moe_swiglu(x, 0)
     x.capacity, x.out = 0, ADDR + 16  # no rows: nothing to launch
     K.moe_swiglu(x, 0)
+
+
+def test_a_gemm_configuration_that_cannot_run_raises_its_status(K):
+    # gemm_variant / gemm_variant_occupancy throw like every launch (they answered '' or a reason before, which the
+    # op re-raised as a CUDA failure): an unknown configuration is INVALID_ARGUMENT, found before any CUDA call
+    x = K.GemmArgs()
+    x.m, x.n, x.k, x.lda, x.ldb, x.ldd = 16, 16, 16, 16, 16, 16
+    x.a, x.b, x.d = ADDR, ADDR, ADDR
+    with pytest.raises(TandemError, match="unknown GEMM variant 'no_such_configuration'") as ei:
+        K.gemm_variant("no_such_configuration", x, 0)
+    assert (ei.value.status, ei.value.op) == (INVALID_ARGUMENT, "gemm")
+    with pytest.raises(TandemError, match="unknown GEMM variant") as ei:
+        K.gemm_variant_occupancy("no_such_configuration", x)
+    assert ei.value.status == INVALID_ARGUMENT
+
+
+def test_the_arrival_schedule_is_a_typed_class(K):
+    s = K.ArrivalSchedule()
+    s.flags, s.epoch, s.chunk_rows, s.chunks, s.first_chunk, s.source_of_chunk0 = ADDR, 2**40 + 3, 256, 4, 3, 1
+    assert (s.flags, s.epoch, s.chunk_rows, s.chunks, s.first_chunk, s.source_of_chunk0) == (
+        ADDR, 2**40 + 3, 256, 4, 3, 1)
+    assert "schedule" in K.gemm_with_arrivals.__doc__

@@ -51,8 +51,9 @@ def test_gemm_variants_match_torch(run_ranks):
         assert row["wrong"] == 0, row
         assert row["rel"] < 1e-2, row
         assert row["rerun_same"], row
-    assert "unknown GEMM variant" in r["unknown"]
-    assert "workspace" in r["no_workspace"], r["no_workspace"]
+    # refusals raise TandemError with the launcher's status: INVALID_ARGUMENT (3), not a CUDA failure (5)
+    assert r["unknown"][0] == 3 and "unknown GEMM variant" in r["unknown"][1], r["unknown"]
+    assert r["no_workspace"][0] == 3 and "workspace" in r["no_workspace"][1], r["no_workspace"]
 
 
 def test_scaled_gemm_matches_torch_scaled_mm(run_ranks):

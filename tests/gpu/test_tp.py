@@ -274,10 +274,7 @@ def test_pipelined_mode_matches_torch_repeats_and_replays(run_ranks, world):
         for c in r["ag"]:
             assert c["wrong"] == 0 and c["gathered_wrong"] == 0, repr(c)
         for c in r["rs"] + r["ar"]:
-            assert c["wrong"] == 0, c
-            # cuBLASLt ran where asked and the shape allows it (N, K multiples of 16), tandem's core elsewhere
-            m, n, k = c["shape"]
-            assert c["cublas_calls"] == (1 if c["gemm"] == "cublas" and n % 16 == 0 and k % 16 == 0 else 0), c  # bit-exact against the ring's own order and roundings
+            assert c["wrong"] == 0, c  # bit-exact against the ring's own order and roundings
             assert c["rel"] < 1e-2, c
         assert r["random_rs_rel"] < 2e-2, r  # bf16 roundings at each of W ring steps
         assert r["same"] == [200, 200, 200], r

@@ -150,6 +150,15 @@ def variants(shapes, sm_counts):
     from tandem.ops.gemm import gemm_args, variant_workspace
 
     K = native().kernels
+
+    def variant(name, x, stream, wp=0):
+        """None if the configuration ran, else (status, message) of the TandemError it raised."""
+        try:
+            K.gemm_variant(name, x, stream, wp)
+            return None
+        except TandemError as e:
+            return (e.status, str(e))
+
     out = []
     stream = torch.cuda.current_stream().cuda_stream
     for name in K.gemm_variant_names():
@@ -163,25 +172,25 @@ def variants(shapes, sm_counts):
                 if ws is not None:
                     ws.fill_(0xAB)  # run() must zero what it relies on itself
                 wp = 0 if ws is None else ws.data_ptr()
-                err = K.gemm_variant(name, x, stream, wp)
+                err = variant(name, x, stream, wp)
                 torch.cuda.synchronize()
                 wrong = int((d != ref).sum()) if not err else None
                 ra = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 rb = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-                err2 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream, wp)
+                err2 = variant(name, gemm_args(ra, rb, d, sms), stream, wp)
                 torch.cuda.synchronize()
                 first = d.clone()
-                err3 = K.gemm_variant(name, gemm_args(ra, rb, d, sms), stream, wp)  # again: the same bits
+                err3 = variant(name, gemm_args(ra, rb, d, sms), stream, wp)  # again: the same bits
                 torch.cuda.synchronize()
                 rerun_same = bool(torch.equal(first, d)) if not err3 else None
                 r64 = ra.double() @ rb.double()
                 rel = float((d.double() - r64).norm() / r64.norm()) if not err2 else None
                 out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2 or err3, wrong=wrong,
                                 rel=rel, rerun_same=rerun_same))
-    bad = K.gemm_variant("no_such_variant", gemm_args(a, b, d, 0), stream)
+    bad = variant("no_such_variant", gemm_args(a, b, d, 0), stream)
     # a split configuration without its workspace is refused, not run on a null pointer
     x = gemm_args(a, b, d, 0)
-    no_ws = K.gemm_variant("splitk2_128x128_c1", x, stream) if K.gemm_variant_workspace_size(
+    no_ws = variant("splitk2_128x128_c1", x, stream) if K.gemm_variant_workspace_size(
         "splitk2_128x128_c1", x) else "needs none"
     return dict(rows=out, unknown=bad, no_workspace=no_ws)
 

@@ -268,7 +268,7 @@ def capacity_guard(comm_timeout_s, mode):
     got = {}
 
     def run():
-        got["y"], got["layout"] = moe._dispatch(comm, x, dup_all, w, tokens, mode, 0, 0, check_ids=False)
+        got["y"], got["layout"] = moe.run_dispatch_gemm(comm, x, dup_all, w, tokens, mode, 0, 0, check_ids=False)
 
     res = _outcome(comm, run)
     res["received"] = int(got["layout"][0].item()) if "layout" in got else None

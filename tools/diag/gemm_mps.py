@@ -63,9 +63,10 @@ def cublas_kernel(fn):
 def residency(blocks, cluster, smem, spin_us=2000):
     tl = torch.zeros(blocks * 3, dtype=torch.int64, device="cuda")
     comm.barrier()
-    err = K.residency_probe(blocks, cluster, smem, spin_us, tl.data_ptr(), stream())
-    if err:
-        return dict(error=err)
+    try:
+        K.residency_probe(blocks, cluster, smem, spin_us, tl.data_ptr(), stream())
+    except RuntimeError as e:  # TandemError, with the launcher's status
+        return dict(error=str(e))
     torch.cuda.synchronize()
     t = tl.view(blocks, 3).cpu()
     events = sorted([(int(s), 1) for s in t[:, 0]] + [(int(e), -1) for e in t[:, 1]], key=lambda x: (x[0], x[1]))
@@ -95,12 +96,13 @@ for shape in args.shapes.split(","):
         r["cublas_kernels"] = [f"profiler failed: {e}"]
     r["variants"] = {}
     for name in K.gemm_variant_names():
-        occ = K.gemm_variant_occupancy(name, gemm_args(a, b, d, sms))
+        try:
+            occ = K.gemm_variant_occupancy(name, gemm_args(a, b, d, sms))
+        except RuntimeError as e:  # TandemError: the configuration cannot take this shape
+            occ = dict(error=str(e))
 
         def run(name=name, x=gemm_args(a, b, d, sms)):  # the Args made once, outside the timed calls
-            err = K.gemm_variant(name, x, stream())
-            if err:
-                raise RuntimeError(err)
+            K.gemm_variant(name, x, stream())  # TandemError (a RuntimeError) if it cannot run
 
         v = dict(occupancy=occ)
         try:
@@ -117,9 +119,7 @@ for shape in args.shapes.split(","):
     whole_args = gemm_args(a, b, d, device_sms)
 
     def whole_device():
-        err = K.gemm_variant("coop_128x256_c2", whole_args, stream())
-        if err:
-            raise RuntimeError(err)
+        K.gemm_variant("coop_128x256_c2", whole_args, stream())
 
     try:
         r["core_whole_device_ms"] = timed(whole_device)

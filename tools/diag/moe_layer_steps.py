@@ -12,7 +12,7 @@ layer as it runs (every rank at once), plus the whole op for comparison, and rep
 retries (an allocator that frees and retries inside the timed loop would show here, not in a profile of kernels).
 
 Per rank, medians over --reps calls, ms: dispatch (the dispatch and GEMM 1: moe_layer.gemm1 where it exists),
-swiglu, gemm2 (torch._grouped_mm), combine (moe._combine), sum of steps, the op (torch.ops.tandem.moe_ffn), and
+swiglu, gemm2 (torch._grouped_mm), combine (moe.run_combine), sum of steps, the op (torch.ops.tandem.moe_ffn), and
 the same with a host barrier before each call (the ranks started together: how much of a step is waiting for
 the other rank).
 """
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                 if hasattr(moe_layer, "gemm1"):  # the op's GEMM 1 (TANDEM_MOE_GEMM1: tandem's or torch's)
                     y, layout = moe_layer.gemm1(comm, x, ids, w1, tokens, "unfused", 0)
                 else:
-                    y, layout = moe._dispatch(comm, x, ids, w1, tokens, "unfused", 0, 0)
+                    y, layout = moe.run_dispatch_gemm(comm, x, ids, w1, tokens, "unfused", 0, 0)
                 stamp()
                 # the op's SwiGLU (branch moe-speed: tandem's kernel over the received rows, unless
                 # TANDEM_MOE_SWIGLU=torch); before it, torch's over every receive-capacity row
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                 lv = moe.layout_view(comm, layout, epr, tokens, k)
                 z = torch._grouped_mm(act, w2, offs=lv["expert_offset"][1:])
                 stamp()
-                out = moe._combine(comm, z, layout, ids, wts, tokens, 0, check_ids=False)
+                out = moe.run_combine(comm, z, layout, ids, wts, tokens, 0, check_ids=False)
                 stamp()
                 return out
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
             op_s = common.time_launches(op, warmup=3, reps=a.reps)
             retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries0
             comm.check()
-            lv = moe.layout_view(comm, moe._dispatch(comm, x, ids, w1, tokens, "unfused", 0, 0)[1], epr, tokens, k)
+            lv = moe.layout_view(comm, moe.run_dispatch_gemm(comm, x, ids, w1, tokens, "unfused", 0, 0)[1], epr, tokens, k)
             received = int(lv["expert_offset"][-1].item())
             row = dict(config=name, hidden=hidden, inter=inter, experts=experts, k=k, tokens=tokens, world=world,
                        rank=rank, received=received, capacity=world * tokens * min(k, epr),

@@ -138,7 +138,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   p.comm = a.comm;
   p.ctl = reinterpret_cast<RingControl*>(ws + o.control);
   p.parties = reinterpret_cast<uint64_t*>(ws + o.counters);
-  p.claimed = p.parties + kMaxWorldRing;
+  p.claimed = p.parties + kMaxWorld;
   p.merged = reinterpret_cast<uint64_t*>(ws + o.merged);
   p.k_user = static_cast<const char*>(a.k);
   p.v_user = static_cast<const char*>(a.v);
@@ -163,7 +163,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   p.tma_v_slots = make_tma_copy(SM90_TMA_LOAD{}, gtensor(pr.slots > 0 ? p.v_slots : a.v, s.heads_kv, pr.slots),
                                 kv_tile);
 
-  if (cudaMemsetAsync(p.parties, 0, sizeof(uint64_t) * 2 * kMaxWorldRing, stream) != cudaSuccess)
+  if (cudaMemsetAsync(p.parties, 0, sizeof(uint64_t) * 2 * kMaxWorld, stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (stage) {  // the proxy reads what it sends from the heap: this rank's block goes to slot 0 first
     if (cudaMemcpyAsync(p.k_slots, a.k, o.block_bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||
@@ -193,8 +193,9 @@ size_t workspace_size(const RingArgs& a) { return offsets_of(a).total; }
 Status can_implement(const RingArgs& a, std::string* why) {
   const RingShape& s = a.shape;
   const int world = a.comm.world;
-  if (world < 1 || world > kMaxWorldRing) return fail(why, "world size must be in [1, 64]");
-  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  // the world first (the workspace layout depends on it); the dtype, pointers and workspace after the shape (the
+  // workspace size needs a valid one): the runtime's common checks
+  if (Status st = runtime::check_world(a.comm, why); st != Status::kOk) return st;
   if (s.batch < 1 || s.seq_local < 1 || s.heads_q < 1 || s.heads_kv < 1)
     return fail(why, "batch, seq_local, heads_q and heads_kv must be positive");
   if (s.heads_q % s.heads_kv) return fail(why, "heads_kv must divide heads_q");
@@ -205,16 +206,10 @@ Status can_implement(const RingArgs& a, std::string* why) {
   const int64_t rows = static_cast<int64_t>(s.batch) * s.seq_local;
   if (rows * s.heads_q > (int64_t(1) << 31) || static_cast<int64_t>(s.seq_local) > (int64_t(1) << 31) - kBlockM)
     return fail(why, "B * S_l * Hq must stay below 2^31");
-  if (a.q == nullptr || a.k == nullptr || a.v == nullptr || a.o == nullptr || a.lse == nullptr)
-    return fail(why, "null pointer");
-  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
-  if (misaligned(a.q) || misaligned(a.k) || misaligned(a.v) || misaligned(a.o) || misaligned(a.lse))
-    return fail(why, "q, k, v, o and lse must be 16-byte aligned");
-  if (a.workspace == nullptr) return fail(why, "null workspace");
-  if (reinterpret_cast<uintptr_t>(a.workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
-  const char* ws = static_cast<const char*>(a.workspace);
-  if (!runtime::workspace_in_heap(a.comm, ws, workspace_size(a)))
-    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  if (Status st = runtime::check_launch_common(a.comm, a.dtype, {a.q, a.k, a.v, a.o, a.lse}, "q, k, v, o and lse",
+                                                a.workspace, workspace_size(a), 256, why);
+      st != Status::kOk)
+    return st;
   const int nb = comm_blocks_of(a);
   if (nb > kMaxCommBlocks) return fail(why, "comm_blocks must be at most 8");
   if (world > 1 && (a.plan.kv_slots == 1 || a.plan.kv_slots < 0)) return fail(why, "kv_slots must be 0 or >= 2");

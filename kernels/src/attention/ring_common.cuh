@@ -29,7 +29,7 @@ using namespace cute;
 using runtime::fail;
 using runtime::last_of;
 
-constexpr int kMaxWorldRing = 64;
+using runtime::kMaxWorld;  // the runtime's world limit: RingControl's slots and the step counters below
 constexpr int kMaxCommBlocks = 8;
 constexpr int kBlockM = 128;           // Q rows per work item: two consumer warpgroups of 64 rows
 constexpr int kBlockN = 128;           // K/V rows per tile
@@ -55,8 +55,8 @@ constexpr bool kPingPong = TANDEM_RING_ATTENTION_PINGPONG != 0;
 // Flow-control state in the workspace.
 
 struct alignas(128) RingControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
-  uint64_t arrived[kMaxWorldRing][kMaxCommBlocks];  // [slot][c]: G of the step whose range c landed in the slot
-  uint64_t released[kMaxWorldRing];                 // [slot]: G of the last step the successor finished with it
+  uint64_t arrived[kMaxWorld][kMaxCommBlocks];  // [slot][c]: G of the step whose range c landed in the slot
+  uint64_t released[kMaxWorld];                 // [slot]: G of the last step the successor finished with it
 };
 static_assert(sizeof(RingControl) <= 8 * 4096, "control block");
 constexpr size_t kRingControlBytes = (sizeof(RingControl) + 4095) / 4096 * 4096;
@@ -90,7 +90,7 @@ Offsets offsets_of(const RingArgs& a) {
   runtime::WorkspaceCarver w{0};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.control = take(kRingControlBytes);
-  o.counters = take(sizeof(uint64_t) * 2 * kMaxWorldRing);  // parties[W], claimed[W]: zeroed per launch
+  o.counters = take(sizeof(uint64_t) * 2 * kMaxWorld);  // parties[W], claimed[W]: zeroed per launch
   o.block_bytes = rows * s.heads_kv * s.head_dim * 2;
   const bool multi = a.comm.world > 1;
   o.merged = take(multi ? sizeof(uint64_t) * items_of(s) : 0);  // per work item: G of its last merged step

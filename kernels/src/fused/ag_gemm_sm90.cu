@@ -36,6 +36,11 @@ namespace {
 
 using namespace detail;
 
+// The fused grids are kClusterX blocks wide because the GEMM core's clusters are: the comm roles take whole rows.
+static_assert(cute::size<0>(gemm::detail::CooperativeConfig::ClusterShape{}) == kClusterX &&
+                  cute::size<1>(gemm::detail::CooperativeConfig::ClusterShape{}) == 1,
+              "the fused grid's width is the GEMM core's cluster");
+
 template <class GemmKernel>
 struct AgParams {
   typename GemmKernel::Params gemm;
@@ -222,23 +227,23 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     // The scheduler's grid first (persistent, raster along N: (cluster M = 2, clusters)), then pin it.
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
     const dim3 gg = Kernel::get_grid_shape(p.gemm);
-    if (gg.x != 2 || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    if (gg.x != kClusterX || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
     if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
       return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
-    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
+    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / kClusterX;
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
-    grid = dim3(2, gg.y + plan.comm_blocks / 2, 1);
+    grid = dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1);
   } else {
     // The all-gather runs alone: up to kMaxCollectiveBlocks SMs of the rank copy (bench roles, H200, world 4:
     // 808 GB/s a rank on 16 SMs, 798 on 32; a grid of every SM of an MPS rank hung beside the other ranks' GEMMs
     // in bench tp, 16384x8192x4096, world 4).
     const int all = plan.sm_count & ~1;
     p.comm_blocks = all < 2 ? 2 : (all > kMaxCollectiveBlocks ? kMaxCollectiveBlocks : all);
-    grid = dim3(2, p.comm_blocks / 2, 1);
+    grid = dim3(kClusterX, p.comm_blocks / kClusterX, 1);
   }
-  p.copy_rows_y = p.comm_blocks / 2;
+  p.copy_rows_y = p.comm_blocks / kClusterX;
   // Copy blocks stage through shared memory; GEMM blocks need the CUTLASS kernel's (larger) storage.
   const int copy_smem = kStageBytes + 64;
   const int smem_launch = gemm_role && Kernel::SharedStorageSize > copy_smem ? Kernel::SharedStorageSize : copy_smem;
@@ -283,7 +288,7 @@ size_t workspace_size(const AgGemmArgs& a) {
 
 static Status check_ag(const AgGemmArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
-  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (Status s = check_world(a.comm, why); s != Status::kOk) return s;
   if (a.m_local <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M_local, N and K must be positive");
   if (fused && a.m_local % 8) return fail(why, "M_local must be a multiple of 8 for the fused kernel (TMA row alignment of the chunks)");
   if (a.k % 8 || a.n % 8 || a.ldb % 8 || a.ldc % 8) return fail(why, "K, N and leading dimensions must be multiples of 8");

@@ -326,7 +326,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   if (!fused) {
     if (stages != Stages::kReduceOnly) {
       p.mode = RsMode::kWaitReady;
-      if (Status s = launch(dim3(2, 1, 1), 0); s != Status::kOk) return s;
+      if (Status s = launch(dim3(kClusterX, 1, 1), 0); s != Status::kOk) return s;
       if (stages == Stages::kWaitOnly) return Status::kOk;
       gemm::GemmArgs g = chunk_args(0, plan.sm_count);
       g.m = a.m;
@@ -338,7 +338,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
     int blocks = topology_of(a).N == 1 ? plan.sm_count & ~1 : plan.comm_blocks;
     blocks = blocks < 2 ? 2 : (blocks > kMaxCollectiveBlocks ? kMaxCollectiveBlocks : blocks);
     p.reduce_blocks = blocks;
-    return launch(dim3(2, blocks / 2, 1), 0);
+    return launch(dim3(kClusterX, blocks / kClusterX, 1), 0);
   }
   p.mode = RsMode::kFused;
   dim3 gg{};
@@ -371,12 +371,13 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
       // The scheduler's persistent grid: (2, clusters) along N, (2 x clusters, 1) along M. Either way it is
       // launched as (2, clusters) below the role rows; the scheduler numbers the blocks cluster-minor first.
       gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
-      if (gg.z != 1 || (gg.x != 2 && gg.y != 1) || (gg.x * gg.y) % 2) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
-      gg = dim3(2, gg.x * gg.y / 2, 1);
+      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
+        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
     }
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
-    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / 2;
+    args.scheduler.arrival.gemm_block_y0 = plan.comm_blocks / kClusterX;
     p.gemm[o] = Kernel::to_underlying_arguments(args, nullptr);
     p.chunk_tiles = static_cast<int64_t>(p.gemm[o].scheduler.blocks_per_problem_);
     if constexpr (kPieces) {
@@ -391,10 +392,10 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   }
   if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
     return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
-  p.reduce_rows_y = plan.comm_blocks / 2;
+  p.reduce_rows_y = plan.comm_blocks / kClusterX;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
   if (p.pieces > 1 && p.gemm_blocks > kMaxGemmBlocks) return fail(why, "too many GEMM blocks for the piece table", Status::kInternal);
-  return launch(dim3(2, gg.y + plan.comm_blocks / 2, 1), Kernel::SharedStorageSize);
+  return launch(dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1), Kernel::SharedStorageSize);
 }
 
 }  // namespace
@@ -435,7 +436,7 @@ size_t workspace_size(const GemmRsArgs& a) {
 
 static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
-  if (world < 1 || world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
+  if (Status s = check_world(a.comm, why); s != Status::kOk) return s;
   if (fused && world > kMaxFusedRsWorld) return fail(why, "the fused GEMM+RS takes at most 8 ranks (use the unfused path)");
   if (a.m <= 0 || a.n <= 0 || a.k <= 0) return fail(why, "M, N and K must be positive");
   if (a.m % world) return fail(why, "M must be a multiple of the world size");

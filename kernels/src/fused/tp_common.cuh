@@ -18,7 +18,7 @@
 
 namespace tandem::kernels::tp::detail {
 
-constexpr int kMaxWorld = 64;
+using runtime::kMaxWorld;  // the runtime's world limit: Control's and NodeFlags' per-rank arrays below
 constexpr int kStageBytes = 96 * 1024;  // TMA bulk staging of a comm block (multiple of 16 * kBulkStages)
 // GEMM blocks waiting for a chunk sleep this long between polls. Measured (H200, world 2, 4096x4096x8192 per
 // rank, 4 copy blocks): 0 ns 10.97 ms, 256 ns 4.20 ms, 2000 ns 2.04 ms fused vs 3.24 ms unfused (docs/results.md).
@@ -115,10 +115,12 @@ constexpr size_t kNodeFlagBytes = sizeof(NodeFlags);
 // the others that grew up on this file use them by these names.
 using runtime::atom_add_acq_rel_gpu;
 using runtime::block_ok;
+using runtime::check_world;
 using runtime::complete_bulk_stores;
 using runtime::current_epoch;
 using runtime::dispatch_roles;
 using runtime::fail;
+using runtime::kClusterX;
 using runtime::finish_block;
 using runtime::last_of;
 using runtime::last_of_units;
@@ -161,27 +163,16 @@ struct FusedKnobs {
   static FusedKnobs from_env();
 };
 
-// What every TP op checks besides its shapes: the world size; operands and workspace non-null and 16-byte
-// aligned (TMA rows; `names` says which they are, for the message); the workspace inside the symmetric heap;
-// the resolved SM plan; the dtype.
+// What every TP op checks besides its shapes: the runtime's common checks (world size; dtype; operands non-null
+// and 16-byte aligned, TMA rows, `names` says which they are, for the message; the workspace non-null, 16-byte
+// aligned and inside the symmetric heap), then the resolved SM plan.
 inline Status check_common(const tandem::DeviceComm& comm, DType dtype, std::initializer_list<const void*> operands,
                            const char* names, const void* workspace, size_t workspace_bytes, const SmPlan& plan,
                            std::string* why) {
-  if (comm.world < 1 || comm.world > kMaxWorld) return fail(why, "world size must be in [1, 64]");
-  for (const void* p : operands)
-    if (p == nullptr) return fail(why, "null pointer");
-  if (workspace == nullptr) return fail(why, "null pointer");
-  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
-  for (const void* p : operands)
-    if (misaligned(p)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
-  if (misaligned(workspace)) return fail(why, std::string(names) + " and the workspace must be 16-byte aligned");
-  if (!workspace_in_heap(comm, workspace, workspace_bytes))
-    return fail(why, "the workspace must lie in the communicator's symmetric heap");
-  if (plan.sm_count <= 0) return fail(why, "sm_count must be the SMs this rank has");
-  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
-  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
-  if (dtype != DType::kBF16 && dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
-  return Status::kOk;
+  if (Status s = runtime::check_launch_common(comm, dtype, operands, names, workspace, workspace_bytes, 16, why);
+      s != Status::kOk)
+    return s;
+  return runtime::check_sm_plan(plan.sm_count, plan.comm_blocks, 1, why);
 }
 
 }  // namespace tandem::kernels::tp::detail

@@ -23,12 +23,15 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "tandem/device.cuh"
 #include "tandem/kernels/runtime/persistent.cuh"
+#include "tandem/kernels/runtime/trace.cuh"
 
 namespace tandem::kernels::moe::detail {
 
-// The diagnostic timeline (TANDEM_MOE_TRACE=1, moe_sm90.cu): kTraceSlots globaltimer slots for each of the
-// first kTraceBlocks blocks; the scheduler writes slots 2, 6 and 7.
+// The dispatch launch's diagnostic timeline (TANDEM_MOE_TRACE=1, moe_sm90.cu), the runtime's (trace.cuh):
+// kTraceSlots globaltimer slots for each of the first kTraceBlocks blocks, no SM slot (moe::trace_snapshot's
+// layout, 512 x 8); the dispatch kernel stamps slots 0-5, the scheduler writes slots 2, 6 and 7.
 constexpr int kTraceSlots = 8, kTraceBlocks = 512;
+using MoeTimeline = tandem::kernels::runtime::TimelineOf<kTraceBlocks, kTraceSlots, /*RecordSm=*/false>;
 
 // What the scheduler waits on. flags == nullptr: no waits (the unfused GEMM, launched after the dispatch).
 struct ExpertArrivals {
@@ -41,7 +44,7 @@ struct ExpertArrivals {
   int gemm_block_y0 = 0;                    // first grid row of GEMM blocks
   int gemm_grid_y = 0;                      // rows of GEMM blocks (0: the whole grid)
   uint32_t poll_sleep_ns = 5000;           // between polls: each poll costs the senders memory bandwidth
-  uint64_t* trace = nullptr;                // diagnostic timeline (moe_sm90.cu): slots 2, 6, 7 of each block
+  MoeTimeline timeline{};                   // diagnostic (moe_sm90.cu): slots 2, 6, 7 of each block
   tandem::DeviceComm comm{};
 };
 
@@ -107,7 +110,7 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
     waited_group_ = group;
     if (cute::elect_one_sync()) {
       using namespace tandem::device;
-      const uint64_t t0 = a.trace != nullptr ? tandem::device::now_ns() : 0;
+      const uint64_t t0 = a.timeline.on() ? tandem::device::now_ns() : 0;
       const uint64_t epoch = tandem::kernels::runtime::epoch_after(a.epoch_counter);
       const int expert = a.expert0 + group;
       tandem::Status st = tandem::Status::kOk;
@@ -118,11 +121,9 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
       // A failed wait leaves the abort flag up: the tile is still computed so every block stays in step.
       asm volatile("fence.proxy.async.global;" ::: "memory");
       // slot 2: when the mainloop producer got its first tile; 6 / 7: the scheduler's later waits, time and count
-      const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
-      if (a.trace != nullptr && block < tandem::kernels::moe::detail::kTraceBlocks) {
+      if (uint64_t* const trace_row = a.timeline.row()) {
         const uint64_t t1 = tandem::device::now_ns();
-        unsigned long long* row = reinterpret_cast<unsigned long long*>(
-            a.trace + block * tandem::kernels::moe::detail::kTraceSlots);
+        unsigned long long* row = reinterpret_cast<unsigned long long*>(trace_row);
         if (initial) {
           atomicMax(row + 2, static_cast<unsigned long long>(t1));
         } else {

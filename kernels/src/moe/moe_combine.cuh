@@ -46,7 +46,7 @@ __device__ __forceinline__ float to_f(Element v) { return static_cast<float>(v);
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const __grid_constant__ CombineParams p) {
   using namespace tandem::device;
-  __shared__ int32_t expected[kMaxWorldMoe];
+  __shared__ int32_t expected[kMaxWorld];
   const Common& c = p.c;
   const DeviceComm& comm = c.comm;
   const int world = comm.world, rank = comm.rank;

@@ -1,6 +1,6 @@
 // MoE dispatch + grouped GEMM and combine (sm90a), the kernels' shared definitions: the optional per-block
-// trace, the dispatch workspace's offsets, the state every role shares (Common), the end-of-launch release and
-// finish, and the receive-capacity check. The protocol is the one at the top of moe_sm90.cu.
+// timeline's names, the dispatch workspace's offsets, the state every role shares (Common), the end-of-launch
+// release and finish, and the receive-capacity check. The protocol is the one at the top of moe_sm90.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,36 +23,31 @@ namespace {
 using runtime::block_ok;
 using runtime::fail;
 using runtime::launch_clustered;
+using runtime::kMaxWorld;  // the runtime's world limit: MoeControl's per-rank flags below, the combine's table
 using runtime::last_of;
 
 // Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
-// diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries. The
-// globaltimer is one clock for every process on a GPU, so MPS ranks' timelines line up. Off (null): no stores.
-using detail::kTraceBlocks;  // (grouped_gemm_sm90.hpp writes slots 2, 6, 7 too)
-using detail::kTraceSlots;
-__device__ uint64_t g_moe_trace[kTraceBlocks * kTraceSlots];
-
-__device__ __forceinline__ void trace_stamp(uint64_t* trace, int slot) {
-  if (trace != nullptr && threadIdx.x == 0) {
-    const int b = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
-    if (b < kTraceBlocks) trace[b * kTraceSlots + slot] = tandem::device::now_ns();
-  }
-}
+// diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries, in the
+// runtime's timeline (trace.cuh) of MoE's layout: grouped_gemm_sm90.hpp's MoeTimeline, 512 blocks x 8 slots.
+// Dispatch blocks: 0 start, 1 ready (peers done with e - 1), 2 count rows in, 3 rows sent, 4 rows arrived, 5 end.
+// GEMM blocks: 0 start, 1 shapes ready, 2 first tile (the scheduler), 4 GEMM done, 5 end; 6 and 7 the scheduler's
+// later waits (ns in all, how many). The host owns the buffer and passes it in DispatchParams::timeline (null:
+// off, no stores).
+using detail::MoeTimeline;
 
 constexpr int kMaxExperts = 4096;         // shared-memory tables of the send blocks
 constexpr int32_t kSendChunk = 32;        // pairs a warp sends before the next warp's turn (see dispatch_role)
 constexpr uint32_t kArrivalPollNs = 1000;  // dispatch blocks waiting for the last arrivals: leave the memory
                                            // system to the senders
-constexpr int kMaxWorldMoe = 64;
 constexpr uint32_t kRendezvousSleepNs = 1000;  // see rendezvous_sleep_ns (moe_sm90.cu)
 using runtime::WorkspaceCarver;
 
 struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
   uint64_t pad0[15];
-  uint64_t counts_flag[kMaxWorldMoe];  // source s's count row landed
-  uint64_t ready[kMaxWorldMoe];        // rank q finished with everything the others wrote for that epoch
-  uint64_t done[kMaxWorldMoe];         // combine: rank q sent every row of this rank's tokens
+  uint64_t counts_flag[kMaxWorld];  // source s's count row landed
+  uint64_t ready[kMaxWorld];        // rank q finished with everything the others wrote for that epoch
+  uint64_t done[kMaxWorld];         // combine: rank q sent every row of this rank's tokens
 };
 static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -166,9 +161,8 @@ struct DispatchParams {
   char* recv_x;
   char* y;
   typename Gg<Element>::Arrays arrays;
-  uint64_t* trace;        // null unless TANDEM_MOE_TRACE=1
-  int dispatch_rows_y;    // grid rows below this dispatch; the GEMM's follow (fused)
-  int dispatch_blocks;
+  MoeTimeline timeline;   // off (null) unless TANDEM_MOE_TRACE=1
+  int dispatch_blocks;    // the grid's first blocks (runtime::is_compute_block: whole rows); the GEMM's follow (fused)
   bool gemm_role;
 };
 

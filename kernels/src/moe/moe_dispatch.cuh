@@ -64,7 +64,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until_backoff(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
   }
   if (!block_ok(st)) return;
-  trace_stamp(p.trace, 1);
+  p.timeline.stamp(1);
   if (db == 0) {
     __syncthreads();
     for (int q = 0; q < world && block_ok(st); ++q)
@@ -76,7 +76,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
       st = wait_until_backoff(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, c.wait_sleep_ns, s);
   }
   if (!block_ok(st)) return;
-  trace_stamp(p.trace, 2);
+  p.timeline.stamp(2);
   // Receive capacity guard: rows that every destination would receive, from the count rows every rank now holds
   // (the same on every rank). More than the capacity (moe.h: distinct experts per token; the same expert twice in
   // a token's top-k, or max_tokens that differ between ranks, can exceed it) would write past y, the layout and
@@ -168,7 +168,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   flush();
   __syncthreads();
-  trace_stamp(p.trace, 3);
+  p.timeline.stamp(3);
   // Every row addressed to this rank has landed: the GEMM (unfused: launched next) may read them all, and the
   // row sources are copied out before ready[r] = e lets the next epoch's senders overwrite them.
   if (threadIdx.x == 0) {
@@ -180,7 +180,7 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     }
   }
   if (!block_ok(st)) return;
-  trace_stamp(p.trace, 4);
+  p.timeline.stamp(4);
   int32_t received = 0;  // (from the counts: block 0's layout writes are not ordered before this block)
   for (int j = 0; j < c.el; ++j)
     for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
@@ -195,25 +195,27 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   using namespace tandem::device;
   MoeControl* ctl = p.c.ctl;
   const uint64_t e = runtime::current_epoch(ctl);
-  const bool gemm_block = p.gemm_role && static_cast<int>(blockIdx.y) >= p.dispatch_rows_y;
-  trace_stamp(p.trace, 0);
+  // the runtime's roles over the grid (inline, as GEMM+RS: persistent.cuh): blocks [0, dispatch_blocks) in grid
+  // order dispatch -- the first rows of the kClusterX-wide grid -- as dispatch block grid_block_index(); the rest
+  // (fused) run the GEMM
+  const bool gemm_block = runtime::is_compute_block(p.dispatch_blocks, p.gemm_role);
+  p.timeline.stamp(0);
   if (gemm_block) {
     Status st = Status::kOk;
     // shapes and pointers of this epoch (written by dispatch block 0)
     if (threadIdx.x == 0) st = wait_until_backoff(p.c.comm, &ctl->shapes_ready, Cmp::kGe, e, 1000, p.c.comm.rank);
     if (block_ok(st)) {
-      trace_stamp(p.trace, 1);
+      p.timeline.stamp(1);
       typename Gg<Element>::Kernel op;
       op(p.gemm, smem);
     }
     __syncthreads();
-    trace_stamp(p.trace, 4);
+    p.timeline.stamp(4);
   } else {
-    const int db = static_cast<int>(blockIdx.y) * 2 + static_cast<int>(blockIdx.x);
-    dispatch_role(p, db, e, reinterpret_cast<int32_t*>(smem));
+    dispatch_role(p, runtime::grid_block_index(), e, reinterpret_cast<int32_t*>(smem));
     __syncthreads();
   }
-  trace_stamp(p.trace, 5);
+  p.timeline.stamp(5);
   moe_finish(p.c, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, p.gemm_role);
 }
 

@@ -23,9 +23,12 @@
 // done[r] = e there; then every rank waits for every done[q] and reduces out[t] = sum_slot w[t, slot] * row in
 // slot order (fp32, one rounding).
 //
-// Files: moe_common.cuh (trace, workspace offsets, shared state, release/finish, capacity check),
+// Files: moe_common.cuh (the timeline's names, workspace offsets, shared state, release/finish, capacity check),
 // moe_dispatch.cuh (layout, dispatch role, the fused and GEMM-alone kernels), moe_combine.cuh (the combine),
-// this file (host side).
+// moe_swiglu.cuh (the SwiGLU between the experts' GEMMs), this file (host side).
+#include <mutex>
+#include <vector>
+
 // (in the order they had in one file)
 #include "moe_common.cuh"
 #include "moe_dispatch.cuh"
@@ -39,6 +42,34 @@ namespace {  // (the names it uses from the runtime are brought in by moe_common
 // ---------------------------------------------------------------------------------------------------------------
 // Host side.
 
+// The dispatch timeline's device buffer (TANDEM_MOE_TRACE=1), one per device: made by that device's first traced
+// launch and kept (a diagnostic, MoeTimeline::kWords words); trace_snapshot() reads the current device's.
+std::mutex g_trace_mutex;
+std::vector<uint64_t*> g_trace_buffers;  // host: by device ordinal (null: no traced launch there yet)
+
+// The current device's buffer in *buf (null: none); `make`: allocate it if there is none.
+cudaError_t trace_buffer(bool make, uint64_t** buf) {
+  *buf = nullptr;
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  if (static_cast<size_t>(dev) >= g_trace_buffers.size()) g_trace_buffers.resize(static_cast<size_t>(dev) + 1, nullptr);
+  uint64_t*& mine = g_trace_buffers[static_cast<size_t>(dev)];
+  if (mine == nullptr && make) {
+    // A launch under stream capture may be the first traced one: cudaMalloc is no stream operation, allowed in a
+    // capture in relaxed mode (this thread's mode is restored after it).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, sizeof(uint64_t) * MoeTimeline::kWords);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) return e;
+    mine = static_cast<uint64_t*>(p);
+  }
+  *buf = mine;
+  return cudaSuccess;
+}
+
 int bits_for(int values) {  // radix-sort bits for keys in [0, values]
   int b = 1;
   while ((1 << b) <= values) ++b;
@@ -46,8 +77,8 @@ int bits_for(int values) {  // radix-sort bits for keys in [0, values]
 }
 
 Status check_shape(const MoeShape& s, const tandem::DeviceComm& comm, std::string* why) {
+  if (Status st = runtime::check_world(comm, why); st != Status::kOk) return st;
   const int world = comm.world;
-  if (world < 1 || world > kMaxWorldMoe) return fail(why, "world size must be in [1, 64]");
   if (s.experts_per_rank < 1) return fail(why, "experts_per_rank must be at least 1");
   const int E = experts_total(s, world);
   if (E > kMaxExperts) return fail(why, "at most 4096 experts in all");
@@ -57,17 +88,6 @@ Status check_shape(const MoeShape& s, const tandem::DeviceComm& comm, std::strin
   const int64_t cap = receive_capacity(s, world);
   if (static_cast<int64_t>(s.max_tokens) * s.topk > (int64_t(1) << 30) || cap > (int64_t(1) << 30))
     return fail(why, "max_tokens * topk (and the receive capacity) must stay below 2^30");
-  return Status::kOk;
-}
-
-Status check_common_moe(const tandem::DeviceComm& comm, DType dtype, const void* workspace, size_t ws_bytes,
-                        std::string* why) {
-  if (dtype != DType::kBF16 && dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
-  if (workspace == nullptr) return fail(why, "null workspace");
-  if (reinterpret_cast<uintptr_t>(workspace) & 255u) return fail(why, "the workspace must be 256-byte aligned");
-  const char* ws = static_cast<const char*>(workspace);
-  if (!runtime::workspace_in_heap(comm, ws, ws_bytes))
-    return fail(why, "the workspace must lie in the communicator's symmetric heap");
   return Status::kOk;
 }
 
@@ -153,8 +173,9 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   p.arrays.da = reinterpret_cast<typename G::StrideA*>(ws + o.stride_a);
   p.arrays.db = reinterpret_cast<typename G::StrideB*>(ws + o.stride_b);
   p.arrays.dd = reinterpret_cast<typename G::StrideD*>(ws + o.stride_d);
+  // the grid is kClusterX (2) blocks wide, the GEMM's clusters: the dispatch blocks (an even number) are whole rows
   p.dispatch_blocks = plan.comm_blocks;
-  p.dispatch_rows_y = plan.comm_blocks / 2;
+  const int dispatch_rows = plan.comm_blocks / runtime::kClusterX;
 
   // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
   // the kernel; see moe_stage_rows_kernel).
@@ -176,17 +197,17 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
                                         const_cast<int32_t*>(p.vals_sorted), n, 0, bits_for(E), stream) != cudaSuccess)
       return fail(why, "the routing sort failed", Status::kCudaError);
   }
-  const int grid_y = plan.sm_count / 2;
-  p.trace = nullptr;
+  const int grid_y = plan.sm_count / runtime::kClusterX;
+  p.timeline = MoeTimeline{};
   if (const char* v = std::getenv("TANDEM_MOE_TRACE"); v != nullptr && v[0] == '1') {
-    void* sym = nullptr;
-    if (cudaGetSymbolAddress(&sym, g_moe_trace) != cudaSuccess ||
-        cudaMemsetAsync(sym, 0, sizeof(uint64_t) * kTraceBlocks * kTraceSlots, stream) != cudaSuccess)
+    uint64_t* buf = nullptr;
+    if (trace_buffer(/*make=*/true, &buf) != cudaSuccess ||
+        cudaMemsetAsync(buf, 0, sizeof(uint64_t) * MoeTimeline::kWords, stream) != cudaSuccess)
       return fail(why, "the trace buffer is unavailable", Status::kCudaError);
-    p.trace = static_cast<uint64_t*>(sym);
+    p.timeline.stamps = buf;
   }
   detail::ExpertArrivals arr;
-  arr.trace = p.trace;
+  arr.timeline = p.timeline;
   if (const char* v = std::getenv("TANDEM_MOE_POLL_NS"))  // diagnostic override of the scheduler's poll sleep
     arr.poll_sleep_ns = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
   arr.comm = a.comm;
@@ -197,11 +218,12 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     arr.flags = p.arrive;
     arr.counts = p.counts_all;
     arr.epoch_counter = &p.c.ctl->epoch;
-    arr.gemm_block_y0 = p.dispatch_rows_y;
-    arr.gemm_grid_y = grid_y - p.dispatch_rows_y;
+    arr.gemm_block_y0 = dispatch_rows;
+    arr.gemm_grid_y = grid_y - dispatch_rows;
   }
   if (gemm) {
-    auto args = G::arguments(el, p.arrays, arr, 2 * grid_y);  // tensormap slots: every block of the grid
+    // tensormap slots: every block of the grid
+    auto args = G::arguments(el, p.arrays, arr, runtime::kClusterX * grid_y);
     if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
     if (Kernel::get_workspace_size(args) > o.cutlass_ws_bytes)
       return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
@@ -216,15 +238,15 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   if (fused) {
     p.gemm_role = true;
     const int smem = Kernel::SharedStorageSize > dispatch_smem ? static_cast<int>(Kernel::SharedStorageSize) : dispatch_smem;
-    return launch(moe_dispatch_kernel<Element>, dim3(2, grid_y, 1), smem, p);
+    return launch(moe_dispatch_kernel<Element>, dim3(runtime::kClusterX, grid_y, 1), smem, p);
   }
   p.gemm_role = false;
-  if (Status st = launch(moe_dispatch_kernel<Element>, dim3(2, p.dispatch_rows_y, 1), dispatch_smem, p);
+  if (Status st = launch(moe_dispatch_kernel<Element>, dim3(runtime::kClusterX, dispatch_rows, 1), dispatch_smem, p);
       st != Status::kOk)
     return st;
   if (gemm) {
-    if (Status st = launch(moe_gemm_kernel<Element>, dim3(2, grid_y, 1), static_cast<int>(Kernel::SharedStorageSize),
-                           p.gemm);
+    if (Status st = launch(moe_gemm_kernel<Element>, dim3(runtime::kClusterX, grid_y, 1),
+                           static_cast<int>(Kernel::SharedStorageSize), p.gemm);
         st != Status::kOk)
       return st;
   } else {
@@ -289,10 +311,10 @@ Status can_implement(const DispatchArgs& a, std::string* why) {
   if (misaligned(a.x) || misaligned(a.w) || misaligned(a.y) || misaligned(a.rows))
     return fail(why, "x, w, y and rows must be 16-byte aligned");
   const SmPlan plan = resolve(a.plan);
-  if (plan.sm_count < 4) return fail(why, "sm_count must be the SMs this rank has");
-  if (plan.comm_blocks < 2 || plan.comm_blocks % 2) return fail(why, "comm_blocks must be even and at least 2");
-  if (plan.sm_count - plan.comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
-  return check_common_moe(a.comm, a.dtype, a.workspace, workspace_size(a), why);
+  if (Status st = runtime::check_sm_plan(plan.sm_count, plan.comm_blocks, 4, why); st != Status::kOk) return st;
+  // the runtime's common checks (world, dtype, the workspace: non-null, 256-byte aligned, in the heap); the
+  // operands above: which may be null depends on the mode and the tokens
+  return runtime::check_launch_common(a.comm, a.dtype, {}, "", a.workspace, workspace_size(a), 256, why);
 }
 
 namespace {
@@ -331,7 +353,9 @@ Status can_implement(const CombineArgs& a, std::string* why) {
   if ((reinterpret_cast<uintptr_t>(a.z) | reinterpret_cast<uintptr_t>(a.out)) & 15u)
     return fail(why, "z and out must be 16-byte aligned");
   if (a.plan.sm_count < 1) return fail(why, "sm_count must be the SMs this rank has");
-  return check_common_moe(a.comm, a.dtype, a.workspace, workspace_size(a), why);
+  // the runtime's common checks (world, dtype, the workspace: non-null, 256-byte aligned, in the heap); the
+  // operands above: which may be null depends on the mode and the tokens
+  return runtime::check_launch_common(a.comm, a.dtype, {}, "", a.workspace, workspace_size(a), 256, why);
 }
 
 Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
@@ -375,8 +399,11 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
 }
 
 cudaError_t trace_snapshot(std::vector<uint64_t>* out) {
-  out->assign(static_cast<size_t>(kTraceBlocks) * kTraceSlots, 0);
-  return cudaMemcpyFromSymbol(out->data(), g_moe_trace, sizeof(uint64_t) * out->size());
+  out->assign(MoeTimeline::kWords, 0);
+  uint64_t* buf = nullptr;
+  if (const cudaError_t e = trace_buffer(/*make=*/false, &buf); e != cudaSuccess) return e;
+  if (buf == nullptr) return cudaSuccess;  // no traced launch on this device yet: zeros
+  return cudaMemcpy(out->data(), buf, sizeof(uint64_t) * out->size(), cudaMemcpyDeviceToHost);
 }
 
 Status can_implement(const SwigluArgs& a, std::string* why) {

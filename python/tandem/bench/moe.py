@@ -108,7 +108,7 @@ class TorchMoeLayer:
     def __init__(self, comm, tokens, hidden, k, epr):
         import torch
 
-        from .tp import _stream_barrier
+        from .tp import stream_barrier
 
         self.comm, self.k, self.epr, self.hidden = comm, k, epr, hidden
         world = comm.world_size
@@ -118,7 +118,7 @@ class TorchMoeLayer:
         self.send_v = [comm.peer_view(self.send, q) for q in range(world)]
         self.back_v = [comm.peer_view(self.back, q) for q in range(world)]
         self.meta_v = [comm.peer_view(self.meta, q) for q in range(world)]
-        self.barrier, self._keep = _stream_barrier(comm)
+        self.barrier, self._keep = stream_barrier(comm)
         self.tk = tokens * k
 
     def __call__(self, x, ids, wts, w1, w2):

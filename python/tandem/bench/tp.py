@@ -133,7 +133,7 @@ def _torch_collective(comm, op, m, n, k):
     return run, (partial, reduced)
 
 
-def _stream_barrier(comm):
+def stream_barrier(comm):
     """(fn, workspace): fn() enqueues a barrier of every rank on the current stream -- tandem's stream-ordered
     flags (kernels/stream_sync.h: advance, signal every peer, bounded wait for every peer). The naive peer-view
     pipeline needs one before it reads the peers' buffers (their GEMMs must have written them) and one after (a
@@ -225,7 +225,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         # what auto and fused (comm_blocks=0) run at this shape: the rank's problem (RS/AR: K / world)
         k_rank = k if op == "ag_gemm" else k // world
         r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
-        r["fused_comm_blocks"] = comm_blocks or tp._fused_split(comm, op, m, n, k_rank, 0)
+        r["fused_comm_blocks"] = comm_blocks or tp.fused_split(comm, op, m, n, k_rank, 0)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
@@ -239,7 +239,7 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         if naive == "nccl":  # NCCL synchronizes the ranks itself
             r["naive_synced_ms"] = r["naive_ms"]
         else:
-            barrier, barrier_ws = _stream_barrier(comm)
+            barrier, barrier_ws = stream_barrier(comm)
             # AR: a third barrier inside the collective, between the owners' reduced rows and their gather
             r["naive_synced_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(),
                                                   coll_torch(barrier) if op == "gemm_ar" else coll_torch(), barrier()))

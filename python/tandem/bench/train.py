@@ -99,14 +99,14 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
     from ..ops import tp
     from ..transport import Communicator
     from . import common
-    from .tp import _stream_barrier
+    from .tp import stream_barrier
 
     comm = Communicator(heap_bytes=8 << 30, timeout_s=120)
     world, rank = comm.world_size, comm.rank
     if ffn % world or (ffn // world) % 8:
         raise SystemExit(f"ffn ({ffn}) must be a multiple of 8 x the world size ({world}): 16-byte rows per rank")
     ffn_local = ffn // world
-    barrier, _keep = _stream_barrier(comm)
+    barrier, _keep = stream_barrier(comm)
     rows, data = [], []
 
     def timed(fn):

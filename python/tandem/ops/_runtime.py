@@ -425,6 +425,36 @@ def check_tensor(t, name: str, op: str, rank: int, *, dims: int, device=None, di
                       f"{t.data_ptr():#x})", op, rank)
 
 
+def check_matmul(a, b, op: str, rank: int = -1, device=None):
+    """A (M x K) @ B (K x N) as the GEMM core takes it (the plain GEMM and the TP ops): both 2-D bf16/fp16 with
+    contiguous 16-byte aligned rows, one dtype, one device (`device` if given: the communicator's), inner
+    dimensions equal, nothing empty, K and N multiples of 8 (16-byte rows for TMA). INVALID_ARGUMENT otherwise."""
+    check_tensor(a, "a", op, rank, dims=2)
+    check_tensor(b, "b", op, rank, dims=2)
+    if a.dtype != b.dtype:
+        raise invalid(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}", op, rank)
+    if device is not None and (a.device != device or b.device != device):
+        raise invalid(f"a and b must be on the communicator's device {device}, got {a.device} and {b.device}", op,
+                      rank)
+    if a.device != b.device:
+        raise invalid(f"a and b must be on the same device, got {a.device} and {b.device}", op, rank)
+    if a.shape[1] != b.shape[0]:
+        raise invalid(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}", op, rank)
+    if 0 in a.shape or b.shape[1] == 0:
+        raise invalid(f"empty problem a {tuple(a.shape)}, b {tuple(b.shape)}", op, rank)
+    if a.shape[1] % 8 or b.shape[1] % 8:
+        raise invalid(f"K ({a.shape[1]}) and N ({b.shape[1]}) must be multiples of 8 (16-byte rows for TMA)", op, rank)
+
+
+def world_of_one_launcher(op: str, gemm):
+    """An op of a communicator of one rank: the launcher (comm, a, b) -> its result, with `gemm` (a, b) -> A @ B
+    for the op's work (nothing to exchange): an all-gather op returns (C, A) as at any world (the gathered rows are
+    A itself), the others C. The caller has made the same checks as at any world."""
+    if op.endswith("ag_gemm"):
+        return lambda comm, a, b: (gemm(a, b), a)
+    return lambda comm, a, b: gemm(a, b)
+
+
 def check_mode(mode, modes: tuple, op: str, rank: int):
     """`mode` is one of the op's `modes`."""
     if mode not in modes:

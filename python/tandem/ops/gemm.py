@@ -5,36 +5,13 @@ from __future__ import annotations
 import torch
 
 from .._native import native
-from ..errors import TandemError, invalid
-from ._runtime import DTYPES as _DTYPES, define_op, kernel_args, prepared, remember, stream_handle
+from ..errors import invalid
+from ._runtime import DTYPES as _DTYPES, check_matmul, define_op, kernel_args, prepared, remember, stream_handle
 
 
 def validate(a: torch.Tensor, b: torch.Tensor, op: str = "gemm") -> None:
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise invalid(f"{name} must be a torch.Tensor, got {type(t).__name__}", op)
-        if not t.is_cuda:
-            raise invalid(f"{name} must be a CUDA tensor, got device {t.device}", op)
-        if t.dim() != 2:
-            raise invalid(f"{name} must be 2-D, got shape {tuple(t.shape)}", op)
-        if t.dtype not in _DTYPES:
-            raise invalid(f"{name} must be bfloat16 or float16, got {t.dtype}", op)
-        if t.stride(1) != 1:
-            raise invalid(f"{name} must have contiguous rows (stride(1) == 1), got strides {t.stride()}", op)
-        if t.stride(0) % 8 or t.data_ptr() % 16:
-            raise invalid(f"{name} rows must be 16-byte aligned (row stride a multiple of 8 elements)", op)
-    if a.dtype != b.dtype:
-        raise invalid(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}", op)
-    if a.device != b.device:
-        raise invalid(f"a and b must be on the same device, got {a.device} and {b.device}", op)
-    if a.shape[1] != b.shape[0]:
-        raise invalid(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}", op)
-    m, k = a.shape
-    n = b.shape[1]
-    if m == 0 or n == 0 or k == 0:
-        raise invalid(f"empty problem {m}x{n}x{k}", op)
-    if k % 8 or n % 8:
-        raise invalid(f"K ({k}) and N ({n}) must be multiples of 8 (16-byte rows for TMA)", op)
+    """The checks of D = A @ B before any launch (_runtime.check_matmul, shared with the TP ops)."""
+    check_matmul(a, b, op)
 
 
 def _sm_count(device) -> int:
@@ -99,10 +76,8 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: st
     x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
     if variant is not None:
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
-        why = native().kernels.gemm_variant(variant, x, stream_handle(a.device), 0 if ws is None else ws.data_ptr())
-        if why:
-            # the variant launcher answers a reason (tandem._C.kernels.gemm_variant): a CUDA failure (5)
-            raise TandemError(f"tandem: gemm: {variant}: {why}", 5, "gemm", -1)
+        # raises TandemError with the launcher's status (invalid argument, CUDA failure, ...)
+        native().kernels.gemm_variant(variant, x, stream_handle(a.device), 0 if ws is None else ws.data_ptr())
         return d
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
     native().kernels.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it fails
@@ -139,8 +114,9 @@ def gemm_with_arrivals(comm, a: torch.Tensor, b: torch.Tensor, flags: torch.Tens
     K = native().kernels
     x = gemm_args(a, b, d)  # sm_count 0: the communicator's
     ws = torch.empty(max(K.workspace_size(x), 1), dtype=torch.uint8, device=a.device)
-    K.gemm_with_arrivals(comm.native, x, flags.data_ptr(), int(epoch), int(chunk_rows), chunks, int(first_chunk),
-                         int(source_of_chunk0), ws.data_ptr(), stream_handle(a.device))
+    schedule = kernel_args("ArrivalSchedule", flags=flags.data_ptr(), epoch=int(epoch), chunk_rows=int(chunk_rows),
+                           chunks=chunks, first_chunk=int(first_chunk), source_of_chunk0=int(source_of_chunk0))
+    K.gemm_with_arrivals(comm.native, x, schedule, ws.data_ptr(), stream_handle(a.device))
     return d
 
 

@@ -113,7 +113,7 @@ def _use_fused(mode, world):
     return mode == "fused"
 
 
-def _dispatch(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, check_ids=True):
+def run_dispatch_gemm(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_count, check_ids=True):
     op = "moe_dispatch_gemm"
     rt.check_mode(mode, ("auto", "fused", "unfused"), op, comm.rank)
     rt.check_comm_blocks(comm_blocks, op, comm.rank)
@@ -149,7 +149,7 @@ def _max_tokens(max_tokens, tokens, op, rank):
 def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_blocks, sm_count, op, w=None):
     """One dispatch launch (moe_dispatch_gemm's, or the dispatch alone when w is None): its DispatchArgs, the op's
     workspace (cached by key, agreed by every rank as agree), the output it writes (receive capacity x out_cols in
-    x's dtype: GEMM 1's y, or the received rows) and the layout; the adapter's can_implement, then the launch in
+    x's dtype: GEMM 1's y, or the received rows) and the layout; then the launch in
     `mode` (a TandemError with its status if it does not run). Returns (output, layout)."""
     K = native().kernels
     world = comm.world_size
@@ -165,14 +165,12 @@ def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_block
         a.rows = out.data_ptr()
     else:
         a.w, a.y = w.data_ptr(), out.data_ptr()
-    why = K.can_implement(comm.native, a)
-    if why:
-        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
+    # the adapter's can_implement is the last guard: a refusal is a TandemError with its status
     K.moe_dispatch_gemm(comm.native, a, rt.mode(mode), rt.stream_handle(x.device))
     return out, layout
 
 
-def _dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0, sm_count=0, check_ids=True):
+def dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0, sm_count=0, check_ids=True):
     """The dispatch alone (no GEMM; the kernels layer's Mode DISPATCH): every (token, slot) row of x to the rank
     owning expert topk_ids[t, slot] (E = world x experts_per_rank). Returns (rows, layout): rows (receive capacity,
     x's columns), the received rows in the dispatch layout's order (for the same ids the same order as
@@ -200,7 +198,7 @@ def _dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=
                             hidden, comm_blocks, sm_count, op)
 
 
-def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
+def run_combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):
     op = "moe_combine"
     _check_rows(comm, z, "z", op)
     rt.check_on_device(comm, topk_weights, "topk_weights", op)
@@ -241,16 +239,13 @@ def _combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, chec
     a.z, a.topk_weights, a.topk_ids, a.layout, a.out, a.workspace = (z.data_ptr(), weights.data_ptr(),
                                                                      ids.data_ptr(), layout.data_ptr(),
                                                                      out.data_ptr(), ws.data_ptr())
-    why = K.can_implement(comm.native, a)
-    if why:
-        raise invalid(f"cannot run this problem: {why}", op, comm.rank)
     K.moe_combine(comm.native, a, rt.stream_handle(z.device))  # raises TandemError (its status) if it does not run
     return out
 
 
 def _dispatch_impl(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
-    return _dispatch(rt.comm_from_handle(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode, comm_blocks,
-                     sm_count)
+    return run_dispatch_gemm(rt.comm_from_handle(comm, "moe_dispatch_gemm"), x, topk_ids, w, max_tokens, mode,
+                             comm_blocks, sm_count)
 
 
 def _dispatch_fake(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=0, sm_count=0):
@@ -263,8 +258,8 @@ def _dispatch_fake(x, topk_ids, w, comm, max_tokens=0, mode="auto", comm_blocks=
 
 
 def _combine_impl(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):
-    return _combine(rt.comm_from_handle(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens,
-                    sm_count)
+    return run_combine(rt.comm_from_handle(comm, "moe_combine"), z, layout, topk_ids, topk_weights, max_tokens,
+                       sm_count)
 
 
 def _combine_fake(z, layout, topk_ids, topk_weights, comm, max_tokens=0, sm_count=0):

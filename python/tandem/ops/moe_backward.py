@@ -169,7 +169,7 @@ def expert_backward(rows, received, expert_offset, row_source, w1, w2, k: int, n
     # rows past `received` are not written by the dispatch-only copy (uninitialized, possibly NaN / Inf bit
     # patterns): zero them once, so nothing below depends on _grouped_mm skipping them
     valid = torch.arange(cap, device=rows.device) < received.to(torch.int64)
-    rows.masked_fill_(~valid.unsqueeze(1), 0)  # in place: rows is this call's own buffer (_dispatch_rows)
+    rows.masked_fill_(~valid.unsqueeze(1), 0)  # in place: rows is this call's own buffer (dispatch_rows)
     xr, r, w_all = unpack_rows(rows, hidden, k)
     slot = slot_of(row_source.to(torch.int64), k)
     w_row = row_weights(w_all.to(acc), slot)  # (cap, 1)
@@ -209,7 +209,7 @@ def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", ma
     max_tokens = int(max_tokens) or tokens
     packed = pack_rows(x, grad.to(x.dtype).contiguous(), topk_weights)
     # the forward checked the ids (one host sync); the backward does not sync
-    rows, layout = moe._dispatch_rows(c, packed, topk_ids, epr, max_tokens, 0, sm_count, check_ids=False)
+    rows, layout = moe.dispatch_rows(c, packed, topk_ids, epr, max_tokens, 0, sm_count, check_ids=False)
     lv = moe.layout_view(c, layout, epr, max_tokens, k)
     out_rows, dw1, dw2 = expert_backward(rows, lv["received"], lv["expert_offset"], lv["row_source"], w1, w2, k,
                                          bool(need_w1), bool(need_w2))
@@ -217,7 +217,7 @@ def _impl(grad, x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", ma
     dw1 = dw1 if dw1 is not None else w1.new_empty(0)
     dw2 = dw2 if dw2 is not None else w2.new_empty(0)
     ones = torch.ones(topk_ids.shape, dtype=torch.float32, device=x.device)
-    res = moe._combine(c, out_rows, layout, topk_ids, ones, max_tokens, sm_count, check_ids=False)
+    res = moe.run_combine(c, out_rows, layout, topk_ids, ones, max_tokens, sm_count, check_ids=False)
     dx, dw = unpack_combined(res, hidden, k)
     return dx, dw.to(topk_weights.dtype), dw1, dw2
 

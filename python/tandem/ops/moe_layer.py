@@ -130,11 +130,12 @@ def gemm1(c, x, topk_ids, w1, max_tokens: int, mode: str, sm_count: int):
     """(y, layout): the dispatch and GEMM 1 (y = x_j W1_j per local expert, receive-capacity rows in the dispatch
     layout; rows past the received ones unspecified), by tandem's grouped GEMM or torch's (_GEMM1)."""
     if _GEMM1 == "torch":
-        rows, layout = moe._dispatch_rows(c, x, topk_ids, w1.shape[0], max_tokens, 0, sm_count)
+        rows, layout = moe.dispatch_rows(c, x, topk_ids, w1.shape[0], max_tokens, 0, sm_count)
         lv = moe.layout_view(c, layout, w1.shape[0], max_tokens, topk_ids.shape[1])
         return torch._grouped_mm(rows, w1, offs=lv["expert_offset"][1:]), layout
     # "unfused" asks for the unfused dispatch too; "auto" lets the dispatch choose (its fused kernel at world 1)
-    return moe._dispatch(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0, sm_count)
+    return moe.run_dispatch_gemm(c, x, topk_ids, w1, max_tokens, "unfused" if mode == "unfused" else "auto", 0,
+                                 sm_count)
 
 
 def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
@@ -147,7 +148,7 @@ def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_toke
     ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
     z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
     # the ids were checked by the dispatch (one host sync); the combine does not check them again
-    return moe._combine(c, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=False)
+    return moe.run_combine(c, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=False)
 
 
 def _fake(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):

@@ -30,7 +30,7 @@ from . import _runtime as rt
 from . import tp_pipelined, tp_plan
 # the public part of the shared runtime, where users have always found it (tandem.ops.tp.register, ...)
 from ._runtime import disagreement, format_key, op_key, register, release_workspaces  # noqa: F401
-from .gemm import _DTYPES, gemm as _plain_gemm
+from .gemm import gemm as _plain_gemm
 
 def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple:
     """(mode, comm_blocks) that mode="auto" runs for the rank's problem M x N x K (AG: M the gathered rows; RS/AR:
@@ -41,39 +41,21 @@ def auto_plan(comm, op: str, m: int, n: int, k: int, sm_count: int = 0) -> tuple
                           nodes=getattr(getattr(comm, "native", None), "num_nodes", 1), pipelined=not int(sm_count))
 
 
-def _fused_sms(comm, op, sm_count) -> int:
+def fused_sms(comm, op, sm_count) -> int:
     """The fused kernel's grid: the caller's sm_count, else tp_plan.fused_grid_sms of the rank's share."""
     if int(sm_count):
         return int(sm_count)
     return tp_plan.fused_grid_sms(op, comm.sm_count, getattr(comm, "ranks_on_device", 1))
 
 
-def _fused_split(comm, op, m, n, k, sm_count) -> int:
+def fused_split(comm, op, m, n, k, sm_count) -> int:
     """comm_blocks of mode="fused" called with comm_blocks=0 (tandem.ops.tp_plan.fused_split): part of the key the
     ranks agree on, as auto's plan is."""
     return tp_plan.fused_split(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
 
 
-def _check_matrix(t, name, op, rank):
-    rt.check_tensor(t, name, op, rank, dims=2)
-
-
 def _validate(comm, a, b, op):
-    rank = comm.rank
-    _check_matrix(a, "a", op, rank)
-    _check_matrix(b, "b", op, rank)
-    if a.dtype != b.dtype:
-        raise invalid(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}", op, rank)
-    dev = torch.device("cuda", comm.device)
-    if a.device != dev or b.device != dev:
-        raise invalid(f"a and b must be on the communicator's device {dev}, got {a.device} and {b.device}", op, rank)
-    if a.shape[1] != b.shape[0]:
-        raise invalid(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}", op, rank)
-    if 0 in a.shape or b.shape[1] == 0:
-        raise invalid(f"empty problem a {tuple(a.shape)}, b {tuple(b.shape)}", op, rank)
-    if a.shape[1] % 8 or b.shape[1] % 8:
-        raise invalid(f"K ({a.shape[1]}) and N ({b.shape[1]}) must be multiples of 8 (16-byte rows for TMA)", op, rank)
-
+    rt.check_matmul(a, b, op, comm.rank, device=torch.device("cuda", comm.device))
 
 
 def _check_mode(mode, op, rank):
@@ -84,7 +66,7 @@ def _check_blocks(comm_blocks, op, rank):
     rt.check_comm_blocks(comm_blocks, op, rank)
 
 
-def _check_nodes(comm, op):
+def check_nodes(comm, op):
     # Across nodes the kernels route every chunk between ranks of one local index: nodes must be groups of
     # consecutive ranks of one size (emulated nodes always are; so are the usual launchers' layouts).
     n = comm.native
@@ -94,7 +76,7 @@ def _check_nodes(comm, op):
                           9, op, comm.rank)
 
 
-def _ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple, tag: str = ""):
+def ag_workspace(comm, m_local: int, k: int, dtype, agree: tuple, tag: str = ""):
     """(workspace, gathered A view (world m_local x k)) of the AG op for this shape: made on first use (collective,
     after the ranks agree on `agree`), cached per communicator, shape and dtype (and `tag`: another op's gathers of
     the same shape get a workspace of their own, so that one op's gathered view is not the other's)."""
@@ -120,7 +102,7 @@ def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> 
 
 
 def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
-    """The GEMM+RS/AR workspace (`op`) for this shape, as _ag_workspace."""
+    """The GEMM+RS/AR workspace (`op`) for this shape, as ag_workspace."""
     return rt.workspace(comm, (op, rt.token(comm), m, n, dtype),
                         native().kernels.workspace_size(comm.native, _rs_shape_args(m, n)), agree=agree)
 
@@ -133,9 +115,9 @@ def _rs_shape_args(m: int, n: int, k: int = 8):
 
 def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     """Every check of an AG+GEMM call, its plan, agreement and workspace; returns its launcher
-    (comm, a_local, b) -> (C, gathered A) for every later call of the same signature (_run)."""
+    (comm, a_local, b) -> (C, gathered A) for every later call of the same signature (run_tp_op)."""
     op = "ag_gemm"
-    _check_nodes(comm, op)
+    check_nodes(comm, op)
     _validate(comm, a_local, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
@@ -148,21 +130,21 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     K = native().kernels
     plan = auto_plan(comm, op, world * m_local, n, k, sm_count) if mode == "auto" else None
     if mode == "fused" and not comm_blocks:
-        plan = ("fused", _fused_split(comm, op, world * m_local, n, k, sm_count))
+        plan = ("fused", fused_split(comm, op, world * m_local, n, k, sm_count))
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"plan": plan} if plan else {}))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
         pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
         return lambda c, a, bb: _in_op(op, c.rank, tp_pipelined.ag_gemm, c, pws, a, bb)
-    ws, gathered = _ag_workspace(comm, m_local, k, dtype, agree)
+    ws, gathered = ag_workspace(comm, m_local, k, dtype, agree)
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
         comm_blocks = comm_blocks or plan[1]
     sms, blocks = int(sm_count), int(comm_blocks)
     rows = world * m_local
     # the call's typed arguments, made once per signature; each call sets the addresses
-    x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[dtype], m_local=m_local, n=n, k=k, ldb=b.stride(0), ldc=n,
+    x = rt.kernel_args("AgGemmArgs", dtype=rt.DTYPES[dtype], m_local=m_local, n=n, k=k, ldb=b.stride(0), ldc=n,
                        workspace=ws.data_ptr(), plan=dict(sm_count=sms, comm_blocks=blocks))
     if mode in ("auto", "fused"):
         probe = torch.empty((1, n), dtype=dtype, device=device)  # can_implement reads addresses, writes nothing
@@ -186,7 +168,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     # proxy's CUDA copies wait, as with a pageable copy: docs/reliability.md), so the gather timed out. tandem's
     # GEMM kernels are loaded before the first launch (_runtime.preload).
     cublas = _UNFUSED_GEMM == "cublas" and not sms and comm.native.num_nodes == 1
-    g = rt.kernel_args("GemmArgs", m=rows, n=n, k=k, dtype=_DTYPES[dtype], a=gathered.data_ptr(), lda=k,
+    g = rt.kernel_args("GemmArgs", m=rows, n=n, k=k, dtype=rt.DTYPES[dtype], a=gathered.data_ptr(), lda=k,
                        ldb=b.stride(0), ldd=n, sm_count=sms or comm.sm_count)
     gws_bytes = max(K.workspace_size(g), 1)
     gather_mode = rt.mode("GATHER")
@@ -226,7 +208,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     n = b.shape[1]
     if m % world:
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, comm.rank)
-    _check_nodes(comm, op)
+    check_nodes(comm, op)
     if world > _MAX_ONE_NODE_RS_WORLD and comm.native.num_nodes == 1:
         # The one-node reduction holds one source pointer per rank in an 8-entry table (gemm_rs_sm90.cu,
         # kMaxFusedRsWorld); more ranks would write past it. Refused until the step-by-step fallback for more than
@@ -239,7 +221,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     K = native().kernels
     plan = auto_plan(comm, op, m, n, k, sm_count) if mode == "auto" else None
     if mode == "fused" and not comm_blocks:
-        plan = ("fused", _fused_split(comm, op, m, n, k, _fused_sms(comm, op, sm_count)))
+        plan = ("fused", fused_split(comm, op, m, n, k, fused_sms(comm, op, sm_count)))
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
@@ -266,9 +248,9 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     blocks = int(comm_blocks)
     # mode is now "fused", "auto" (a fused plan) or "unfused": the fused kernel's grid is one every rank's clusters
     # fit in (MPS)
-    sms = int(sm_count) if mode == "unfused" else _fused_sms(comm, op, sm_count)
+    sms = int(sm_count) if mode == "unfused" else fused_sms(comm, op, sm_count)
     # the call's typed arguments, made once per signature; each call sets the addresses
-    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=_DTYPES[dtype], m=m, n=n, k=k,
+    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=rt.DTYPES[dtype], m=m, n=n, k=k,
                        lda=a.stride(0), ldb=b.stride(0), workspace=ws.data_ptr(),
                        plan=dict(sm_count=sms, comm_blocks=blocks))
     if all_reduce:  # algo was checked by the op
@@ -316,9 +298,7 @@ def _world_of_one(comm, a, b, op, mode, comm_blocks):
     _validate(comm, a, b, op)
     _check_mode(mode, op, comm.rank)
     _check_blocks(comm_blocks, op, comm.rank)
-    if op == "ag_gemm":
-        return lambda cm, x, bb: (_plain_gemm(x, bb), x)
-    return lambda cm, x, bb: _plain_gemm(x, bb)
+    return rt.world_of_one_launcher(op, _plain_gemm)
 
 
 def _in_op(op, rank, fn, *args):
@@ -329,7 +309,7 @@ def _in_op(op, rank, fn, *args):
         raise TandemError(f"tandem: rank {rank}: {op} (pipelined): {e}", e.status, op, rank, e.peer) from None
 
 
-def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
+def run_tp_op(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
     """One call of a TP op: the launcher prepared for this call's signature (made on its first call: _prepare_*),
     after the checks the signature does not cover (the communicator is alive; the inputs' addresses). A launcher
     sets its addresses in one shared Args object and launches: calls of one communicator come from one thread at
@@ -356,7 +336,7 @@ def _run(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
 
 
 def _ag_gemm_impl(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
-    return _run("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)[0]
+    return run_tp_op("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)[0]
 
 
 def _ag_gemm_fake(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
@@ -365,7 +345,7 @@ def _ag_gemm_fake(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
 
 
 def _gemm_rs_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
-    return _run("gemm_rs", comm, a, b, mode, comm_blocks, sm_count)
+    return run_tp_op("gemm_rs", comm, a, b, mode, comm_blocks, sm_count)
 
 
 def _gemm_rs_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0):
@@ -377,7 +357,7 @@ def _gemm_ar_impl(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto
     if algo not in _AR_ALGOS:
         raise invalid(f"algo must be one of {sorted(_AR_ALGOS)}, got {algo!r}", "gemm_ar",
                       rt.comm_from_handle(comm, "gemm_ar").rank)
-    return _run("gemm_ar", comm, a, b, mode, comm_blocks, sm_count, algo)
+    return run_tp_op("gemm_ar", comm, a, b, mode, comm_blocks, sm_count, algo)
 
 
 def _gemm_ar_fake(a, b, comm, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
@@ -398,7 +378,7 @@ def ag_gemm(comm, a_local, b, *, mode: str = "auto", comm_blocks: int = 0, sm_co
     valid until the next ag_gemm call of the same shape on this communicator (clone it to keep it)."""
     if not return_gathered:
         return torch.ops.tandem.ag_gemm(a_local, b, register(comm), mode, comm_blocks, sm_count)
-    return _run("ag_gemm", register(comm), a_local, b, mode, comm_blocks, sm_count)
+    return run_tp_op("ag_gemm", register(comm), a_local, b, mode, comm_blocks, sm_count)
 
 
 def gemm_rs(comm, a, b, *, mode: str = "auto", comm_blocks: int = 0, sm_count: int = 0):
@@ -416,7 +396,7 @@ def gathered_buffer(comm, m_local: int, k: int, dtype=torch.bfloat16, mode: str 
         ws = _ag_pipelined_workspace(comm, m_local, k, dtype, key)
         g = tp_pipelined.gathered_view(ws, comm.world_size, m_local, k, dtype)
     else:
-        _, g = _ag_workspace(comm, m_local, k, dtype, key)
+        _, g = ag_workspace(comm, m_local, k, dtype, key)
     return g[comm.rank * m_local:(comm.rank + 1) * m_local]
 
 
@@ -441,10 +421,10 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
     if op == "ag_gemm":
         m_local, k = a.shape
         n = b.shape[1]
-        ws, _ = _ag_workspace(comm, m_local, k, a.dtype, op_key(op, collective_alone=True, m_local=m_local, k=k,
+        ws, _ = ag_workspace(comm, m_local, k, a.dtype, op_key(op, collective_alone=True, m_local=m_local, k=k,
                                                                  dtype=a.dtype))
         c = torch.empty((1, n), dtype=a.dtype, device=a.device)  # not written by the gather
-        x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[a.dtype], m_local=m_local, n=n, k=k, a_local=a.data_ptr(),
+        x = rt.kernel_args("AgGemmArgs", dtype=rt.DTYPES[a.dtype], m_local=m_local, n=n, k=k, a_local=a.data_ptr(),
                            b=b.data_ptr(), ldb=b.stride(0), c=c.data_ptr(), ldc=c.stride(0), workspace=ws.data_ptr(),
                            plan=dict(sm_count=int(sm_count)))
         K.ag_gemm(comm.native, x, rt.mode("GATHER"), rt.stream_handle(a.device))  # raises if it does not run
@@ -458,7 +438,7 @@ def collective_alone(comm, op: str, a, b, *, sm_count: int = 0):
                           comm.rank)
         ws = _rs_workspace(comm, op, m, n, a.dtype, op_key(op, collective_alone=True, m=m, n=n, dtype=a.dtype))
         out = torch.empty((m if op == "gemm_ar" else m // world, n), dtype=a.dtype, device=a.device)
-        x = rt.kernel_args("GemmArArgs" if op == "gemm_ar" else "GemmRsArgs", dtype=_DTYPES[a.dtype], m=m, n=n, k=k,
+        x = rt.kernel_args("GemmArArgs" if op == "gemm_ar" else "GemmRsArgs", dtype=rt.DTYPES[a.dtype], m=m, n=n, k=k,
                            a=a.data_ptr(), lda=a.stride(0), b=b.data_ptr(), ldb=b.stride(0), out=out.data_ptr(),
                            workspace=ws.data_ptr(), plan=dict(sm_count=int(sm_count)))
         if op == "gemm_ar":
@@ -515,7 +495,7 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
         raise invalid(f"M ({m}) must be a multiple of the world size ({world})", op, rank)
     if world == 1:
         return _fp8_gemm(a, b, scale_a, scale_b)
-    _check_nodes(comm, op)
+    check_nodes(comm, op)
     if world > _MAX_ONE_NODE_RS_WORLD:  # as _prepare_rs
         raise invalid(f"GEMM+RS/AR on one node take at most {_MAX_ONE_NODE_RS_WORLD} ranks, got {world}", op, rank)
     if comm.native.num_nodes > 1:
@@ -528,7 +508,7 @@ def _scaled_reduce(comm, op, a, b, scale_a, scale_b, algo="two_shot"):
     K = native().kernels
     # The reduction's Args check A and B too (addresses, leading dimensions), which the WAIT and REDUCE launches
     # never read: the FP8 operands' addresses stand in, as an M x 8 bf16 A and an 8 x N B.
-    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=_DTYPES[dtype], m=m, n=n, k=8, lda=8,
+    x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=rt.DTYPES[dtype], m=m, n=n, k=8, lda=8,
                        ldb=n, a=a.data_ptr(), b=b.data_ptr(), workspace=ws.data_ptr())
     if all_reduce:
         x.algo = getattr(K.ArAlgo, _AR_ALGOS[algo])
@@ -568,9 +548,9 @@ def _gather_words(comm, t16, tag: str, agree: tuple):
     kk), valid until this rank's next gather of that workspace (its next call). The words are moved, not read:
     any 2-byte-per-word payload (e4m3 pairs, float32 halves) arrives bit for bit."""
     m_local, kk = t16.shape
-    ws, gathered = _ag_workspace(comm, m_local, kk, torch.bfloat16, agree, tag=tag)
+    ws, gathered = ag_workspace(comm, m_local, kk, torch.bfloat16, agree, tag=tag)
     K = native().kernels
-    x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[torch.bfloat16], m_local=m_local, n=8, k=kk, ldb=8, ldc=8,
+    x = rt.kernel_args("AgGemmArgs", dtype=rt.DTYPES[torch.bfloat16], m_local=m_local, n=8, k=kk, ldb=8, ldc=8,
                        workspace=ws.data_ptr(), plan=dict(sm_count=0, comm_blocks=0))
     # the gather launch reads a_local and writes the gathered buffer only; B and C are checked (non-null, aligned)
     # but never read: a_local's address stands in for both
@@ -604,7 +584,7 @@ def scaled_ag_gemm(comm, a_local, b, scale_a, scale_b):
     if world == 1:
         s_row = rows_scale.contiguous()
         return _fp8_gemm(a_local, b, s_row, col_scale), a_local, s_row
-    _check_nodes(comm, op)
+    check_nodes(comm, op)
     if comm.native.num_nodes > 1:
         raise invalid("the FP8 ops run on one node so far (the gathered rows go to tandem's FP8 GEMM, whose first "
                       "launch must not sit behind the proxy's copies)", op, rank)

@@ -34,7 +34,7 @@ import torch
 from .._native import native
 from ..errors import invalid
 from . import _runtime as rt
-from .tp import _DTYPES, _ag_workspace, _check_nodes, _run
+from .tp import ag_workspace, check_nodes, run_tp_op
 
 def _bwd_mode(mode: str) -> str:
     """The backward's mode: "unfused" after an unfused forward, else "auto". Not "fused" after a fused forward:
@@ -53,16 +53,16 @@ def _all_gather_rows_impl(a_local, comm):
     rt.check_tensor(a_local, "a_local", op, c.rank, dims=2, device=torch.device("cuda", c.device))
     if c.world_size == 1:
         return a_local.clone()
-    _check_nodes(c, op)
+    check_nodes(c, op)
     if not a_local.is_contiguous():
         raise invalid(f"a_local must be contiguous (strides {a_local.stride()})", op, c.rank)
     m_local, k = a_local.shape
     if k % 8:
         raise invalid(f"K ({k}) must be a multiple of 8 (16-byte rows)", op, c.rank)
     agree = rt.op_key(op, m_local=m_local, k=k, dtype=a_local.dtype)
-    ws, gathered = _ag_workspace(c, m_local, k, a_local.dtype, agree, tag="rows")
+    ws, gathered = ag_workspace(c, m_local, k, a_local.dtype, agree, tag="rows")
     K = native().kernels
-    x = rt.kernel_args("AgGemmArgs", dtype=_DTYPES[a_local.dtype], m_local=m_local, n=8, k=k, ldb=8, ldc=8,
+    x = rt.kernel_args("AgGemmArgs", dtype=rt.DTYPES[a_local.dtype], m_local=m_local, n=8, k=k, ldb=8, ldc=8,
                        workspace=ws.data_ptr(), plan=dict(sm_count=0, comm_blocks=0))
     # the gather launch reads a_local and writes the gathered buffer only; B and C are checked, never read
     x.a_local = x.b = x.c = a_local.data_ptr()
@@ -78,7 +78,7 @@ def _all_gather_rows_fake(a_local, comm):
 def _ag_gemm_gathered_impl(a_local, b, comm, mode="auto", comm_blocks=0, sm_count=0):
     """(AG(a_local) @ b, AG(a_local)): ag_gemm and a copy of its gathered rows (the op's gathered view lives in its
     workspace only until the next call)."""
-    out, gathered = _run("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)
+    out, gathered = run_tp_op("ag_gemm", comm, a_local, b, mode, comm_blocks, sm_count)
     return out, gathered.clone()
 
 

@@ -9,3 +9,4 @@
 #include "tandem/device/barrier.cuh"
 #include "tandem/device/quiet.cuh"
 #include "tandem/device/local.cuh"
+#include "tandem/device/scoped.cuh"

@@ -130,7 +130,8 @@ Status run(const SwigluArgs& args, cudaStream_t stream, std::string* why = nullp
 cudaError_t preload_kernels();
 
 // Diagnostic: the per-block timeline of the last dispatch launched with TANDEM_MOE_TRACE=1 (512 blocks x 8
-// globaltimer slots; moe_sm90.cu says what each slot is).
+// globaltimer slots; kernels/src/moe/moe_common.cuh says what each slot is). Zeros before the first traced launch
+// on the current device.
 cudaError_t trace_snapshot(std::vector<uint64_t>* out);
 
 }  // namespace tandem::kernels::moe

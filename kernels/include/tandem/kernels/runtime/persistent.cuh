@@ -1,7 +1,8 @@
 // tandem kernels — the persistent-kernel runtime every fused kernel (TP, MoE, ring attention) is built on: the
 // epoch protocol over a control block at the start of the op's workspace, the "last of N blocks" counters, roles
 // over grid rows, workspace carving and the checks every adapter makes, the launch beside clusters. Public and
-// installed: it needs the CUDA toolkit and tandem's device API only (tests/cpu/test_installed_headers.py).
+// installed: it needs the CUDA toolkit, tandem's device API and the kernels' plain C++ gemm.h (DType) only
+// (tests/cpu/test_installed_headers.py).
 //
 // Control blocks. Every kernel's control block (at the start of its workspace) derives from ControlHeader below:
 // the runtime's two words, then the family's own flags (tp::detail::Control, MoeControl, RingControl; a new
@@ -17,12 +18,19 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
 #include "tandem/device.cuh"
+#include "tandem/kernels/gemm/gemm.h"
 
 namespace tandem::kernels::runtime {
+
+// The largest world a fused kernel takes. Every family's control block holds flags indexed by rank (TP's
+// Control, MoeControl, RingControl: arrays of kMaxWorld words, static_asserted where they are declared), and
+// check_world / check_launch_common refuse larger worlds before a launch.
+constexpr int kMaxWorld = 64;
 
 // The epoch protocol's words, first in every control block; one 128-byte line of its own, so the family's
 // counters and flags that follow do not share it.
@@ -137,18 +145,18 @@ __device__ __forceinline__ void finish_block(ControlBlock* ctl, uint64_t total_b
 // Roles over the grid. A fused kernel's blocks, numbered b = y * gridDim.x + x, take two roles: blocks [0,
 // comm_blocks) are the communication role's (comm_role(b)), the blocks after them the compute role's
 // (compute_role(): a persistent CUTLASS GEMM or an attention mainloop, which finds its tiles from its own grid
-// coordinates). The TP and MoE kernels' grids are (2, rows) -- 2-block clusters along x, the GEMM core's cluster
-// shape -- so their comm role is whole rows (comm_blocks = 2 x comm rows); ring attention's is 1-D. Without a
-// compute role (has_compute_role false: the unfused launches, which give the GEMM its own kernel) every block is a
-// comm block. The comm blocks come first so that, launched in order, they get SMs before the compute blocks;
+// coordinates). The TP and MoE kernels' grids are (kClusterX, rows) -- 2-block clusters along x, the GEMM core's
+// cluster shape -- so their comm role is whole rows (comm_blocks = 2 x comm rows); ring attention's is 1-D.
+// Without a compute role (has_compute_role false: the unfused launches, which give the GEMM its own kernel) every
+// block is a comm block. The comm blocks come first so that, launched in order, they get SMs before the compute blocks;
 // still, a comm block must never wait for a compute block (nor the reverse) unless the adapter checked that the
 // whole grid is resident at once: MPS does not promise co-residency.
 //
 // dispatch_roles runs the two bodies as callables (AG+GEMM, ring attention: the same registers, stack and spills
 // as before, ptxas of nvcc 13.0). A kernel whose register allocation a callable around its compute body changes
 // keeps both bodies inline and asks is_compute_block / grid_block_index instead (GEMM+RS: a lambda around its
-// GEMM role raised its stack frame from 688 to 720 bytes; inline, it compiles as before). The MoE dispatch kernel
-// still tests its rows itself: either form moved its spills (576 -> 584-608 bytes of stack), left for a GPU run.
+// GEMM role raised its stack frame from 688 to 720 bytes; inline, it compiles as before; the MoE dispatch kernel
+// likewise: inline, 576 bytes of stack as before, its spills 68 / 152 -> 64 / 96 bytes stored / loaded).
 __device__ __forceinline__ int grid_block_index() { return static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x); }
 
 __device__ __forceinline__ bool is_compute_block(int comm_blocks, bool has_compute_role) {
@@ -193,7 +201,11 @@ __device__ __forceinline__ void split16(size_t bytes, int parts, int i, size_t* 
 // every other wait fails fast and the kernel still finishes).
 __device__ __forceinline__ bool block_ok(Status s) { return __syncthreads_and(s == Status::kOk) != 0; }
 
-// Launch `kernel` on grid (gx, gy) with 2x1x1 clusters (the GEMM core's cluster shape).
+// The cluster width of launch_clustered (the GEMM core's 2x1x1 clusters): the fused grids are kClusterX blocks
+// wide, so their comm roles are whole rows of kClusterX blocks.
+constexpr int kClusterX = 2;
+
+// Launch `kernel` on grid (gx, gy) with kClusterX x 1 x 1 clusters (the GEMM core's cluster shape).
 template <class Params, class Kernel>
 cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
                              const Params& params) {
@@ -206,7 +218,7 @@ cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cu
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.x = kClusterX;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -224,6 +236,50 @@ inline Status fail(std::string* why, const std::string& w, Status s = Status::kI
 inline bool workspace_in_heap(const tandem::DeviceComm& comm, const void* workspace, size_t bytes) {
   const char* ws = static_cast<const char*>(workspace);
   return ws >= comm.heap_base && ws + bytes <= comm.heap_base + comm.heap_bytes;
+}
+
+// The checks every fused kernel's adapter makes on its arguments (TP, MoE, ring attention; each family keeps its
+// shape, plan and limit checks beside them). Host only; a failure returns kInvalidArgument with the reason in
+// *why, in the same words from every family.
+
+// The world size: 1 to kMaxWorld ranks. Every adapter checks it first (its workspace layout depends on it).
+inline Status check_world(const tandem::DeviceComm& comm, std::string* why) {
+  if (comm.world < 1 || comm.world > kMaxWorld)
+    return fail(why, "world size must be in [1, " + std::to_string(kMaxWorld) + "]");
+  return Status::kOk;
+}
+
+// In this order (the first failure is the one reported): the world size (check_world); the dtype, bf16 or fp16;
+// `operands` non-null, then 16-byte aligned (TMA rows, 16-byte vectors; `names` lists them for the message);
+// the workspace non-null, aligned to `workspace_align` bytes (a power of two) and inside the communicator's
+// symmetric heap (workspace_in_heap: peers address it by its offset). Operands that a family may leave null
+// (MoE: x of a rank without tokens) are checked by the family itself and left out of `operands`.
+inline Status check_launch_common(const tandem::DeviceComm& comm, gemm::DType dtype,
+                                  std::initializer_list<const void*> operands, const char* names,
+                                  const void* workspace, size_t workspace_bytes, size_t workspace_align,
+                                  std::string* why) {
+  if (Status s = check_world(comm, why); s != Status::kOk) return s;
+  if (dtype != gemm::DType::kBF16 && dtype != gemm::DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  for (const void* p : operands)
+    if (p == nullptr) return fail(why, "null pointer");
+  for (const void* p : operands)
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0) return fail(why, std::string(names) + " must be 16-byte aligned");
+  if (workspace == nullptr) return fail(why, "null workspace");
+  if ((reinterpret_cast<uintptr_t>(workspace) & (workspace_align - 1)) != 0)
+    return fail(why, "the workspace must be " + std::to_string(workspace_align) + "-byte aligned");
+  if (!workspace_in_heap(comm, workspace, workspace_bytes))
+    return fail(why, "the workspace must lie in the communicator's symmetric heap");
+  return Status::kOk;
+}
+
+// The SM plan every comm-role kernel checks (TP, MoE): `sm_count` (at least `min_sm_count`) SMs, of which
+// `comm_blocks` (whole rows of the kClusterX-wide grid, at least one row) take the comm roles and at least two are
+// left for the GEMM.
+inline Status check_sm_plan(int sm_count, int comm_blocks, int min_sm_count, std::string* why) {
+  if (sm_count < min_sm_count) return fail(why, "sm_count must be the SMs this rank has");
+  if (comm_blocks < kClusterX || comm_blocks % kClusterX) return fail(why, "comm_blocks must be even and at least 2");
+  if (sm_count - comm_blocks < 2) return fail(why, "no SMs left for the GEMM");
+  return Status::kOk;
 }
 
 }  // namespace tandem::kernels::runtime
