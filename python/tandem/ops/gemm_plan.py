@@ -33,7 +33,7 @@ import os
 from . import _tune_table
 
 CORE = "coop_128x256_c2"
-# name -> (tile M, tile N, CTAs a cluster, relative per-CTA rate on a full tile). The rates are estimates (the
+# name -> (tile M, tile N, CTAs a cluster along M (CLUSTER_N: along N), relative per-CTA rate on a full tile). The rates are estimates (the
 # cooperative 128x256 tile has the most MMA work per byte of shared memory traffic; ping-pong 128x128 overlaps its
 # epilogue with the other warp group's MMAs, which helps short K); the table replaces them where it has a shape.
 CONFIGS = {
@@ -55,7 +55,7 @@ CONFIGS = {
 # CTAs a cluster along N (absent: 1)
 CLUSTER_N = {"coop_128x256_c1x2": 2}
 # Configurations the wave model does not pick until a measured table has them (their rates are guesses)
-UNTIMED = {"coop_128x256_c1x2", "coop_256x128_c2"}
+UNTIMED = frozenset({"coop_128x256_c1x2", "coop_256x128_c2"})
 # K slices a configuration cuts each output tile into ("stream" = balanced over the grid, modelled as the slices
 # that fill one wave); unsplit configurations are absent
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
