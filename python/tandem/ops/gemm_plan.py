@@ -33,9 +33,10 @@ import os
 from . import _tune_table
 
 CORE = "coop_128x256_c2"
-# name -> (tile M, tile N, CTAs a cluster along M (CLUSTER_N: along N), relative per-CTA rate on a full tile). The rates are estimates (the
-# cooperative 128x256 tile has the most MMA work per byte of shared memory traffic; ping-pong 128x128 overlaps its
-# epilogue with the other warp group's MMAs, which helps short K); the table replaces them where it has a shape.
+# name -> (tile M, tile N, CTAs a cluster along M (CLUSTER_N: along N), relative per-CTA rate on a full tile). The
+# rates are estimates (the cooperative 128x256 tile has the most MMA work per byte of shared memory traffic;
+# ping-pong 128x128 overlaps its epilogue with the other warp group's MMAs, which helps short K); the table
+# replaces them where it has a shape.
 CONFIGS = {
     "coop_128x256_c2": (128, 256, 2, 1.00),
     "coop_128x256_c1": (128, 256, 1, 0.97),
