@@ -450,6 +450,16 @@ elif [ "$part" = i1 ] || [ "$part" = i2 ] || [ "$part" = i3 ]; then
         t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && TANDEM_PREBUILT=0 timeout -s INT -k 10 $t bash tools/device_suite.sh \
           tests/gpu/test_consumer.py ;;
   esac
+elif [ "$part" = g3 ]; then
+  # branch gemm-clusters (not run): bf16 configurations coop_128x256_c1x2 and coop_256x128_c2; the every-
+  # configuration tests, then bench gemm bf16 with every configuration (issue 23: the ragged shapes)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-250} )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  W=/tmp/g3; rm -rf "$W"; mkdir -p "$W" "$OUT"
+  # the op's host time per call without the 1-byte workspace allocation (against the numbers in docs/results.md)
+  timeout -s INT -k 10 60 python3 tools/diag/gemm_host_path.py 2>&1 | tail -6
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes bfloat16 --out "$W/bf16" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/g3.tgz" -C "$W" .
 elif [ "$part" = b22m ]; then
   # issue 22's MoE benchmark before (af75616, .carry/before) and after (this tree): b22x's "moe -n 2" ran out of
   # memory on an H100 at its default 65536 tokens (two ranks' 41 + 34 GiB); 1024-16384 tokens fit. Then bench gemm

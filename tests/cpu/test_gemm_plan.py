@@ -159,3 +159,26 @@ def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_w
     assert got == {("bf16", 256): "splitk2_128x128_c1", ("bf16", 16384): "coop_128x256_c2",
                    ("fp8_row", 64): "fp8_splitk2_128x128_c1", ("bf16", 2500): "streamk_128x256_c1",
                    ("fp8_row", 256): "fp8_coop_128x128_c1"}
+
+
+def test_the_planner_names_exactly_the_native_configurations():
+    from tests.conftest import native_kernels
+
+    K = native_kernels("gemm_variant_names")
+    if set(K.gemm_variant_names()) < set(gemm_plan.CONFIGS):
+        pytest.skip("tandem._C was built before coop_128x256_c1x2 / coop_256x128_c2 (gemm_variants_sm90.cu): rebuild")
+    assert set(K.gemm_variant_names()) == set(gemm_plan.CONFIGS)
+    assert set(gemm_plan.CLUSTER_N) <= set(gemm_plan.CONFIGS) and gemm_plan.UNTIMED <= set(gemm_plan.CONFIGS)
+
+
+def test_untimed_configurations_come_only_from_a_measured_table(monkeypatch):
+    # the wave model never picks a configuration whose rate is a guess, even where it would predict it fastest
+    for name in gemm_plan.UNTIMED:
+        monkeypatch.setitem(gemm_plan.CONFIGS, name, gemm_plan.CONFIGS[name][:3] + (100.0,))
+    for shape in ((777, 4104, 4096), (4096, 4096, 4096), (16384, 28672, 8192), (3000, 5000, 4000)):
+        assert gemm_plan.choose(*shape, 132) not in gemm_plan.UNTIMED, shape
+    gemm_plan.write_table([dict(sms=132, m=777, n=4104, k=4096, variant="coop_128x256_c1x2", ms=0.05)])
+    assert gemm_plan.choose(777, 4104, 4096, 132) == "coop_128x256_c1x2"
+    # a 1x2 cluster pads N tiles, not M tiles, in the wave model
+    assert gemm_plan._tiles(128, 256, 1, 2, 777, 4104) == 7 * 18
+    assert gemm_plan._tiles(128, 256, 2, 1, 777, 4104) == 8 * 17

@@ -87,7 +87,7 @@ Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = cute::size<0>(typename G<Config, kSplit>::ClusterShape{});
-  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.y = cute::size<1>(typename G<Config, kSplit>::ClusterShape{});
   attr.val.clusterDim.z = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
@@ -96,7 +96,7 @@ Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
   if (e != cudaSuccess) return fail(why, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e),
                                     Status::kCudaError);
   out->grid_ctas = static_cast<int>(grid.x * grid.y * grid.z);
-  out->cluster_size = static_cast<int>(attr.val.clusterDim.x);
+  out->cluster_size = static_cast<int>(attr.val.clusterDim.x * attr.val.clusterDim.y);
   out->max_active_clusters = clusters;
   out->smem_bytes = smem;
   return Status::kOk;
@@ -110,9 +110,9 @@ struct Entry {
   size_t (*workspace)(const GemmArgs&);
 };
 
-template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1>
+template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1, int CN = 1>
 constexpr Entry entry(const char* name) {
-  using C = detail::Sm90Config<TM, TN, CM, S, E>;
+  using C = detail::Sm90Config<TM, TN, CM, S, E, CN>;
   return Entry{name, &run_config<C, kSplit, kSplits>, &occupancy_config<C, kSplit, kSplits>,
                &workspace_config<C, kSplit, kSplits>};
 }
@@ -130,6 +130,11 @@ const Entry kEntries[] = {
     entry<128, 128, 1, Coop, CoopEpi, Split::kSplitK, 4>("splitk4_128x128_c1"),
     entry<128, 128, 1, Coop, CoopEpi, Split::kStreamK>("streamk_128x128_c1"),
     entry<128, 256, 1, Coop, CoopEpi, Split::kStreamK>("streamk_128x256_c1"),
+    // Clusters along N (A tiles multicast to the pair) and 256x128 tiles in 2x1 clusters (B multicast): for
+    // shapes whose M tiles do not pair up (777 x 4104 x 4096: 7 M tiles of 128, so 2x1 clusters pad to 8 and
+    // spill into a second wave) and the ragged shapes where cuBLAS led by 10-28 % (docs/results.md, issue 23).
+    entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 2>("coop_128x256_c1x2"),
+    entry<256, 128, 2, Coop, CoopEpi>("coop_256x128_c2"),
 };
 
 const Entry* find(const std::string& name) {

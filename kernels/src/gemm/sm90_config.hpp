@@ -21,10 +21,11 @@ using namespace cute;
 
 // The tile, cluster and schedules of one GEMM configuration. CooperativeConfig is the core's (and the fused
 // kernels'); the others exist for measuring (kernels/src/gemm/gemm_variants_sm90.cu, tools/diag/gemm_mps.py).
-template <int kTileM, int kTileN, int kClusterM, class MainloopSchedule_, class EpilogueSchedule_>
+// kClusterN > 1 pairs CTAs along N: they share (TMA-multicast) their A tiles, as kClusterM > 1 shares B tiles.
+template <int kTileM, int kTileN, int kClusterM, class MainloopSchedule_, class EpilogueSchedule_, int kClusterN = 1>
 struct Sm90Config {
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
-  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
+  using ClusterShape = Shape<Int<kClusterM>, Int<kClusterN>, _1>;
   using MainloopSchedule = MainloopSchedule_;
   using EpilogueSchedule = EpilogueSchedule_;
 };

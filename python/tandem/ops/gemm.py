@@ -65,7 +65,7 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: st
         # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher (the
         # split-K / stream-K ones with a workspace of their own size)
         if variant == gemm_plan.CORE:
-            hit = (x, max(native().kernels.workspace_size(x), 1), None)
+            hit = (x, native().kernels.workspace_size(x), None)
         else:
             hit = (x, native().kernels.gemm_variant_workspace_size(variant, x), variant)
         if key is not None:
@@ -79,8 +79,10 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: st
         # raises TandemError with the launcher's status (invalid argument, CUDA failure, ...)
         native().kernels.gemm_variant(variant, x, stream_handle(a.device), 0 if ws is None else ws.data_ptr())
         return d
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
-    native().kernels.gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError (its status) if it fails
+    # the core's CUTLASS kernel needs no workspace (persistent scheduler): no allocation per call then (a null
+    # workspace is what CUTLASS expects at size 0)
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
+    native().kernels.gemm(x, 0 if ws is None else ws.data_ptr(), stream_handle(a.device))  # raises if it fails
     return d
 
 
@@ -216,7 +218,7 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
         why = K.can_implement(x)
         if why:
             raise invalid(why, op)
-        hit = (x, max(K.workspace_size(x), 1))
+        hit = (x, K.workspace_size(x))
         if key is not None:
             remember(key, hit)
     else:
@@ -224,8 +226,8 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
     x, ws_bytes = hit
     x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
         scale_b.data_ptr()
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device)
-    native().kernels.scaled_gemm(x, ws.data_ptr(), stream_handle(a.device))  # raises TandemError if it fails
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None  # as gemm_with's
+    native().kernels.scaled_gemm(x, 0 if ws is None else ws.data_ptr(), stream_handle(a.device))  # raises if fails
     return d
 
 

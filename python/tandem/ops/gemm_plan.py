@@ -33,9 +33,10 @@ import os
 from . import _tune_table
 
 CORE = "coop_128x256_c2"
-# name -> (tile M, tile N, CTAs a cluster, relative per-CTA rate on a full tile). The rates are estimates (the
-# cooperative 128x256 tile has the most MMA work per byte of shared memory traffic; ping-pong 128x128 overlaps its
-# epilogue with the other warp group's MMAs, which helps short K); the table replaces them where it has a shape.
+# name -> (tile M, tile N, CTAs a cluster along M (CLUSTER_N: along N), relative per-CTA rate on a full tile). The
+# rates are estimates (the cooperative 128x256 tile has the most MMA work per byte of shared memory traffic;
+# ping-pong 128x128 overlaps its epilogue with the other warp group's MMAs, which helps short K); the table
+# replaces them where it has a shape.
 CONFIGS = {
     "coop_128x256_c2": (128, 256, 2, 1.00),
     "coop_128x256_c1": (128, 256, 1, 0.97),
@@ -48,7 +49,14 @@ CONFIGS = {
     "splitk4_128x128_c1": (128, 128, 1, 0.90),
     "streamk_128x128_c1": (128, 128, 1, 0.90),
     "streamk_128x256_c1": (128, 256, 1, 0.97),
+    # cluster 1x2 (the third field counts CTAs along M; CLUSTER_N below along N) and 256x128 in 2x1 clusters
+    "coop_128x256_c1x2": (128, 256, 1, 1.00),
+    "coop_256x128_c2": (256, 128, 2, 1.00),
 }
+# CTAs a cluster along N (absent: 1)
+CLUSTER_N = {"coop_128x256_c1x2": 2}
+# Configurations the wave model does not pick until a measured table has them (their rates are guesses)
+UNTIMED = frozenset({"coop_128x256_c1x2", "coop_256x128_c2"})
 # K slices a configuration cuts each output tile into ("stream" = balanced over the grid, modelled as the slices
 # that fill one wave); unsplit configurations are absent
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",
@@ -151,7 +159,7 @@ def _waves_time(tm, tn, cm, cn, rate, split, m, n, k, sms, tile_k) -> float:
 def predicted(name: str, m: int, n: int, k: int, sms: int) -> float:
     """The wave model's time of bf16 configuration `name` (arbitrary units; only ratios mean anything)."""
     tm, tn, cluster, rate = CONFIGS[name]
-    return _waves_time(tm, tn, cluster, 1, rate, SPLITS.get(name), m, n, k, sms, TILE_K)
+    return _waves_time(tm, tn, cluster, CLUSTER_N.get(name, 1), rate, SPLITS.get(name), m, n, k, sms, TILE_K)
 
 
 def predicted_scaled(name: str, m: int, n: int, k: int, sms: int) -> float:
@@ -169,7 +177,7 @@ def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
     if hit is not None:
         return hit
     core = predicted(CORE, m, n, k, sms)
-    best = min(CONFIGS, key=lambda c: predicted(c, m, n, k, sms))
+    best = min((c for c in CONFIGS if c not in UNTIMED), key=lambda c: predicted(c, m, n, k, sms))
     return best if predicted(best, m, n, k, sms) < (1 - MARGIN) * core else CORE
 
 
