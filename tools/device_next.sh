@@ -131,6 +131,19 @@
 #   (Both add a part at the same place in this file: merging both conflicts there only.)
 #   Budget: a machine start cost 90-390 s of the 1,800 s here; i1-i3 take up to 3 x 580 s. If the start is slow,
 #   run i1 and i2, and i3 first thing the session after (i3 alone needs .carry/before for its before/after bench).
+# 2026-12-06 07:00 (eleventh session, one H100): i1, i2, i3 ran on i22 (suite passed but test_torchrun, which the
+# time cap cut off; the pipelined test's KeyError was a test bug, fixed); i22 merged; agce (not merged: "one" wins
+# nowhere) and g3 (gemm-clusters: tests passed, merged, bf16 table rebuilt) ran. Next session, in this order:
+#   1. i4 on main (.carry/prebuilt = main's module, .carry/before): test_torchrun, bench moe before/after (the MoE
+#      kernels' SASS changed in i22), the op with the rebuilt bf16 table. If torchrun passes and moe is within
+#      noise: resolve issue 22.
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=580 timeout 590 bash tools/device_next.sh i4",
+#            carry=[".whl", ".carry/prebuilt", ".carry/before"])
+#   2. gs on branch gemm-sched (issue 23: swizzle x raster per shape in the table; .carry/prebuilt-gs): test_gemm,
+#      bench gemm bf16 with schedules, the tuned table, the op with it. If a schedule wins: ship its rows
+#      (tune gemm --from-bench ... --out python/tandem/ops/gemm_tune_h100.json) and merge.
+#   Run parts that use a prebuilt module before anything that pip-installs tandem (test_consumer does): an
+#   installed package makes device_suite.sh build (g3 built for 131 s after i3's test_consumer on the same machine).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -450,6 +463,33 @@ elif [ "$part" = i1 ] || [ "$part" = i2 ] || [ "$part" = i3 ]; then
         t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && TANDEM_PREBUILT=0 timeout -s INT -k 10 $t bash tools/device_suite.sh \
           tests/gpu/test_consumer.py ;;
   esac
+elif [ "$part" = i4 ]; then
+  # issue 22's last GPU checks on main (i22 merged): test_torchrun (i3's time cap cut it off), bench moe -n 2
+  # before (af75616, .carry/before) and after (the MoE kernels' SASS changed in i22: tools/diag/sass_diff.py), then
+  # torch.ops.tandem.gemm with the bf16 table rebuilt after gemm-clusters (bench gemm --no-variants, issue 23)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_torchrun.py
+  W=/tmp/i4; rm -rf "$W"; mkdir -p "$W/b22" "$OUT"
+  for s in before after; do
+    bench_side $s ${MOE_S:-110} "$W/b22" moe -n 2 --tokens 1024,4096,16384
+  done
+  python3 tools/diag/compare_runs.py "$W/b22/before/moe_w2.json" "$W/b22/after/moe_w2.json"
+  tar czf "$OUT/i4.tgz" -C "$W" .
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --no-variants --dtypes bfloat16 --out "$W/op" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/i4.tgz" -C "$W" .
+elif [ "$part" = gs ]; then
+  # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
+  # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'
+  # schedules, the table tuned from it, and the op with that table (TANDEM_GEMM_TUNE_FILE) in the same call
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  W=/tmp/gs; rm -rf "$W"; mkdir -p "$W" "$OUT"
+  t=$(( $(left) - 60 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --dtypes bfloat16 --schedules 2 --out "$W/bf16" 2>&1 | grep -E "geometric|best|Error"
+  tar czf "$OUT/gs.tgz" -C "$W" .
+  python3 -m tandem tune gemm --from-bench "$W/bf16/gemm_w1.json" --out "$W/tune.json" | tail -1
+  t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && TANDEM_GEMM_TUNE_FILE="$W/tune.json" timeout -s INT -k 10 $t \
+    python3 -m tandem bench gemm --reps 10 --no-variants --dtypes bfloat16 --out "$W/op" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/gs.tgz" -C "$W" .
 elif [ "$part" = g3 ]; then
   # branch gemm-clusters (not run): bf16 configurations coop_128x256_c1x2 and coop_256x128_c2; the every-
   # configuration tests, then bench gemm bf16 with every configuration (issue 23: the ragged shapes)
