@@ -474,8 +474,12 @@ elif [ "$part" = i4 ]; then
   done
   python3 tools/diag/compare_runs.py "$W/b22/before/moe_w2.json" "$W/b22/after/moe_w2.json"
   tar czf "$OUT/i4.tgz" -C "$W" .
-  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+  t=$(( $(left) - 50 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --no-variants --dtypes bfloat16 --out "$W/op" 2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/i4.tgz" -C "$W" .
+  # which kernels cuBLAS / cuBLASLt run at bench gemm's shapes (tile, cluster, split): where tandem trails most
+  t=$(( $(left) - 5 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 tools/diag/cublas_kernels.py --fp8 \
+    --out "$W/cublas_kernels.json" > /dev/null 2>&1; ls -la "$W/cublas_kernels.json" 2>&1 | tail -1
   tar czf "$OUT/i4.tgz" -C "$W" .
 elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
