@@ -52,6 +52,25 @@ def main():
         print(f"| {s} | {cfg} | " + " | ".join(f"{hu[key]:.1f}" for key in fns) + " | "
               + " | ".join(f"{dev[key]:.4f}" for key in fns) + " | " + " | ".join(f"{one[key]:.4f}" for key in fns)
               + " |", flush=True)
+    # The op's host path in pieces (us a call, 200 calls back to back), at the last shape: what the dispatcher,
+    # the Python op body, the output allocation, the prepared-call key, a bare pybind call into the kernels layer
+    # and the CUTLASS launch (initialize: TMA descriptors, kernel attribute; launch) each cost.
+    from tandem.ops import _runtime
+    from tandem.ops.gemm import gemm_with
+
+    parts = dict(op=lambda: torch.ops.tandem.gemm(x, w),
+                 gemm_with=lambda: gemm_with(x, w),
+                 empty=lambda: torch.empty((m, n), dtype=x.dtype, device=x.device),
+                 key_lookup=lambda: _runtime.prepared(("gemm", None, x.shape, x.stride(), x.dtype, x.device, w.shape,
+                                                       w.stride(), w.dtype, w.device, None, None, None)),
+                 set_addresses=lambda: (setattr(args, "a", x.data_ptr()), setattr(args, "b", w.data_ptr()),
+                                        setattr(args, "d", d.data_ptr())),
+                 stream=lambda: stream_handle(x.device),
+                 pybind_check=lambda: K.can_implement(args),
+                 direct=lambda: K.gemm_variant(cfg, args, stream, wp),
+                 cublas=lambda: torch.matmul(x, w))
+    print(f"\nhost us a call at {s} ({cfg}): "
+          + ", ".join(f"{name} {common.host_launch_us(f, 200, warmup=True):.2f}" for name, f in parts.items()))
 
 
 if __name__ == "__main__":
