@@ -477,6 +477,8 @@ elif [ "$part" = i4 ]; then
   t=$(( $(left) - 50 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --no-variants --dtypes bfloat16 --out "$W/op" 2>&1 | grep -E "geometric|Error"
   tar czf "$OUT/i4.tgz" -C "$W" .
+  # the op's host path in pieces (the single-call times of small shapes carry it)
+  t=$(( $(left) - 40 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 tools/diag/gemm_host_path.py 2>&1 | tail -8
   # which kernels cuBLAS / cuBLASLt run at bench gemm's shapes (tile, cluster, split): where tandem trails most
   t=$(( $(left) - 5 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 tools/diag/cublas_kernels.py --fp8 \
     --out "$W/cublas_kernels.json" > /dev/null 2>&1; ls -la "$W/cublas_kernels.json" 2>&1 | tail -1
