@@ -29,3 +29,25 @@ def test_the_recorded_fp8_sweep_gives_the_corrected_ratios():
     best = {line.split(":")[0]: line for line in lines if "best configuration" in line}
     assert "0.891 over 24 shapes" in best["float8_e4m3fn/tensor"], best
     assert "0.990 over 24 shapes" in best["float8_e4m3fn/row"], best
+
+
+def test_plot_writes_one_chart_per_kind_from_a_recorded_sweep(tmp_path, capsys):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from tandem.bench.gemm import main, plot
+
+    rows = [dict(_row("bfloat16", "none", 2.0, 1.0, 0.5, {"a": 1.0}), m=1, n=2, k=3, baseline="cuBLAS",
+                 schedules_ms={"a/s2/along_m": 0.9}),
+            dict(_row("float8_e4m3fn", "row", 2.0, 1.0, 0.5, {"x": 1.0}), m=4, n=5, k=6, baseline="torch._scaled_mm"),
+            dict(_row("float8_e4m3fn", "tensor", 2.0, 1.0, 0.5, {}), m=4, n=5, k=6, baseline="torch._scaled_mm",
+                 run=dict(device="test GPU", commit="abcdef0123"))]
+    paths = plot(rows, str(tmp_path / "plots"))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["gemm_w1_bfloat16_none.png", "gemm_w1_float8_e4m3fn_row.png",
+                                                           "gemm_w1_float8_e4m3fn_tensor.png"]
+    recorded = tmp_path / "gemm_w1.json"
+    recorded.write_text(json.dumps(rows))
+    assert main(["--plot-from", str(recorded)]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16/none: best configuration per shape, baseline/configuration (baseline_ms) 1.000" in out, out
+    assert (tmp_path / "gemm_w1_float8_e4m3fn_row.png").exists()

@@ -179,8 +179,9 @@ def relaunch(name: str, nprocs: int | None, argv, **launch_kw) -> int | None:
     return 0 if res.ok else 1
 
 
-def grouped_bars(path: str, labels: list, series: list, ylabel: str, title: str):
-    """Grouped bar chart: series = [(name, values)], one group per label. Skipped without matplotlib."""
+def grouped_bars(path: str, labels: list, series: list, ylabel: str, title: str, hlines=()):
+    """Grouped bar chart: series = [(name, values)] (None: no bar), one group per label; hlines: [(y, label)]
+    dashed reference lines. Skipped without matplotlib."""
     import sys
 
     try:
@@ -193,11 +194,16 @@ def grouped_bars(path: str, labels: list, series: list, ylabel: str, title: str)
         return
     xs = range(len(labels))
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(labels)), 4))
+    many = len(labels) > 12  # long sweeps: narrower groups, slanted labels
+    fig, ax = plt.subplots(figsize=(min(16, max(6, (0.6 if many else 1.3) * len(labels))), 4.5 if many else 4))
     for i, (name, values) in enumerate(series):
-        ax.bar([x + (i - (len(series) - 1) / 2) * width for x in xs], values, width=width, label=name)
+        at = [(x + (i - (len(series) - 1) / 2) * width, v) for x, v in zip(xs, values) if v is not None]
+        ax.bar([x for x, _ in at], [v for _, v in at], width=width, label=name)
+    for y, name in hlines:
+        ax.axhline(y, linestyle="--", linewidth=0.8, color="gray")
+        ax.text(-0.5, y, f" {name}", va="bottom", ha="left", fontsize=7, color="gray")
     ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=7, rotation=55 if many else 0, ha="right" if many else "center")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend()

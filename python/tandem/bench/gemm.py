@@ -173,6 +173,8 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
     for line in summary_lines(data):
         print(line)
     common.write_outputs(out_dir, "gemm_w1", meta, table, data)
+    if out_dir:
+        plot([dict(d, run=meta) for d in data], out_dir)
     return data
 
 
@@ -207,6 +209,46 @@ def summary_lines(data) -> list:
     return lines
 
 
+def plot(data, out_dir) -> list:
+    """gemm_w1_<dtype>_<scaling>.png in out_dir per kind of row: per shape, baseline time over tandem's (above 1:
+    tandem faster) for the op, the best configuration and, where timed, the best configuration with its best tile
+    schedule (each against the baseline timed as it was: summary_lines' rule), with issue 23's lines. Returns the
+    paths (none without matplotlib)."""
+    import os
+
+    from . import common
+
+    paths = []
+    os.makedirs(out_dir, exist_ok=True)
+    for kind in sorted({d["dtype"] + "_" + d["scaling"] for d in data}):
+        rows = [d for d in data if d["dtype"] + "_" + d["scaling"] == kind and "tandem_ms" in d and "baseline_ms" in d]
+        if not rows:
+            continue
+        fp8 = not kind.startswith(("bfloat16", "float16"))
+        base_key = "baseline_ms_inner20" if fp8 else "baseline_ms"
+
+        def best(d, with_schedules):
+            times = [t for t in (d.get("variants_ms") or {}).values() if t]
+            if with_schedules:
+                times += [t for t in (d.get("schedules_ms") or {}).values() if t]
+            return d[base_key] / min(times) if times and d.get(base_key) else None
+
+        series = [("op", [d["baseline_ms"] / d["tandem_ms"] for d in rows]),
+                  ("best configuration", [best(d, False) for d in rows])]
+        if any(d.get("schedules_ms") for d in rows):
+            series.append(("best configuration and tile schedule", [best(d, True) for d in rows]))
+        floor = 0.90 if fp8 else 0.92
+        path = os.path.join(out_dir, f"gemm_w1_{kind}.png")
+        run = rows[0].get("run") or {}
+        common.grouped_bars(path, [f"{d['m']}x{d['n']}x{d['k']}" for d in rows], series,
+                            f"{rows[0]['baseline']} time / tandem time", f"tandem GEMM, {kind.replace('_', ' ')}, "
+                            f"{run.get('device', '')} {run.get('commit', '')[:7]}",
+                            hlines=[(1.0, "parity"), (floor, f"issue 23's floor {floor}")])
+        if os.path.exists(path):
+            paths.append(path)
+    return paths
+
+
 def main(argv=None) -> int:
     from . import common
 
@@ -215,7 +257,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,fp8_tensor,fp8_row",
                     help="which of bfloat16, fp8_tensor, fp8_row to run")
     ap.add_argument("--no-variants", action="store_true", help="skip timing the core's other configurations")
+    ap.add_argument("--plot-from", default=None, metavar="GEMM_JSON",
+                    help="no run: plot a recorded gemm_w1.json (into --out, else beside it) and print its summary")
     a = ap.parse_args(argv)
+    if a.plot_from:
+        import json
+        import os
+
+        with open(a.plot_from) as f:
+            data = json.load(f)
+        for line in summary_lines(data):
+            print(line)
+        plot(data, a.out or os.path.dirname(os.path.abspath(a.plot_from)))
+        return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")),
         variants=not a.no_variants)
