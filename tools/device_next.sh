@@ -145,7 +145,7 @@
 #      schedules at six shapes) in the same checkout:
 #        git checkout gemm-sched && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-gs .carry/prebuilt
 #        (SOURCES 14f7357 = tools/native_sources_hash.sh there), carry [".whl", ".carry/prebuilt"]
-#      Branch gone: git checkout -b gemm-sched 7e138a3 && git apply tools/pending/gemm-sched.diff.
+#      Branch gone: git checkout -b gemm-sched 1755885 && git apply tools/pending/gemm-sched.diff.
 #   Run parts that use a prebuilt module before anything that pip-installs tandem (test_consumer does): an
 #   installed package makes device_suite.sh build (g3 built for 131 s after i3's test_consumer on the same machine).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
