@@ -3,13 +3,10 @@ says what): compiled with nvcc here, run without a GPU. A wrong re-view of the S
 O += P V, or a wrong transposed view of V, would give wrong attention on the H200; this finds it on the CPU."""
 
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.cpu.host_program import build_and_run
 
 
 def _cutlass():
@@ -22,17 +19,8 @@ def _cutlass():
 
 
 def test_kernel_layouts_hold_the_elements_the_mma_expects(tmp_path):
-    nvcc = shutil.which("nvcc")
     cutlass = _cutlass()
-    if nvcc is None or cutlass is None:
-        pytest.skip("needs nvcc and the CUTLASS headers (pip install --no-deps nvidia-cutlass==4.2.0.0)")
-    exe = str(tmp_path / "ring_layouts")
-    cmd = [nvcc, "-std=c++20", "-arch=sm_90a", "-O1", "-Xptxas", "-O0", "--expt-relaxed-constexpr",
-           "-I" + os.path.join(ROOT, "transport", "include"), "-I" + os.path.join(ROOT, "kernels", "include"),
-           "-I" + os.path.join(cutlass, "include"), "-I" + os.path.join(cutlass, "tools", "util", "include"),
-           os.path.join(ROOT, "tests", "cpu", "ring_layouts.cu"), "-o", exe]
-    build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([exe], capture_output=True, text=True, timeout=120)
-    sys.stdout.write(run.stdout)
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+    if cutlass is None:
+        pytest.skip("needs the CUTLASS headers (pip install --no-deps nvidia-cutlass==4.2.0.0)")
+    build_and_run(tmp_path, "ring_layouts", flags=("-Xptxas", "-O0", "--expt-relaxed-constexpr"),
+                  include_dirs=(os.path.join(cutlass, "include"), os.path.join(cutlass, "tools", "util", "include")))
