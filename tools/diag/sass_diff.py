@@ -8,7 +8,7 @@ builds one on a CPU machine):
 
     python3 tools/diag/sass_diff.py OLD.so NEW.so [--show NAME_PART]
 
-It runs `cuobjdump -sass` on both (CUOBJDUMP, else cuobjdump on PATH, else the one triton ships) and compares
+It runs `cuobjdump -sass` on both (found by cuda_tools.tool: CUOBJDUMP, CUDA_BIN, PATH, triton's) and compares
 each kernel's instructions with what cannot matter removed: instruction addresses and encodings, the source
 file names (`identifier =`, which name the build's tree), and the hash that nvcc puts in anonymous-namespace
 names (it derives from the source path). --show prints the differing lines of the kernels whose name contains
@@ -19,31 +19,20 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import glob
-import os
 import re
-import shutil
 import subprocess
 import sys
+
+from cuda_tools import tool
 
 _ANON = re.compile(r"_GLOBAL__N__[0-9a-f]+_\d+_")
 _ADDR = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _ENC = re.compile(r"/\* 0x[0-9a-f]+ \*/")
 
 
-def cuobjdump() -> str:
-    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if not found:
-        found = next(iter(sorted(glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "triton",
-                                                        "backends", "nvidia", "bin", "cuobjdump")))), None)
-    if not found:
-        sys.exit("no cuobjdump: set CUOBJDUMP")
-    return found
-
-
 def kernels(path: str) -> dict:
     """kernel name (anonymous-namespace hash removed) -> its normalized instructions, one list per cubin holding it"""
-    text = subprocess.run([cuobjdump(), "-sass", path], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run([tool("cuobjdump"), "-sass", path], capture_output=True, text=True, check=True).stdout
     out, name, body = {}, None, []
     for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)

@@ -9,37 +9,21 @@ No GPU is needed: it reads the module's cubins.
 
     python3 tools/diag/spills_by_line.py MODULE.so UNIT [--kernel NAME_PART] [--top N]
 
-UNIT is the cubin's source name (gemm_rs_sm90, ag_gemm_sm90, moe_sm90, ...; cuobjdump -lelf lists them). Finds
-cuobjdump and nvdisasm on PATH, in CUDA's bin, or the ones triton ships (CUDA_BIN overrides).
+UNIT is the cubin's source name (gemm_rs_sm90, ag_gemm_sm90, moe_sm90, ...; cuobjdump -lelf lists them). cuobjdump
+and nvdisasm are found by cuda_tools.tool.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 
-
-def tool(name: str) -> str:
-    for d in filter(None, [os.environ.get("CUDA_BIN")]):
-        if os.path.exists(os.path.join(d, name)):
-            return os.path.join(d, name)
-    found = shutil.which(name)
-    if found:
-        return found
-    for pattern in (f"/usr/local/cuda*/bin/{name}",
-                    os.path.join(sys.prefix, "lib", "python3*", "site-packages", "triton", "backends", "nvidia", "bin",
-                                 name)):
-        hits = sorted(glob.glob(pattern))
-        if hits:
-            return hits[0]
-    sys.exit(f"no {name}: set CUDA_BIN")
+from cuda_tools import tool
 
 
 def disassemble(module: str, unit: str) -> str:
