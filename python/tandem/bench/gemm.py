@@ -178,6 +178,22 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
     return data
 
 
+def configuration_baseline_key(dtype: str) -> str:
+    """The baseline column timed as a row's configurations are: bf16/fp16 configurations are single calls
+    (baseline_ms), the FP8 ones 20 calls back to back (baseline_ms_inner20; _scaled_variants_ms)."""
+    return "baseline_ms" if dtype in ("bfloat16", "float16") else "baseline_ms_inner20"
+
+
+def best_ratio(d, with_schedules: bool = False):
+    """A row's baseline time over its fastest configuration's (configuration_baseline_key's baseline), with the
+    timed tile schedules too if asked (schedules_ms); None where the row has neither times nor that baseline."""
+    times = [t for t in (d.get("variants_ms") or {}).values() if t]
+    if with_schedules:
+        times += [t for t in (d.get("schedules_ms") or {}).values() if t]
+    base = d.get(configuration_baseline_key(d["dtype"]))
+    return base / min(times) if times and base else None
+
+
 def summary_lines(data) -> list:
     """Per dtype / scaling: the op's geometric mean of baseline/tandem (both one call between two events), and
     where the rows carry per-configuration times, the best configuration per shape against the baseline timed
@@ -196,13 +212,8 @@ def summary_lines(data) -> list:
         if r:
             lines.append(f"{kind}: geometric mean baseline/tandem {geo(r):.3f} over {len(r)} shapes, lowest "
                          f"{min(r):.3f}")
-        fp8 = not (kind.startswith("bfloat16") or kind.startswith("float16"))
-        base_key = "baseline_ms_inner20" if fp8 else "baseline_ms"
-        best = []
-        for d in rows:
-            times = [t for t in (d.get("variants_ms") or {}).values() if t]
-            if times and d.get(base_key):
-                best.append(d[base_key] / min(times))
+        base_key = configuration_baseline_key(rows[0]["dtype"])
+        best = [x for x in map(best_ratio, rows) if x is not None]
         if best:
             lines.append(f"{kind}: best configuration per shape, baseline/configuration ({base_key}) "
                          f"{geo(best):.3f} over {len(best)} shapes, lowest {min(best):.3f}")
@@ -224,20 +235,11 @@ def plot(data, out_dir) -> list:
         rows = [d for d in data if d["dtype"] + "_" + d["scaling"] == kind and "tandem_ms" in d and "baseline_ms" in d]
         if not rows:
             continue
-        fp8 = not kind.startswith(("bfloat16", "float16"))
-        base_key = "baseline_ms_inner20" if fp8 else "baseline_ms"
-
-        def best(d, with_schedules):
-            times = [t for t in (d.get("variants_ms") or {}).values() if t]
-            if with_schedules:
-                times += [t for t in (d.get("schedules_ms") or {}).values() if t]
-            return d[base_key] / min(times) if times and d.get(base_key) else None
-
         series = [("op", [d["baseline_ms"] / d["tandem_ms"] for d in rows]),
-                  ("best configuration", [best(d, False) for d in rows])]
+                  ("best configuration", [best_ratio(d) for d in rows])]
         if any(d.get("schedules_ms") for d in rows):
-            series.append(("best configuration and tile schedule", [best(d, True) for d in rows]))
-        floor = 0.90 if fp8 else 0.92
+            series.append(("best configuration and tile schedule", [best_ratio(d, True) for d in rows]))
+        floor = 0.92 if rows[0]["dtype"] in ("bfloat16", "float16") else 0.90
         path = os.path.join(out_dir, f"gemm_w1_{kind}.png")
         run = rows[0].get("run") or {}
         common.grouped_bars(path, [f"{d['m']}x{d['n']}x{d['k']}" for d in rows], series,
