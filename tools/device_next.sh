@@ -144,11 +144,11 @@
 #      (tune gemm --from-bench ... --out python/tandem/ops/gemm_tune_h100.json) and merge. Then gs8 (its FP8
 #      schedules at six shapes) in the same checkout:
 #        git checkout gemm-sched && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-gs .carry/prebuilt
-#        (SOURCES 14f7357 = tools/native_sources_hash.sh there), carry [".whl", ".carry/prebuilt"]
-#      Branch gone: git checkout -b gemm-sched 1755885 && git apply tools/pending/gemm-sched.diff.
+#        (SOURCES 2da3b4a = tools/native_sources_hash.sh there), carry [".whl", ".carry/prebuilt"]
+#      Branch gone: git checkout -b gemm-sched 0be6034 && git apply tools/pending/gemm-sched.diff.
 #   3. mc on branch moe-combine-claims (issue 26 item 3: the combine's rows claimed, not shared out; module
 #      .carry/prebuilt-mc): test_moe whole with the late-block test, then bench moe -n 2 (against i4's after side).
-#      If all pass: merge. Branch gone: git checkout -b moe-combine-claims 0fa328e &&
+#      If all pass: merge. Branch gone: git checkout -b moe-combine-claims 0be6034 &&
 #      git apply tools/pending/moe-combine-claims.diff.
 #   Budget: i4 + gs + mc + gs8 is about 580 + 580 + 300 + 300 s of device time besides the machine's start: if the
 #   start is slow, leave gs8 for the session after.
