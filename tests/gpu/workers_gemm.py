@@ -63,12 +63,19 @@ def repeat_and_graph(m, n, k, launches):
     from tandem.ops.gemm import gemm_with
 
     swizzle_same = {s: bool(torch.equal(gemm_with(a, b, swizzle=s), first)) for s in (2, 4, 8)}
-    try:
-        gemm_with(a, b, swizzle=3)
-        swizzle_3 = None
-    except TandemError as e:
-        swizzle_3 = e.status
-    return dict(same=same, launches=launches, graph_ok=graph_ok, swizzle_same=swizzle_same, swizzle_3=swizzle_3)
+    # so does the raster order, alone and with a swizzle (the core: the op's configuration may differ)
+    raster_same = {f"{r}/s{s}": bool(torch.equal(gemm_with(a, b, swizzle=s, raster=r, variant="coop_128x256_c2"),
+                                                 gemm_with(a, b, variant="coop_128x256_c2")))
+                   for r in ("along_m", "along_n", "heuristic") for s in (1, 4)}
+    refused = {}
+    for name, kw in (("swizzle 3", dict(swizzle=3)), ("raster diagonal", dict(raster="diagonal"))):
+        try:
+            gemm_with(a, b, **kw)
+            refused[name] = None
+        except TandemError as e:
+            refused[name] = e.status
+    return dict(same=same, launches=launches, graph_ok=graph_ok, swizzle_same=swizzle_same, swizzle_3=refused["swizzle 3"],
+                raster_same=raster_same, raster_refused=refused["raster diagonal"])
 
 
 def rejects():
@@ -354,6 +361,12 @@ def op_variants(shapes):
             torch.cuda.synchronize()
             out["rows"].append(dict(shape=[m, n, k], variant=name, wrong=int((got != ref).sum()),
                                     same=bool(torch.equal(got, again))))
+            # two other tile schedules of the configuration (the table may name any): still exact on this data
+            for swizzle, raster in ((4, "along_m"), (2, "along_n")):
+                got = gemm_with(a, b, variant=name, swizzle=swizzle, raster=raster)
+                torch.cuda.synchronize()
+                out["rows"].append(dict(shape=[m, n, k], variant=f"{name}/s{swizzle}/{raster}",
+                                        wrong=int((got != ref).sum()), same=True))
         out["rows"].append(dict(shape=[m, n, k], variant="op", wrong=int((torch.ops.tandem.gemm(a, b) != ref).sum()),
                                 same=True, chose=gemm_plan.choose(m, n, k, torch.cuda.get_device_properties(0)
                                                                   .multi_processor_count)))

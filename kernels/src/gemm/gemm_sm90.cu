@@ -42,6 +42,9 @@ Status can_implement(const GemmArgs& g, std::string* why) {
   if (g.dtype != DType::kBF16 && g.dtype != DType::kFP16) return fail("dtype must be bf16 or fp16");
   if (g.max_swizzle != 1 && g.max_swizzle != 2 && g.max_swizzle != 4 && g.max_swizzle != 8)
     return fail("max_swizzle must be 1, 2, 4 or 8");
+  if (g.raster != GemmArgs::Raster::kHeuristic && g.raster != GemmArgs::Raster::kAlongM &&
+      g.raster != GemmArgs::Raster::kAlongN)
+    return fail("raster must be kHeuristic, kAlongM or kAlongN");
   return Status::kOk;
 }
 

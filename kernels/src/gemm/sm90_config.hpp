@@ -112,6 +112,10 @@ struct Sm90Gemm {
          sd},
         hw};
     args.scheduler.max_swizzle_size = g.max_swizzle;
+    using RasterOrder = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = g.raster == GemmArgs::Raster::kAlongM   ? RasterOrder::AlongM
+                                  : g.raster == GemmArgs::Raster::kAlongN ? RasterOrder::AlongN
+                                                                          : RasterOrder::Heuristic;
     return args;
   }
 };

@@ -18,12 +18,14 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int = 0, swizzle: int = 1):
+def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int = 0, swizzle: int = 1,
+              raster: str = "heuristic"):
     """The GEMM core's typed arguments (tandem._C.kernels.GemmArgs) for D = A @ B on these tensors (checked by
-    the caller: validate)."""
+    the caller: validate); raster one of gemm_plan.RASTERS."""
     return kernel_args("GemmArgs", m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=_DTYPES[a.dtype], a=a.data_ptr(),
                        lda=a.stride(0), b=b.data_ptr(), ldb=b.stride(0), d=d.data_ptr(), ldd=d.stride(0),
-                       sm_count=int(sm_count), max_swizzle=int(swizzle))
+                       sm_count=int(sm_count), max_swizzle=int(swizzle),
+                       raster=getattr(native().kernels.Raster, str(raster).upper()))
 
 
 def variant_workspace(name: str, x, device) -> torch.Tensor | None:
@@ -32,37 +34,45 @@ def variant_workspace(name: str, x, device) -> torch.Tensor | None:
     return torch.empty(n, dtype=torch.uint8, device=device) if n else None
 
 
-def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: str | None = None) -> torch.Tensor:
-    """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
-    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse); variant names the CUTLASS configuration
-    (tandem.ops.gemm_plan.CONFIGS; bf16 only). None: gemm_plan.choose's for the shape (bf16, swizzle 1), else the
-    core."""
-    # Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
+def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, raster: str | None = None,
+              variant: str | None = None) -> torch.Tensor:
+    """The GEMM core with its tuning knobs exposed (the torch op uses the plan's): variant names the CUTLASS
+    configuration (tandem.ops.gemm_plan.CONFIGS; bf16 only); swizzle (1, 2, 4, 8) and raster ("heuristic",
+    "along_m", "along_n") are its persistent scheduler's walk over the output tiles (the same bits, different L2
+    reuse). Each None: gemm_plan.choose_schedule's for the shape (the measured table, else the wave model's
+    configuration with swizzle 1 and CUTLASS's raster heuristic; fp16: the core)."""
+    # Per call signature (shapes, strides, dtype, device, knobs): the GEMM's Args and workspace size, made on its
     # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
     # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
     try:
         key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle,
-               variant)
+               raster, variant)
         hit = prepared(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
+    except (AttributeError, TypeError):  # not tensors, or an unhashable knob: the full checks say so
         key, hit = None, None
     if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
-        if swizzle not in (1, 2, 4, 8):
-            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
-        validate(a, b)
-        m, n = a.shape[0], b.shape[1]
         from . import gemm_plan
 
+        if swizzle is not None and swizzle not in gemm_plan.SWIZZLES:
+            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
+        if raster is not None and raster not in gemm_plan.RASTERS:
+            raise invalid(f"raster must be one of {gemm_plan.RASTERS}, got {raster!r}", "gemm")
+        validate(a, b)
+        m, n = a.shape[0], b.shape[1]
         if variant is not None and variant not in gemm_plan.CONFIGS:
             raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
-        if variant is not None and variant != gemm_plan.CORE and (a.dtype != torch.bfloat16 or swizzle != 1):
-            raise invalid(f"variant {variant!r} takes bf16 and swizzle 1 (got {a.dtype}, swizzle {swizzle})", "gemm")
+        if variant is not None and variant != gemm_plan.CORE and a.dtype != torch.bfloat16:
+            raise invalid(f"variant {variant!r} takes bf16 (got {a.dtype}); fp16 runs the core", "gemm")
         sms = _sm_count(a.device)
-        if variant is None:
-            variant = gemm_plan.choose(m, n, a.shape[1], sms, a.dtype == torch.bfloat16 and swizzle == 1)
+        plan = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16)
+        if variant is not None and variant != plan.variant:
+            plan = gemm_plan.Schedule(variant)  # another configuration than the plan's: the plan's walk is not its
+        variant = plan.variant
+        swizzle = plan.swizzle if swizzle is None else swizzle
+        raster = plan.raster if raster is None else raster
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        x = gemm_args(a, b, d, sms, swizzle)
-        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher (the
+        x = gemm_args(a, b, d, sms, swizzle, raster)
+        # the core runs through gemm::run (fp16 too); another configuration through its variant launcher (the
         # split-K / stream-K ones with a workspace of their own size)
         if variant == gemm_plan.CORE:
             hit = (x, native().kernels.workspace_size(x), None)

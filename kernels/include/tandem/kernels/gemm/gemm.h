@@ -35,6 +35,11 @@ struct GemmArgs {
   // The persistent scheduler's swizzle (1, 2, 4 or 8): that many consecutive tiles along the raster walk together,
   // which changes L2 reuse (not the arithmetic: every tile's result is the same bits).
   int max_swizzle = 1;
+  // The order the persistent scheduler walks the output tiles in: kHeuristic (CUTLASS's: along M where there are
+  // more N tiles than M tiles, else along N), kAlongM or kAlongN. Like the swizzle it changes which A and B tiles
+  // share the L2, not any result's bits. The fused TP kernels and MoE pin their own order.
+  enum class Raster : int { kHeuristic = 0, kAlongM = 1, kAlongN = 2 };
+  Raster raster = Raster::kHeuristic;
 };
 
 // Shared state of the tile claims (ArrivalSchedule::claims), in a workspace the caller owns; any initial contents
