@@ -225,7 +225,9 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("ldd", &g::ScaledGemmArgs::ldd)
         .def_readwrite("scaling", &g::ScaledGemmArgs::scaling)
         .def_readwrite("sm_count", &g::ScaledGemmArgs::sm_count)
-        .def_readwrite("config", &g::ScaledGemmArgs::config);
+        .def_readwrite("config", &g::ScaledGemmArgs::config)
+        .def_readwrite("max_swizzle", &g::ScaledGemmArgs::max_swizzle)
+        .def_readwrite("raster", &g::ScaledGemmArgs::raster);
   }
   k.def("can_implement", [](const g::ScaledGemmArgs& a) {
     std::string why;

@@ -235,3 +235,23 @@ def test_a_table_row_with_a_bad_schedule_is_skipped(tmp_path):
     assert gemm_plan.choose_schedule(3000, 5000, 4000, 132) == gemm_plan.Schedule(
         gemm_plan.choose(3000, 5000, 4000, 132))  # the model's, with the default schedule
     assert gemm_plan.lookup(132, 3000, 5000, 4000) is None
+
+
+def test_fp8_rows_take_schedules_of_their_own_configurations(tmp_path):
+    rows = [dict(m=16384, n=28672, k=8192, dtype="float8_e4m3fn", scaling="tensor", sm_count=132,
+                 variants_ms={"fp8_coop_128x128_c1x2": 7.7, "fp8_coop_128x192_c2": 7.9},
+                 schedules_ms={"fp8_coop_128x128_c1x2/s8/along_n": 6.5,
+                               "coop_128x256_c2/s2/along_m": 1.0})]  # a bf16 name in an FP8 row: ignored
+    bench = tmp_path / "gemm_w1.json"
+    bench.write_text(json.dumps(rows))
+    (row,) = gemm_plan.rows_from_bench([str(bench)])
+    assert (row["kind"], row["variant"], row["swizzle"], row["raster"]) == ("fp8_tensor", "fp8_coop_128x128_c1x2", 8,
+                                                                           "along_n")
+    gemm_plan.write_table([row])
+    assert gemm_plan.choose_scaled_schedule(16384, 28672, 8192, 132, "tensor") == ("fp8_coop_128x128_c1x2", 8,
+                                                                                  "along_n")
+    assert gemm_plan.choose_scaled(16384, 28672, 8192, 132, "tensor") == "fp8_coop_128x128_c1x2"
+    # the row-wise kind has no row: the model's configuration with the default schedule
+    assert gemm_plan.choose_scaled_schedule(16384, 28672, 8192, 132, "row")[1:] == (1, "heuristic")
+    # nor does bf16 read the FP8 row
+    assert gemm_plan.choose_schedule(16384, 28672, 8192, 132)[1:] == (1, "heuristic")

@@ -262,7 +262,7 @@ def scaled_configs(shapes):
     from tandem.ops import gemm_plan
     from tandem.ops.gemm import scaled_gemm_with
 
-    out = dict(rows=[], refused=None)
+    out = dict(rows=[], schedules=[], refused=None, refused_swizzle=None, refused_raster=None)
     for m, n, k in shapes:
         for scaling in ("tensor", "row"):
             a, b = _fp8_structured(m, n, k)
@@ -290,10 +290,22 @@ def scaled_configs(shapes):
                                         differ_from_core=int((mine != core).sum()),
                                         max_rel_vs_core=float((mine.float() - core.float()).abs().max()
                                                               / core.float().abs().max().clamp_min(1e-30))))
-    try:
-        scaled_gemm_with(a, b, sa, sb, config="no_such_config")
-    except TandemError as e:
-        out["refused"] = e.status
+                # two other tile schedules (the table may name any): exact on structured data; the unsplit
+                # configurations' bits on random data do not depend on the walk
+                for swizzle, raster in ((4, "along_m"), (2, "along_n")):
+                    got = scaled_gemm_with(a, b, sa, sb, config=name, swizzle=swizzle, raster=raster)
+                    walked = scaled_gemm_with(ra, rb, rsa, rsb, config=name, swizzle=swizzle, raster=raster)
+                    torch.cuda.synchronize()
+                    out["schedules"].append(dict(shape=[m, n, k], scaling=scaling, config=name, swizzle=swizzle,
+                                                 raster=raster, split=name in gemm_plan.SCALED_SPLITS,
+                                                 wrong=int((got != exact).sum()),
+                                                 same_bits=bool(torch.equal(walked, mine))))
+    for name, kw in (("config", dict(config="no_such_config")), ("swizzle", dict(swizzle=3)),
+                     ("raster", dict(raster="diagonal"))):
+        try:
+            scaled_gemm_with(a, b, sa, sb, **kw)
+        except TandemError as e:
+            out["refused" if name == "config" else f"refused_{name}"] = e.status
     return out
 
 

@@ -10,10 +10,10 @@ and baseline_ms_inner20 (20 calls back to back between the events, per call), ba
 accuracy of tandem's result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
 core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
 and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, through the op's path): the data the
-per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1). bf16 rows also time
-the other tile schedules (gemm_plan.SWIZZLES x RASTERS: the persistent scheduler's walk) of the --schedules
-fastest configurations (schedules_ms, keyed by gemm_plan.Schedule.name(): "coop_128x256_c2/s4/along_m"); the row's
-`schedule` is what the op ran."""
+per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1). Every row also times
+the other tile schedules (gemm_plan.SWIZZLES x RASTERS: the persistent scheduler's walk) of its --schedules fastest
+configurations, as those were timed (schedules_ms, keyed by gemm_plan.Schedule.name(), e.g.
+"coop_128x256_c2/s4/along_m"); the row's `schedule` is what the op ran."""
 
 from __future__ import annotations
 
@@ -132,6 +132,33 @@ def _scaled_variants_ms(sets, reps):
     return out
 
 
+def _scaled_schedules_ms(sets, names, reps):
+    """ms of FP8 configurations `names` with every other tile schedule (as _schedules_ms), through the op's path
+    and 20 calls back to back per timing (as _scaled_variants_ms)."""
+    from ..ops import gemm_plan
+    from ..ops.gemm import scaled_gemm_with
+    from . import common
+
+    out = {}
+    for name in names:
+        for swizzle in gemm_plan.SWIZZLES:
+            for raster in gemm_plan.RASTERS:
+                sch = gemm_plan.Schedule(name, swizzle, raster)
+                if sch.name() == name:
+                    continue
+                i = [0]
+
+                def call(name=name, swizzle=swizzle, raster=raster):
+                    i[0] = (i[0] + 1) % len(sets)
+                    scaled_gemm_with(*sets[i[0]], config=name, swizzle=swizzle, raster=raster)
+
+                try:
+                    out[sch.name()] = common.time_launches(call, warmup=3, reps=reps, inner=20) * 1e3
+                except Exception:  # noqa: BLE001 - a schedule that cannot run the shape is reported as None
+                    out[sch.name()] = None
+    return out
+
+
 COLUMNS = ["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline", "baseline/tandem",
            "tandem TFLOP/s", "rel. error vs baseline", "elements differing"]
 
@@ -175,7 +202,8 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 plan = gemm_plan.choose_schedule(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
                 d["variant"], d["schedule"] = plan.variant, plan.name()
             else:
-                d["variant"] = gemm_plan.choose_scaled(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
+                plan = gemm_plan.choose_scaled_schedule(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
+                d["variant"], d["schedule"] = plan.variant, plan.name()
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
@@ -197,6 +225,9 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                         d["schedules_ms"] = _schedules_ms(sets, [v for _, v in timed[:schedules]], reps)
                 elif variants:
                     d["variants_ms"] = _scaled_variants_ms(sets, reps)
+                    timed = sorted((t, v) for v, t in d["variants_ms"].items() if t is not None)
+                    if schedules and timed:
+                        d["schedules_ms"] = _scaled_schedules_ms(sets, [v for _, v in timed[:schedules]], reps)
             except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
                 d["error"] = str(e).splitlines()[0][:200]
             data.append(d)
@@ -312,8 +343,8 @@ def main(argv=None) -> int:
                     help="which of bfloat16, fp8_tensor, fp8_row to run")
     ap.add_argument("--no-variants", action="store_true", help="skip timing the core's other configurations")
     ap.add_argument("--schedules", type=int, default=2, metavar="N",
-                    help="time every other tile schedule (swizzle x raster) of the N fastest bf16 configurations "
-                         "(0: none)")
+                    help="time every other tile schedule (swizzle x raster) of the N fastest configurations of each "
+                         "row (0: none)")
     ap.add_argument("--plot-from", default=None, metavar="GEMM_JSON",
                     help="no run: plot a recorded gemm_w1.json (into --out, else beside it) and print its summary")
     a = ap.parse_args(argv)

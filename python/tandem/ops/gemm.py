@@ -183,16 +183,18 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 
 
 def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Tensor | None = None,
-                     config: str | None = None) -> torch.Tensor:
+                     config: str | None = None, swizzle: int | None = None, raster: str | None = None) -> torch.Tensor:
     """D (bf16, M x N) = scale_a * (scale_b * (a @ b)): a (M x K) e4m3 row-major, b (K x N) e4m3 column-major,
     fp32 accumulation, scales tensor-wise or row-wise as torch._scaled_mm takes them (scaling_of). `out`: a bf16
     M x N tensor with contiguous, 16-byte aligned rows to write D into (else a new one). `config`: the CUTLASS
-    configuration (tandem.ops.gemm_plan.SCALED_CONFIGS); None = gemm_plan.choose_scaled's for the shape."""
+    configuration (tandem.ops.gemm_plan.SCALED_CONFIGS); swizzle and raster its tile schedule (as gemm_with's);
+    each None = gemm_plan.choose_scaled_schedule's for the shape (a config named without a schedule: the default
+    one unless it is the plan's configuration)."""
     op = "scaled_gemm"
     try:
         key = (op, None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
                scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device,
-               b.dtype, b.device, sm_count, config,
+               b.dtype, b.device, sm_count, config, swizzle, raster,
                None if out is None else (out.shape, out.stride(), out.dtype, out.device))
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors: the full checks say so
@@ -216,13 +218,22 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
 
         if config is not None and config not in gemm_plan.SCALED_CONFIGS:
             raise invalid(f"unknown config {config!r}; one of {sorted(gemm_plan.SCALED_CONFIGS)}", op)
-        if config is None:
-            config = gemm_plan.choose_scaled(m, n, k, int(sm_count) or _sm_count(a.device), scaling)
+        if swizzle is not None and swizzle not in gemm_plan.SWIZZLES:
+            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", op)
+        if raster is not None and raster not in gemm_plan.RASTERS:
+            raise invalid(f"raster must be one of {gemm_plan.RASTERS}, got {raster!r}", op)
+        plan = gemm_plan.choose_scaled_schedule(m, n, k, int(sm_count) or _sm_count(a.device), scaling)
+        if config is not None and config != plan.variant:
+            plan = gemm_plan.Schedule(config)
+        config = plan.variant
+        swizzle = plan.swizzle if swizzle is None else swizzle
+        raster = plan.raster if raster is None else raster
         K = native().kernels
         d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
         x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
                         scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count),
-                        config=getattr(K.ScaledConfig, config.upper()))
+                        config=getattr(K.ScaledConfig, config.upper()), max_swizzle=int(swizzle),
+                        raster=getattr(K.Raster, raster.upper()))
         x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
             scale_b.data_ptr()
         why = K.can_implement(x)

@@ -67,8 +67,9 @@ STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
 STREAM_K_TABLE_MARGIN = 0.03  # a stream-K win over the unsplit configurations the table takes where tiles fill a wave
 
-# The persistent scheduler's walk over the output tiles, a runtime argument of every bf16 configuration (gemm.h
-# GemmArgs::max_swizzle and ::raster): which A and B tiles are in the L2 together, never the result's bits. The
+# The persistent scheduler's walk over the output tiles, a runtime argument of every configuration, bf16 and FP8
+# (gemm.h GemmArgs, scaled_gemm.h ScaledGemmArgs: max_swizzle and raster): which A and B tiles are in the L2
+# together, never the result's bits. The
 # default (swizzle 1, CUTLASS's raster heuristic) is what every configuration ran before the table had these; a row
 # names another schedule only where `bench gemm` measured it faster by more than SCHEDULE_TABLE_MARGIN (on the
 # H200 a larger swizzle was slower at every large square-ish shape: docs/results.md, 2026-12-03).
@@ -78,7 +79,8 @@ SCHEDULE_TABLE_MARGIN = 0.02
 
 
 class Schedule(tuple):
-    """(variant, swizzle, raster): what torch.ops.tandem.gemm runs for a shape."""
+    """(variant, swizzle, raster): what torch.ops.tandem.gemm (a bf16 configuration) or scaled_gemm (an FP8 one)
+    runs for a shape."""
 
     __slots__ = ()
 
@@ -103,8 +105,8 @@ class Schedule(tuple):
             raise ValueError(f"not a schedule name: {name!r}")
         return cls(parts[0], int(parts[1][1:]), parts[2])
 
-    def valid(self) -> bool:
-        return self.variant in CONFIGS and self.swizzle in SWIZZLES and self.raster in RASTERS
+    def valid(self, kind: str = "bf16") -> bool:
+        return self.variant in _configs(kind) and self.swizzle in SWIZZLES and self.raster in RASTERS
 
 # The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
 # them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
@@ -157,11 +159,10 @@ def _rows_to_table(rows) -> dict:
         kind = str(r.get("kind", "bf16"))
         if kind not in KINDS or str(r.get("variant")) not in _configs(kind):
             continue
-        value = str(r["variant"])
-        if kind == "bf16":  # bf16 rows: a Schedule (rows written before schedules: the default one)
-            value = Schedule(value, r.get("swizzle", 1), r.get("raster", "heuristic"))
-            if not value.valid():
-                continue
+        # a Schedule (rows written before schedules: the default one)
+        value = Schedule(str(r["variant"]), r.get("swizzle", 1), r.get("raster", "heuristic"))
+        if not value.valid(kind):
+            continue
         table[(kind, int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"]))] = value
     return table
 
@@ -232,16 +233,22 @@ def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
     return choose_schedule(m, n, k, sms, dtype_is_bf16).variant
 
 
-def choose_scaled(m: int, n: int, k: int, sms: int, scaling: str) -> str:
-    """The FP8 GEMM's configuration ("tensor" or "row" scaling): the table's, else the model's (SCALED_CORE unless
-    another, not one of SCALED_UNTIMED, is predicted more than MARGIN faster)."""
+def choose_scaled_schedule(m: int, n: int, k: int, sms: int, scaling: str) -> Schedule:
+    """The FP8 GEMM's configuration and tile schedule ("tensor" or "row" scaling): the table's, else the model's
+    configuration (SCALED_CORE unless another, not one of SCALED_UNTIMED, is predicted more than MARGIN faster)
+    with the default schedule."""
     hit = lookup(sms, m, n, k, "fp8_" + scaling)
     if hit is not None:
         return hit
     core = predicted_scaled(SCALED_CORE, m, n, k, sms)
     modelled = [c for c in SCALED_CONFIGS if c not in SCALED_UNTIMED]
     best = min(modelled, key=lambda c: predicted_scaled(c, m, n, k, sms))
-    return best if predicted_scaled(best, m, n, k, sms) < (1 - MARGIN) * core else SCALED_CORE
+    return Schedule(best if predicted_scaled(best, m, n, k, sms) < (1 - MARGIN) * core else SCALED_CORE)
+
+
+def choose_scaled(m: int, n: int, k: int, sms: int, scaling: str) -> str:
+    """The configuration choose_scaled_schedule picks (its name only)."""
+    return choose_scaled_schedule(m, n, k, sms, scaling).variant
 
 
 def write_table(rows: list, path: str | None = None) -> str:
@@ -286,21 +293,21 @@ def rows_from_bench(paths) -> list:
             best = min(times, key=times.get)
             row = dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best, ms=times[best],
                        candidates=times)
-            if kind == "bf16":
-                # other tile schedules of the configurations that could be chosen (schedules_ms); one is taken
-                # only where it beats the default schedule's best by more than SCHEDULE_TABLE_MARGIN
-                scheduled = {}
-                for name, t in (r.get("schedules_ms") or {}).items():
-                    try:
-                        sch = Schedule.parse(name)
-                    except ValueError:
-                        continue
-                    if t is not None and sch.valid() and sch.variant in times:
-                        scheduled[sch] = t
-                if scheduled:
-                    sch = min(scheduled, key=scheduled.get)
-                    row["schedules"] = {x.name(): t for x, t in scheduled.items()}
-                    if scheduled[sch] * (1 + SCHEDULE_TABLE_MARGIN) < times[best]:
-                        row.update(variant=sch.variant, swizzle=sch.swizzle, raster=sch.raster, ms=scheduled[sch])
+            # other tile schedules of the configurations that could be chosen (schedules_ms, timed as the row's
+            # variants_ms are); one is taken only where it beats the default schedule's best by more than
+            # SCHEDULE_TABLE_MARGIN
+            scheduled = {}
+            for name, t in (r.get("schedules_ms") or {}).items():
+                try:
+                    sch = Schedule.parse(name)
+                except ValueError:
+                    continue
+                if t is not None and sch.valid(kind) and sch.variant in times:
+                    scheduled[sch] = t
+            if scheduled:
+                sch = min(scheduled, key=scheduled.get)
+                row["schedules"] = {x.name(): t for x, t in scheduled.items()}
+                if scheduled[sch] * (1 + SCHEDULE_TABLE_MARGIN) < times[best]:
+                    row.update(variant=sch.variant, swizzle=sch.swizzle, raster=sch.raster, ms=scheduled[sch])
             rows.append(row)
     return rows
