@@ -497,7 +497,9 @@ elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
   # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'
   # schedules, the table tuned from it, and the op with that table (TANDEM_GEMM_TUNE_FILE) in the same call
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  # (test_tp's first test too: GemmArgs gained a field, which the fused kernels' GEMM arguments start from)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_tp.py::test_ag_gemm_and_gemm_rs_match_torch
   W=/tmp/gs; rm -rf "$W"; mkdir -p "$W" "$OUT"
   t=$(( $(left) - 60 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes bfloat16 --schedules 2 --out "$W/bf16" 2>&1 | grep -E "geometric|best|Error"
