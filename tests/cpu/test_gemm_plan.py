@@ -228,10 +228,16 @@ def test_a_tile_schedule_is_tabled_only_where_it_beats_the_default_by_the_margin
 
 
 def test_a_table_row_with_a_bad_schedule_is_skipped(tmp_path):
+    # swizzle 5, a null swizzle, a string: each row skipped alone; the good row of another shape still read
+    def row(m, **kw):
+        return dict(kind="bf16", sms=132, m=m, n=5000, k=4000, mb=gemm_plan.bucket(m), nb=gemm_plan.bucket(5000),
+                    kb=gemm_plan.bucket(4000), variant="coop_256x128_c1", ms=1.0, **kw)
+
     path = tmp_path / "user.json"
-    path.write_text(json.dumps([
-        dict(kind="bf16", sms=132, m=3000, n=5000, k=4000, mb=gemm_plan.bucket(3000), nb=gemm_plan.bucket(5000),
-             kb=gemm_plan.bucket(4000), variant="coop_256x128_c1", swizzle=5, raster="along_m", ms=1.0)]))
+    path.write_text(json.dumps([row(3000, swizzle=5, raster="along_m"), row(3000, swizzle=None),
+                                row(3000, swizzle="4"), row(3000, swizzle=2.0), row(3000, swizzle=True),
+                                row(12000, swizzle=2, raster="along_n")]))
+    assert gemm_plan.choose_schedule(12000, 5000, 4000, 132) == ("coop_256x128_c1", 2, "along_n")
     assert gemm_plan.choose_schedule(3000, 5000, 4000, 132) == gemm_plan.Schedule(
         gemm_plan.choose(3000, 5000, 4000, 132))  # the model's, with the default schedule
     assert gemm_plan.lookup(132, 3000, 5000, 4000) is None

@@ -159,8 +159,12 @@ def _rows_to_table(rows) -> dict:
         kind = str(r.get("kind", "bf16"))
         if kind not in KINDS or str(r.get("variant")) not in _configs(kind):
             continue
-        # a Schedule (rows written before schedules: the default one)
-        value = Schedule(str(r["variant"]), r.get("swizzle", 1), r.get("raster", "heuristic"))
+        # a Schedule (rows written before schedules: the default one); a row whose schedule is not one is skipped,
+        # not the whole table
+        swizzle, raster = r.get("swizzle", 1), r.get("raster", "heuristic")
+        if type(swizzle) is not int:  # (not a bool, a float or a string: the table is written by tune)
+            continue
+        value = Schedule(str(r["variant"]), swizzle, str(raster))
         if not value.valid(kind):
             continue
         table[(kind, int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"]))] = value
