@@ -261,3 +261,18 @@ def test_fp8_rows_take_schedules_of_their_own_configurations(tmp_path):
     assert gemm_plan.choose_scaled_schedule(16384, 28672, 8192, 132, "row")[1:] == (1, "heuristic")
     # nor does bf16 read the FP8 row
     assert gemm_plan.choose_schedule(16384, 28672, 8192, 132)[1:] == (1, "heuristic")
+
+
+def test_a_plan_takes_a_callers_knobs_and_lists_its_other_schedules():
+    plan = gemm_plan.Schedule("coop_128x256_c2", 4, "along_m")
+    assert plan.overridden() == plan
+    assert plan.overridden(swizzle=2) == ("coop_128x256_c2", 2, "along_m")
+    assert plan.overridden(variant="coop_128x256_c2", raster="along_n") == ("coop_128x256_c2", 4, "along_n")
+    # another configuration than the plan's: the default walk, then the caller's knobs
+    assert plan.overridden(variant="coop_256x128_c1") == ("coop_256x128_c1", 1, "heuristic")
+    assert plan.overridden(variant="coop_256x128_c1", swizzle=8) == ("coop_256x128_c1", 8, "heuristic")
+    others = gemm_plan.Schedule("coop_128x256_c2").others()
+    assert len(others) == len(gemm_plan.SWIZZLES) * len(gemm_plan.RASTERS) - 1
+    assert ("coop_128x256_c2", 1, "heuristic") not in others and len(set(others)) == len(others)
+    assert gemm_plan.tile_walk_error(None, None) is None and gemm_plan.tile_walk_error(8, "along_n") is None
+    assert "swizzle" in gemm_plan.tile_walk_error(3, None) and "raster" in gemm_plan.tile_walk_error(1, "diagonal")

@@ -22,7 +22,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter
+#include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter, detail::set_tile_walk
 #include "tandem/kernels/gemm/scaled_gemm.h"
 
 namespace tandem::kernels::gemm {
@@ -119,11 +119,7 @@ struct Sm90ScaledGemm {
                                     {{}, nullptr, sd, static_cast<ElementD*>(g.d), sd},
                                     hw};
     // The visitor tree's arguments: {scale_a, {scale_b, acc, multiply}, multiply}.
-    args.scheduler.max_swizzle_size = g.max_swizzle;
-    using RasterOrder = decltype(args.scheduler.raster_order);
-    args.scheduler.raster_order = g.raster == GemmArgs::Raster::kAlongM   ? RasterOrder::AlongM
-                                  : g.raster == GemmArgs::Raster::kAlongN ? RasterOrder::AlongN
-                                                                          : RasterOrder::Heuristic;
+    detail::set_tile_walk(args.scheduler, g.max_swizzle, g.raster);
     if constexpr (kScaling == Scaling::kRow) {
       args.epilogue.thread = {{g.scale_a, 0.0f, {}}, {{g.scale_b, 0.0f, {}}, {}, {}}, {}};
     } else {
@@ -188,11 +184,7 @@ Status can_implement(const ScaledGemmArgs& g, std::string* why) {
   if (g.k % 16 || g.lda % 16 || g.ldb % 16)
     return fail("K and the leading dimensions of A and B must be multiples of 16 (16-byte rows of e4m3 for TMA)");
   if (g.n % 8 || g.ldd % 8) return fail("N and the leading dimension of D must be multiples of 8 (16-byte bf16 rows)");
-  if (g.max_swizzle != 1 && g.max_swizzle != 2 && g.max_swizzle != 4 && g.max_swizzle != 8)
-    return fail("max_swizzle must be 1, 2, 4 or 8");
-  if (g.raster != GemmArgs::Raster::kHeuristic && g.raster != GemmArgs::Raster::kAlongM &&
-      g.raster != GemmArgs::Raster::kAlongN)
-    return fail("raster must be kHeuristic, kAlongM or kAlongN");
+  if (const char* bad = tile_walk_error(g.max_swizzle, g.raster)) return fail(bad);
   return Status::kOk;
 }
 

@@ -87,24 +87,20 @@ def _schedules_ms(sets, names, reps):
     d = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16)
     out = {}
     for name in names:
-        for swizzle in gemm_plan.SWIZZLES:
-            for raster in gemm_plan.RASTERS:
-                sch = gemm_plan.Schedule(name, swizzle, raster)
-                if sch.name() == name:
-                    continue
-                args = [gemm_args(x, y, d, 0, swizzle, raster) for x, y in sets]
-                ws = variant_workspace(name, args[0], a.device)
-                wp = 0 if ws is None else ws.data_ptr()
-                i = [0]
+        for sch in gemm_plan.Schedule(name).others():
+            args = [gemm_args(x, y, d, 0, sch.swizzle, sch.raster) for x, y in sets]
+            ws = variant_workspace(name, args[0], a.device)
+            wp = 0 if ws is None else ws.data_ptr()
+            i = [0]
 
-                def call(name=name, args=args, wp=wp):
-                    i[0] = (i[0] + 1) % len(args)
-                    K.gemm_variant(name, args[i[0]], stream_handle(a.device), wp)
+            def call(name=name, args=args, wp=wp):
+                i[0] = (i[0] + 1) % len(args)
+                K.gemm_variant(name, args[i[0]], stream_handle(a.device), wp)
 
-                try:
-                    out[sch.name()] = common.time_launches(call, warmup=3, reps=reps) * 1e3
-                except TandemError:
-                    out[sch.name()] = None
+            try:
+                out[sch.name()] = common.time_launches(call, warmup=3, reps=reps) * 1e3
+            except TandemError:
+                out[sch.name()] = None
     return out
 
 
@@ -143,21 +139,17 @@ def _scaled_schedules_ms(sets, names, reps):
 
     out = {}
     for name in names:
-        for swizzle in gemm_plan.SWIZZLES:
-            for raster in gemm_plan.RASTERS:
-                sch = gemm_plan.Schedule(name, swizzle, raster)
-                if sch.name() == name:
-                    continue
-                i = [0]
+        for sch in gemm_plan.Schedule(name).others():
+            i = [0]
 
-                def call(name=name, swizzle=swizzle, raster=raster):
-                    i[0] = (i[0] + 1) % len(sets)
-                    scaled_gemm_with(*sets[i[0]], config=name, swizzle=swizzle, raster=raster)
+            def call(sch=sch):
+                i[0] = (i[0] + 1) % len(sets)
+                scaled_gemm_with(*sets[i[0]], config=sch.variant, swizzle=sch.swizzle, raster=sch.raster)
 
-                try:
-                    out[sch.name()] = common.time_launches(call, warmup=3, reps=reps, inner=20) * 1e3
-                except Exception:  # noqa: BLE001 - a schedule that cannot run the shape is reported as None
-                    out[sch.name()] = None
+            try:
+                out[sch.name()] = common.time_launches(call, warmup=3, reps=reps, inner=20) * 1e3
+            except Exception:  # noqa: BLE001 - a schedule that cannot run the shape is reported as None
+                out[sch.name()] = None
     return out
 
 

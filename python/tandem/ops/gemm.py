@@ -53,10 +53,8 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
     if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
         from . import gemm_plan
 
-        if swizzle is not None and swizzle not in gemm_plan.SWIZZLES:
-            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
-        if raster is not None and raster not in gemm_plan.RASTERS:
-            raise invalid(f"raster must be one of {gemm_plan.RASTERS}, got {raster!r}", "gemm")
+        if bad := gemm_plan.tile_walk_error(swizzle, raster):
+            raise invalid(bad, "gemm")
         validate(a, b)
         m, n = a.shape[0], b.shape[1]
         if variant is not None and variant not in gemm_plan.CONFIGS:
@@ -64,12 +62,8 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
         if variant is not None and variant != gemm_plan.CORE and a.dtype != torch.bfloat16:
             raise invalid(f"variant {variant!r} takes bf16 (got {a.dtype}); fp16 runs the core", "gemm")
         sms = _sm_count(a.device)
-        plan = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16)
-        if variant is not None and variant != plan.variant:
-            plan = gemm_plan.Schedule(variant)  # another configuration than the plan's: the plan's walk is not its
-        variant = plan.variant
-        swizzle = plan.swizzle if swizzle is None else swizzle
-        raster = plan.raster if raster is None else raster
+        variant, swizzle, raster = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16) \
+            .overridden(variant, swizzle, raster)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
         x = gemm_args(a, b, d, sms, swizzle, raster)
         # the core runs through gemm::run (fp16 too); another configuration through its variant launcher (the
@@ -218,16 +212,10 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
 
         if config is not None and config not in gemm_plan.SCALED_CONFIGS:
             raise invalid(f"unknown config {config!r}; one of {sorted(gemm_plan.SCALED_CONFIGS)}", op)
-        if swizzle is not None and swizzle not in gemm_plan.SWIZZLES:
-            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", op)
-        if raster is not None and raster not in gemm_plan.RASTERS:
-            raise invalid(f"raster must be one of {gemm_plan.RASTERS}, got {raster!r}", op)
-        plan = gemm_plan.choose_scaled_schedule(m, n, k, int(sm_count) or _sm_count(a.device), scaling)
-        if config is not None and config != plan.variant:
-            plan = gemm_plan.Schedule(config)
-        config = plan.variant
-        swizzle = plan.swizzle if swizzle is None else swizzle
-        raster = plan.raster if raster is None else raster
+        if bad := gemm_plan.tile_walk_error(swizzle, raster):
+            raise invalid(bad, op)
+        config, swizzle, raster = gemm_plan.choose_scaled_schedule(
+            m, n, k, int(sm_count) or _sm_count(a.device), scaling).overridden(config, swizzle, raster)
         K = native().kernels
         d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
         x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),

@@ -108,6 +108,26 @@ class Schedule(tuple):
     def valid(self, kind: str = "bf16") -> bool:
         return self.variant in _configs(kind) and self.swizzle in SWIZZLES and self.raster in RASTERS
 
+    def others(self):
+        """The other tile schedules of this configuration (bench gemm times them)."""
+        return [Schedule(self.variant, s, r) for s in SWIZZLES for r in RASTERS if (s, r) != self[1:]]
+
+    def overridden(self, variant=None, swizzle=None, raster=None) -> "Schedule":
+        """This plan with a caller's knobs (None: the plan's): another configuration than the plan's starts from
+        the default walk (the plan's walk was measured for its own configuration)."""
+        plan = self if variant is None or variant == self.variant else Schedule(variant)
+        return Schedule(plan.variant, plan.swizzle if swizzle is None else swizzle,
+                        plan.raster if raster is None else raster)
+
+
+def tile_walk_error(swizzle, raster):
+    """What is wrong with a caller's swizzle / raster (None: unset, fine), or None (gemm.h tile_walk_error)."""
+    if swizzle is not None and swizzle not in SWIZZLES:
+        return f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}"
+    if raster is not None and raster not in RASTERS:
+        return f"raster must be one of {RASTERS}, got {raster!r}"
+    return None
+
 # The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
 # them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
 # name -> (tile M, tile N, cluster M, cluster N, relative per-CTA rate on a full tile). Tiles are 128 deep in K.

@@ -42,6 +42,17 @@ struct GemmArgs {
   Raster raster = Raster::kHeuristic;
 };
 
+// What is wrong with a tile walk (GemmArgs' and ScaledGemmArgs' max_swizzle and raster), or nullptr: the one check
+// both GEMMs' can_implement make.
+inline const char* tile_walk_error(int max_swizzle, GemmArgs::Raster raster) {
+  if (max_swizzle != 1 && max_swizzle != 2 && max_swizzle != 4 && max_swizzle != 8)
+    return "max_swizzle must be 1, 2, 4 or 8";
+  if (raster != GemmArgs::Raster::kHeuristic && raster != GemmArgs::Raster::kAlongM &&
+      raster != GemmArgs::Raster::kAlongN)
+    return "raster must be kHeuristic, kAlongM or kAlongN";
+  return nullptr;
+}
+
 // Shared state of the tile claims (ArrivalSchedule::claims), in a workspace the caller owns; any initial contents
 // except `next`, which must be zero before a launch's first claim (workspace zeroed once, then tile_claims_reset
 // by the launch's last block: no claim is made after every block has finished).
