@@ -497,7 +497,9 @@ elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
   # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'
   # schedules, the table tuned from it, and the op with that table (TANDEM_GEMM_TUNE_FILE) in the same call
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py
+  # (test_tp's first test too: GemmArgs gained a field, which the fused kernels' GEMM arguments start from)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_tp.py::test_ag_gemm_and_gemm_rs_match_torch
   W=/tmp/gs; rm -rf "$W"; mkdir -p "$W" "$OUT"
   t=$(( $(left) - 60 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --dtypes bfloat16 --schedules 2 --out "$W/bf16" 2>&1 | grep -E "geometric|best|Error"
@@ -506,6 +508,20 @@ elif [ "$part" = gs ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && TANDEM_GEMM_TUNE_FILE="$W/tune.json" timeout -s INT -k 10 $t \
     python3 -m tandem bench gemm --reps 10 --no-variants --dtypes bfloat16 --out "$W/op" 2>&1 | grep -E "geometric|Error"
   tar czf "$OUT/gs.tgz" -C "$W" .
+elif [ "$part" = gs8 ]; then
+  # branch gemm-sched, FP8: the tile schedules of each row's fastest configuration at the shapes where the FP8 GEMM
+  # trails torch._scaled_mm most (docs/results/gemm_w1_fp8.json), then the op with the table tuned from them
+  W=/tmp/gs8; rm -rf "$W"; mkdir -p "$W" "$OUT"
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # build
+  S=16384x28672x8192,16384x14336x4096,1024x4096x14336,256x8192x28672,12345x4096x4096,1000x1008x1008
+  t=$(( $(left) - 60 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 5 \
+    --dtypes fp8_tensor,fp8_row --schedules 1 --shapes $S --out "$W/fp8" 2>&1 | grep -E "geometric|best|Error"
+  tar czf "$OUT/gs8.tgz" -C "$W" .
+  python3 -m tandem tune gemm --from-bench "$W/fp8/gemm_w1.json" --out "$W/tune.json" | tail -1
+  t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && TANDEM_GEMM_TUNE_FILE="$W/tune.json" timeout -s INT -k 10 $t \
+    python3 -m tandem bench gemm --reps 10 --no-variants --dtypes fp8_tensor,fp8_row --shapes $S --out "$W/op" \
+    2>&1 | grep -E "geometric|Error"
+  tar czf "$OUT/gs8.tgz" -C "$W" .
 elif [ "$part" = g3 ]; then
   # branch gemm-clusters (not run): bf16 configurations coop_128x256_c1x2 and coop_256x128_c2; the every-
   # configuration tests, then bench gemm bf16 with every configuration (issue 23: the ragged shapes)

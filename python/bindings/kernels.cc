@@ -155,6 +155,10 @@ void bind_kernels(py::module_& m) {
       .value("DISPATCH", Mode::kDispatch);
 
   // ---- the GEMM core ----------------------------------------------------------------------------------------------
+  py::enum_<g::GemmArgs::Raster>(k, "Raster", "the order the GEMM's persistent scheduler walks output tiles in")
+      .value("HEURISTIC", g::GemmArgs::Raster::kHeuristic)
+      .value("ALONG_M", g::GemmArgs::Raster::kAlongM)
+      .value("ALONG_N", g::GemmArgs::Raster::kAlongN);
   {
     py::class_<g::GemmArgs> cls(k, "GemmArgs", "D = alpha A @ B (+ beta C), gemm.h");
     cls.def(py::init<>());
@@ -171,7 +175,8 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("alpha", &g::GemmArgs::alpha)
         .def_readwrite("beta", &g::GemmArgs::beta)
         .def_readwrite("sm_count", &g::GemmArgs::sm_count)
-        .def_readwrite("max_swizzle", &g::GemmArgs::max_swizzle);
+        .def_readwrite("max_swizzle", &g::GemmArgs::max_swizzle)
+        .def_readwrite("raster", &g::GemmArgs::raster);
   }
   k.def("can_implement", [](const g::GemmArgs& a) {
     std::string why;
@@ -220,7 +225,9 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("ldd", &g::ScaledGemmArgs::ldd)
         .def_readwrite("scaling", &g::ScaledGemmArgs::scaling)
         .def_readwrite("sm_count", &g::ScaledGemmArgs::sm_count)
-        .def_readwrite("config", &g::ScaledGemmArgs::config);
+        .def_readwrite("config", &g::ScaledGemmArgs::config)
+        .def_readwrite("max_swizzle", &g::ScaledGemmArgs::max_swizzle)
+        .def_readwrite("raster", &g::ScaledGemmArgs::raster);
   }
   k.def("can_implement", [](const g::ScaledGemmArgs& a) {
     std::string why;

@@ -51,3 +51,14 @@ def test_plot_writes_one_chart_per_kind_from_a_recorded_sweep(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "bfloat16/none: best configuration per shape, baseline/configuration (baseline_ms) 1.000" in out, out
     assert (tmp_path / "gemm_w1_float8_e4m3fn_row.png").exists()
+    assert "bfloat16/none: best configuration and tile schedule per shape (baseline_ms) 1.111" in out, out
+
+
+def test_tile_schedules_get_a_line_of_their_own():
+    with_schedules = dict(_row("bfloat16", "none", 2.0, 1.0, 0.5, {"a": 1.0}), schedules_ms={"a/s4/along_m": 0.8,
+                                                                                             "a/s2/along_n": None})
+    lines = summary_lines([with_schedules, _row("bfloat16", "none", 2.0, 1.0, 0.5, {"a": 2.0})])
+    assert "best configuration per shape, baseline/configuration (baseline_ms) 0.707 over 2 shapes" in lines[1]
+    # 1/0.8 and 1/2.0: geometric mean sqrt(0.625)
+    assert "best configuration and tile schedule per shape (baseline_ms) 0.791 over 2 shapes" in lines[2], lines
+    assert len(summary_lines([_row("bfloat16", "none", 2.0, 1.0, 0.5, {"a": 1.0})])) == 2  # no schedules: no line

@@ -182,3 +182,97 @@ def test_untimed_configurations_come_only_from_a_measured_table(monkeypatch):
     # a 1x2 cluster pads N tiles, not M tiles, in the wave model
     assert gemm_plan._tiles(128, 256, 1, 2, 777, 4104) == 7 * 18
     assert gemm_plan._tiles(128, 256, 2, 1, 777, 4104) == 8 * 17
+
+
+def test_schedule_names_round_trip_and_bad_ones_are_refused():
+    default = gemm_plan.Schedule("coop_128x256_c2")
+    assert default == ("coop_128x256_c2", 1, "heuristic") and default.name() == "coop_128x256_c2"
+    other = gemm_plan.Schedule("pingpong_128x128_c1", 4, "along_m")
+    assert other.name() == "pingpong_128x128_c1/s4/along_m"
+    for s in (default, other, gemm_plan.Schedule("coop_256x128_c1", 1, "along_n")):
+        assert gemm_plan.Schedule.parse(s.name()) == s and s.valid()
+    for bad in ("coop_128x256_c2/4/along_m", "coop_128x256_c2/s4", "a/b/c/d", "coop_128x256_c2/sx/along_m"):
+        with pytest.raises(ValueError):
+            gemm_plan.Schedule.parse(bad)
+    assert not gemm_plan.Schedule("coop_128x256_c2", 3).valid()
+    assert not gemm_plan.Schedule("coop_128x256_c2", 1, "diagonal").valid()
+    assert not gemm_plan.Schedule("made_up").valid()
+
+
+def test_a_tile_schedule_is_tabled_only_where_it_beats_the_default_by_the_margin(tmp_path):
+    # 16384 x 28672: along_m with swizzle 4 8 % faster than the best default schedule -> tabled with it;
+    # 4096 x 4096: a schedule 1 % faster (within SCHEDULE_TABLE_MARGIN) -> the default schedule stays;
+    # a schedule of a configuration the row did not time, and an invalid one, are ignored
+    rows = [dict(m=16384, n=28672, k=8192, dtype="bfloat16", scaling="none", sm_count=132,
+                 variants_ms={"coop_128x256_c2": 12.0, "streamk_128x256_c1": 12.5},
+                 schedules_ms={"coop_128x256_c2/s4/along_m": 11.0, "coop_128x256_c2/s2/along_n": 12.2,
+                               "pingpong_128x128_c1/s8/along_m": 1.0, "coop_128x256_c2/s3/along_m": 0.5,
+                               "coop_128x256_c2/s8/along_n": None}),
+            dict(m=4096, n=4096, k=4096, dtype="bfloat16", scaling="none", sm_count=132,
+                 variants_ms={"coop_128x256_c2": 1.0, "coop_256x128_c1": 1.1},
+                 schedules_ms={"coop_256x128_c1/s2/along_m": 0.99})]
+    bench = tmp_path / "gemm_w1.json"
+    bench.write_text(json.dumps(rows))
+    tabled = gemm_plan.rows_from_bench([str(bench)])
+    big, square = tabled
+    assert (big["variant"], big["swizzle"], big["raster"], big["ms"]) == ("coop_128x256_c2", 4, "along_m", 11.0)
+    assert set(big["schedules"]) == {"coop_128x256_c2/s4/along_m", "coop_128x256_c2/s2/along_n"}
+    assert square["variant"] == "coop_128x256_c2" and "swizzle" not in square and square["ms"] == 1.0
+    gemm_plan.write_table(tabled)
+    assert gemm_plan.choose_schedule(16384, 28672, 8192, 132) == ("coop_128x256_c2", 4, "along_m")
+    assert gemm_plan.choose(16384, 28672, 8192, 132) == "coop_128x256_c2"
+    assert gemm_plan.choose_schedule(4096, 4096, 4096, 132) == ("coop_128x256_c2", 1, "heuristic")
+    # fp16 is never given a table's schedule (the table is measured in bf16)
+    assert gemm_plan.choose_schedule(16384, 28672, 8192, 132, dtype_is_bf16=False) == (gemm_plan.CORE, 1,
+                                                                                       "heuristic")
+
+
+def test_a_table_row_with_a_bad_schedule_is_skipped(tmp_path):
+    # swizzle 5, a null swizzle, a string: each row skipped alone; the good row of another shape still read
+    def row(m, **kw):
+        return dict(kind="bf16", sms=132, m=m, n=5000, k=4000, mb=gemm_plan.bucket(m), nb=gemm_plan.bucket(5000),
+                    kb=gemm_plan.bucket(4000), variant="coop_256x128_c1", ms=1.0, **kw)
+
+    path = tmp_path / "user.json"
+    path.write_text(json.dumps([row(3000, swizzle=5, raster="along_m"), row(3000, swizzle=None),
+                                row(3000, swizzle="4"), row(3000, swizzle=2.0), row(3000, swizzle=True),
+                                row(12000, swizzle=2, raster="along_n")]))
+    assert gemm_plan.choose_schedule(12000, 5000, 4000, 132) == ("coop_256x128_c1", 2, "along_n")
+    assert gemm_plan.choose_schedule(3000, 5000, 4000, 132) == gemm_plan.Schedule(
+        gemm_plan.choose(3000, 5000, 4000, 132))  # the model's, with the default schedule
+    assert gemm_plan.lookup(132, 3000, 5000, 4000) is None
+
+
+def test_fp8_rows_take_schedules_of_their_own_configurations(tmp_path):
+    rows = [dict(m=16384, n=28672, k=8192, dtype="float8_e4m3fn", scaling="tensor", sm_count=132,
+                 variants_ms={"fp8_coop_128x128_c1x2": 7.7, "fp8_coop_128x192_c2": 7.9},
+                 schedules_ms={"fp8_coop_128x128_c1x2/s8/along_n": 6.5,
+                               "coop_128x256_c2/s2/along_m": 1.0})]  # a bf16 name in an FP8 row: ignored
+    bench = tmp_path / "gemm_w1.json"
+    bench.write_text(json.dumps(rows))
+    (row,) = gemm_plan.rows_from_bench([str(bench)])
+    assert (row["kind"], row["variant"], row["swizzle"], row["raster"]) == ("fp8_tensor", "fp8_coop_128x128_c1x2", 8,
+                                                                           "along_n")
+    gemm_plan.write_table([row])
+    assert gemm_plan.choose_scaled_schedule(16384, 28672, 8192, 132, "tensor") == ("fp8_coop_128x128_c1x2", 8,
+                                                                                  "along_n")
+    assert gemm_plan.choose_scaled(16384, 28672, 8192, 132, "tensor") == "fp8_coop_128x128_c1x2"
+    # the row-wise kind has no row: the model's configuration with the default schedule
+    assert gemm_plan.choose_scaled_schedule(16384, 28672, 8192, 132, "row")[1:] == (1, "heuristic")
+    # nor does bf16 read the FP8 row
+    assert gemm_plan.choose_schedule(16384, 28672, 8192, 132)[1:] == (1, "heuristic")
+
+
+def test_a_plan_takes_a_callers_knobs_and_lists_its_other_schedules():
+    plan = gemm_plan.Schedule("coop_128x256_c2", 4, "along_m")
+    assert plan.overridden() == plan
+    assert plan.overridden(swizzle=2) == ("coop_128x256_c2", 2, "along_m")
+    assert plan.overridden(variant="coop_128x256_c2", raster="along_n") == ("coop_128x256_c2", 4, "along_n")
+    # another configuration than the plan's: the default walk, then the caller's knobs
+    assert plan.overridden(variant="coop_256x128_c1") == ("coop_256x128_c1", 1, "heuristic")
+    assert plan.overridden(variant="coop_256x128_c1", swizzle=8) == ("coop_256x128_c1", 8, "heuristic")
+    others = gemm_plan.Schedule("coop_128x256_c2").others()
+    assert len(others) == len(gemm_plan.SWIZZLES) * len(gemm_plan.RASTERS) - 1
+    assert ("coop_128x256_c2", 1, "heuristic") not in others and len(set(others)) == len(others)
+    assert gemm_plan.tile_walk_error(None, None) is None and gemm_plan.tile_walk_error(8, "along_n") is None
+    assert "swizzle" in gemm_plan.tile_walk_error(3, None) and "raster" in gemm_plan.tile_walk_error(1, "diagonal")

@@ -21,6 +21,8 @@ def test_gemm_is_deterministic_and_graph_capturable(run_ranks):
     assert r["graph_ok"]
     assert all(r["swizzle_same"].values()), r
     assert r["swizzle_3"] == 3, r
+    assert len(r["raster_same"]) == 6 and all(r["raster_same"].values()), r
+    assert r["raster_refused"] == 3, r
 
 
 def test_gemm_rejects_bad_input_before_launch(run_ranks):
@@ -97,7 +99,13 @@ def test_every_scaled_gemm_configuration_matches(run_ranks):
             assert row["same_as_core"], row
     assert wide, "no 192-wide configuration ran"
     print(f"192-wide configurations bit-identical to the default at {sum(wide)} of {len(wide)} rows")
-    assert r["refused"] == 3, r
+    assert r["refused"] == 3 and r["refused_swizzle"] == 3 and r["refused_raster"] == 3, r
+    # every configuration with two other tile schedules: exact on structured data, and where unsplit the bits of
+    # its default schedule on random data (a stream-K split may cut K elsewhere when the walk changes)
+    assert len(r["schedules"]) == len(gemm_plan.SCALED_CONFIGS) * 2 * 2 * len(shapes)
+    for row in r["schedules"]:
+        assert row["wrong"] == 0, row
+        assert row["split"] or row["same_bits"], row
 
 
 def test_scaled_gemm_is_deterministic_and_graph_capturable(run_ranks):
@@ -113,7 +121,7 @@ def test_scaled_gemm_rejects_bad_input_before_launch(run_ranks):
 def test_gemm_op_runs_every_configuration_it_may_choose(run_ranks):
     shapes = [(1000, 1024, 1000), (257, 520, 1032), (4096, 2048, 1024)]
     (r,) = run_ranks(f"{W}:op_variants", 1, shapes=shapes)
-    assert len(r["rows"]) == (11 + 1) * len(shapes)
+    assert len(r["rows"]) == (11 * 3 + 1) * len(shapes)  # every configuration with three tile schedules, the op
     for row in r["rows"]:
         assert row["wrong"] == 0 and row["same"], row
     assert r["refused"] == {"unknown": 3, "fp16 variant": 3}, r

@@ -63,12 +63,19 @@ def repeat_and_graph(m, n, k, launches):
     from tandem.ops.gemm import gemm_with
 
     swizzle_same = {s: bool(torch.equal(gemm_with(a, b, swizzle=s), first)) for s in (2, 4, 8)}
-    try:
-        gemm_with(a, b, swizzle=3)
-        swizzle_3 = None
-    except TandemError as e:
-        swizzle_3 = e.status
-    return dict(same=same, launches=launches, graph_ok=graph_ok, swizzle_same=swizzle_same, swizzle_3=swizzle_3)
+    # so does the raster order, alone and with a swizzle (the core: the op's configuration may differ)
+    raster_same = {f"{r}/s{s}": bool(torch.equal(gemm_with(a, b, swizzle=s, raster=r, variant="coop_128x256_c2"),
+                                                 gemm_with(a, b, variant="coop_128x256_c2")))
+                   for r in ("along_m", "along_n", "heuristic") for s in (1, 4)}
+    refused = {}
+    for name, kw in (("swizzle 3", dict(swizzle=3)), ("raster diagonal", dict(raster="diagonal"))):
+        try:
+            gemm_with(a, b, **kw)
+            refused[name] = None
+        except TandemError as e:
+            refused[name] = e.status
+    return dict(same=same, launches=launches, graph_ok=graph_ok, swizzle_same=swizzle_same, swizzle_3=refused["swizzle 3"],
+                raster_same=raster_same, raster_refused=refused["raster diagonal"])
 
 
 def rejects():
@@ -255,7 +262,7 @@ def scaled_configs(shapes):
     from tandem.ops import gemm_plan
     from tandem.ops.gemm import scaled_gemm_with
 
-    out = dict(rows=[], refused=None)
+    out = dict(rows=[], schedules=[], refused=None, refused_swizzle=None, refused_raster=None)
     for m, n, k in shapes:
         for scaling in ("tensor", "row"):
             a, b = _fp8_structured(m, n, k)
@@ -283,10 +290,22 @@ def scaled_configs(shapes):
                                         differ_from_core=int((mine != core).sum()),
                                         max_rel_vs_core=float((mine.float() - core.float()).abs().max()
                                                               / core.float().abs().max().clamp_min(1e-30))))
-    try:
-        scaled_gemm_with(a, b, sa, sb, config="no_such_config")
-    except TandemError as e:
-        out["refused"] = e.status
+                # two other tile schedules (the table may name any): exact on structured data; the unsplit
+                # configurations' bits on random data do not depend on the walk
+                for swizzle, raster in ((4, "along_m"), (2, "along_n")):
+                    got = scaled_gemm_with(a, b, sa, sb, config=name, swizzle=swizzle, raster=raster)
+                    walked = scaled_gemm_with(ra, rb, rsa, rsb, config=name, swizzle=swizzle, raster=raster)
+                    torch.cuda.synchronize()
+                    out["schedules"].append(dict(shape=[m, n, k], scaling=scaling, config=name, swizzle=swizzle,
+                                                 raster=raster, split=name in gemm_plan.SCALED_SPLITS,
+                                                 wrong=int((got != exact).sum()),
+                                                 same_bits=bool(torch.equal(walked, mine))))
+    for name, kw in (("config", dict(config="no_such_config")), ("swizzle", dict(swizzle=3)),
+                     ("raster", dict(raster="diagonal"))):
+        try:
+            scaled_gemm_with(a, b, sa, sb, **kw)
+        except TandemError as e:
+            out["refused" if name == "config" else f"refused_{name}"] = e.status
     return out
 
 
@@ -354,6 +373,12 @@ def op_variants(shapes):
             torch.cuda.synchronize()
             out["rows"].append(dict(shape=[m, n, k], variant=name, wrong=int((got != ref).sum()),
                                     same=bool(torch.equal(got, again))))
+            # two other tile schedules of the configuration (the table may name any): still exact on this data
+            for swizzle, raster in ((4, "along_m"), (2, "along_n")):
+                got = gemm_with(a, b, variant=name, swizzle=swizzle, raster=raster)
+                torch.cuda.synchronize()
+                out["rows"].append(dict(shape=[m, n, k], variant=f"{name}/s{swizzle}/{raster}",
+                                        wrong=int((got != ref).sum()), same=True))
         out["rows"].append(dict(shape=[m, n, k], variant="op", wrong=int((torch.ops.tandem.gemm(a, b) != ref).sum()),
                                 same=True, chose=gemm_plan.choose(m, n, k, torch.cuda.get_device_properties(0)
                                                                   .multi_processor_count)))

@@ -40,8 +40,7 @@ Status can_implement(const GemmArgs& g, std::string* why) {
   if (g.lda % 8 || g.ldb % 8 || g.ldd % 8 || (g.c != nullptr && g.ldc % 8) || g.k % 8 || g.n % 8)
     return fail("K, N and the leading dimensions must be multiples of 8 elements (16-byte rows for TMA)");
   if (g.dtype != DType::kBF16 && g.dtype != DType::kFP16) return fail("dtype must be bf16 or fp16");
-  if (g.max_swizzle != 1 && g.max_swizzle != 2 && g.max_swizzle != 4 && g.max_swizzle != 8)
-    return fail("max_swizzle must be 1, 2, 4 or 8");
+  if (const char* bad = tile_walk_error(g.max_swizzle, g.raster)) return fail(bad);
   return Status::kOk;
 }
 

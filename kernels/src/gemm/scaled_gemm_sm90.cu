@@ -22,7 +22,7 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter
+#include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter, detail::set_tile_walk
 #include "tandem/kernels/gemm/scaled_gemm.h"
 
 namespace tandem::kernels::gemm {
@@ -119,6 +119,7 @@ struct Sm90ScaledGemm {
                                     {{}, nullptr, sd, static_cast<ElementD*>(g.d), sd},
                                     hw};
     // The visitor tree's arguments: {scale_a, {scale_b, acc, multiply}, multiply}.
+    detail::set_tile_walk(args.scheduler, g.max_swizzle, g.raster);
     if constexpr (kScaling == Scaling::kRow) {
       args.epilogue.thread = {{g.scale_a, 0.0f, {}}, {{g.scale_b, 0.0f, {}}, {}, {}}, {}};
     } else {
@@ -183,6 +184,7 @@ Status can_implement(const ScaledGemmArgs& g, std::string* why) {
   if (g.k % 16 || g.lda % 16 || g.ldb % 16)
     return fail("K and the leading dimensions of A and B must be multiples of 16 (16-byte rows of e4m3 for TMA)");
   if (g.n % 8 || g.ldd % 8) return fail("N and the leading dimension of D must be multiples of 8 (16-byte bf16 rows)");
+  if (const char* bad = tile_walk_error(g.max_swizzle, g.raster)) return fail(bad);
   return Status::kOk;
 }
 

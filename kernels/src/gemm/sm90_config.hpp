@@ -41,6 +41,16 @@ inline cutlass::KernelHardwareInfo hardware_info(int sm_count) {
   return hw;
 }
 
+// A tile walk (max_swizzle, raster: GemmArgs') into a CUTLASS persistent or stream-K scheduler's arguments.
+template <class SchedulerArguments>
+void set_tile_walk(SchedulerArguments& s, int max_swizzle, GemmArgs::Raster raster) {
+  using RasterOrder = decltype(s.raster_order);
+  s.max_swizzle_size = max_swizzle;
+  s.raster_order = raster == GemmArgs::Raster::kAlongM   ? RasterOrder::AlongM
+                   : raster == GemmArgs::Raster::kAlongN ? RasterOrder::AlongN
+                                                         : RasterOrder::Heuristic;
+}
+
 // A CUTLASS device adapter's can_implement -> initialize -> run, as tandem's Status and reason (`cannot`: the
 // reason when the problem is not implementable).
 template <class Device>
@@ -111,7 +121,7 @@ struct Sm90Gemm {
          static_cast<Element*>(g.d),
          sd},
         hw};
-    args.scheduler.max_swizzle_size = g.max_swizzle;
+    set_tile_walk(args.scheduler, g.max_swizzle, g.raster);
     return args;
   }
 };

@@ -10,7 +10,10 @@ and baseline_ms_inner20 (20 calls back to back between the events, per call), ba
 accuracy of tandem's result against the baseline's (rel_err, and for FP8 the elements that differ at all). bf16 rows also time the
 core's other CUTLASS configurations (variants_ms: tile, cluster, schedule; tandem._C.kernels.gemm_variant_names),
 and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, through the op's path): the data the
-per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1)."""
+per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1). Every row also times
+the other tile schedules (gemm_plan.SWIZZLES x RASTERS: the persistent scheduler's walk) of its --schedules fastest
+configurations, as those were timed (schedules_ms, keyed by gemm_plan.Schedule.name(), e.g.
+"coop_128x256_c2/s4/along_m"); the row's `schedule` is what the op ran."""
 
 from __future__ import annotations
 
@@ -67,6 +70,40 @@ def _variants_ms(sets, pick, reps):
     return out
 
 
+def _schedules_ms(sets, names, reps):
+    """ms of configurations `names` with every other tile schedule (gemm_plan.SWIZZLES x RASTERS but the default
+    one, which variants_ms timed), keyed by gemm_plan.Schedule.name(); None where one cannot run the shape."""
+    import torch
+
+    from .._native import native
+    from ..errors import TandemError
+    from ..ops import gemm_plan
+    from ..ops._runtime import stream_handle
+    from ..ops.gemm import gemm_args, variant_workspace
+    from . import common
+
+    K = native().kernels
+    a, b = sets[0]
+    d = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=torch.bfloat16)
+    out = {}
+    for name in names:
+        for sch in gemm_plan.Schedule(name).others():
+            args = [gemm_args(x, y, d, 0, sch.swizzle, sch.raster) for x, y in sets]
+            ws = variant_workspace(name, args[0], a.device)
+            wp = 0 if ws is None else ws.data_ptr()
+            i = [0]
+
+            def call(name=name, args=args, wp=wp):
+                i[0] = (i[0] + 1) % len(args)
+                K.gemm_variant(name, args[i[0]], stream_handle(a.device), wp)
+
+            try:
+                out[sch.name()] = common.time_launches(call, warmup=3, reps=reps) * 1e3
+            except TandemError:
+                out[sch.name()] = None
+    return out
+
+
 def _scaled_variants_ms(sets, reps):
     """ms of each FP8 configuration (gemm_plan.SCALED_CONFIGS) through the op's own path (scaled_gemm_with with
     the configuration named), 20 calls back to back per timing; None where one cannot run the shape."""
@@ -80,7 +117,9 @@ def _scaled_variants_ms(sets, reps):
 
         def call(name=name):
             i[0] = (i[0] + 1) % len(sets)
-            scaled_gemm_with(*sets[i[0]], config=name)
+            # the default schedule named: with config alone a table's schedule for the plan's configuration
+            # would be timed under the default's name
+            scaled_gemm_with(*sets[i[0]], config=name, swizzle=1, raster="heuristic")
 
         try:
             # 20 calls between the events: the op's host path (cache lookup, workspace) would otherwise rank the
@@ -91,11 +130,35 @@ def _scaled_variants_ms(sets, reps):
     return out
 
 
+def _scaled_schedules_ms(sets, names, reps):
+    """ms of FP8 configurations `names` with every other tile schedule (as _schedules_ms), through the op's path
+    and 20 calls back to back per timing (as _scaled_variants_ms)."""
+    from ..ops import gemm_plan
+    from ..ops.gemm import scaled_gemm_with
+    from . import common
+
+    out = {}
+    for name in names:
+        for sch in gemm_plan.Schedule(name).others():
+            i = [0]
+
+            def call(sch=sch):
+                i[0] = (i[0] + 1) % len(sets)
+                scaled_gemm_with(*sets[i[0]], config=sch.variant, swizzle=sch.swizzle, raster=sch.raster)
+
+            try:
+                out[sch.name()] = common.time_launches(call, warmup=3, reps=reps, inner=20) * 1e3
+            except Exception:  # noqa: BLE001 - a schedule that cannot run the shape is reported as None
+                out[sch.name()] = None
+    return out
+
+
 COLUMNS = ["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baseline", "baseline/tandem",
            "tandem TFLOP/s", "rel. error vs baseline", "elements differing"]
 
 
-def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True):
+def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True,
+        schedules=2):
     import torch
 
     from .. import ops  # noqa: F401
@@ -130,9 +193,11 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
             from ..ops import gemm_plan
 
             if kind == "bfloat16":
-                d["variant"] = gemm_plan.choose(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
+                plan = gemm_plan.choose_schedule(m, n, k, d["sm_count"])  # what torch.ops.tandem.gemm ran
+                d["variant"], d["schedule"] = plan.variant, plan.name()
             else:
-                d["variant"] = gemm_plan.choose_scaled(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
+                plan = gemm_plan.choose_scaled_schedule(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
+                d["variant"], d["schedule"] = plan.variant, plan.name()
             try:
                 d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
                 d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
@@ -148,8 +213,15 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 d["differ"] = int((got != ref).sum())
                 if kind == "bfloat16" and variants:
                     d["variants_ms"] = _variants_ms(sets, pick, reps)
+                    # the other tile schedules of the `schedules` fastest configurations
+                    timed = sorted((t, v) for v, t in d["variants_ms"].items() if t is not None)
+                    if schedules and timed:
+                        d["schedules_ms"] = _schedules_ms(sets, [v for _, v in timed[:schedules]], reps)
                 elif variants:
                     d["variants_ms"] = _scaled_variants_ms(sets, reps)
+                    timed = sorted((t, v) for v, t in d["variants_ms"].items() if t is not None)
+                    if schedules and timed:
+                        d["schedules_ms"] = _scaled_schedules_ms(sets, [v for _, v in timed[:schedules]], reps)
             except Exception as e:  # noqa: BLE001 - a row that cannot run says why; the sweep goes on
                 d["error"] = str(e).splitlines()[0][:200]
             data.append(d)
@@ -214,9 +286,14 @@ def summary_lines(data) -> list:
                          f"{min(r):.3f}")
         base_key = configuration_baseline_key(rows[0]["dtype"])
         best = [x for x in map(best_ratio, rows) if x is not None]
+        best_scheduled = [x for x in (best_ratio(d, True) for d in rows) if x is not None]
         if best:
             lines.append(f"{kind}: best configuration per shape, baseline/configuration ({base_key}) "
                          f"{geo(best):.3f} over {len(best)} shapes, lowest {min(best):.3f}")
+        if best_scheduled and any(d.get("schedules_ms") for d in rows):
+            lines.append(f"{kind}: best configuration and tile schedule per shape ({base_key}) "
+                         f"{geo(best_scheduled):.3f} over {len(best_scheduled)} shapes, lowest "
+                         f"{min(best_scheduled):.3f}")
     return lines
 
 
@@ -259,6 +336,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,fp8_tensor,fp8_row",
                     help="which of bfloat16, fp8_tensor, fp8_row to run")
     ap.add_argument("--no-variants", action="store_true", help="skip timing the core's other configurations")
+    ap.add_argument("--schedules", type=int, default=2, metavar="N",
+                    help="time every other tile schedule (swizzle x raster) of the N fastest configurations of each "
+                         "row (0: none)")
     ap.add_argument("--plot-from", default=None, metavar="GEMM_JSON",
                     help="no run: plot a recorded gemm_w1.json (into --out, else beside it) and print its summary")
     a = ap.parse_args(argv)
@@ -274,5 +354,5 @@ def main(argv=None) -> int:
         return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")),
-        variants=not a.no_variants)
+        variants=not a.no_variants, schedules=a.schedules)
     return 0

@@ -18,12 +18,14 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int = 0, swizzle: int = 1):
+def gemm_args(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, sm_count: int = 0, swizzle: int = 1,
+              raster: str = "heuristic"):
     """The GEMM core's typed arguments (tandem._C.kernels.GemmArgs) for D = A @ B on these tensors (checked by
-    the caller: validate)."""
+    the caller: validate); raster one of gemm_plan.RASTERS."""
     return kernel_args("GemmArgs", m=a.shape[0], n=b.shape[1], k=a.shape[1], dtype=_DTYPES[a.dtype], a=a.data_ptr(),
                        lda=a.stride(0), b=b.data_ptr(), ldb=b.stride(0), d=d.data_ptr(), ldd=d.stride(0),
-                       sm_count=int(sm_count), max_swizzle=int(swizzle))
+                       sm_count=int(sm_count), max_swizzle=int(swizzle),
+                       raster=getattr(native().kernels.Raster, str(raster).upper()))
 
 
 def variant_workspace(name: str, x, device) -> torch.Tensor | None:
@@ -32,37 +34,39 @@ def variant_workspace(name: str, x, device) -> torch.Tensor | None:
     return torch.empty(n, dtype=torch.uint8, device=device) if n else None
 
 
-def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int = 1, variant: str | None = None) -> torch.Tensor:
-    """The GEMM core with its tuning knobs exposed (the torch op uses the defaults): swizzle is the persistent
-    tile scheduler's (1, 2, 4 or 8; the same bits, different L2 reuse); variant names the CUTLASS configuration
-    (tandem.ops.gemm_plan.CONFIGS; bf16 only). None: gemm_plan.choose's for the shape (bf16, swizzle 1), else the
-    core."""
-    # Per call signature (shapes, strides, dtype, device, swizzle): the GEMM's Args and workspace size, made on its
+def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, raster: str | None = None,
+              variant: str | None = None) -> torch.Tensor:
+    """The GEMM core with its tuning knobs exposed (the torch op uses the plan's): variant names the CUTLASS
+    configuration (tandem.ops.gemm_plan.CONFIGS; bf16 only); swizzle (1, 2, 4, 8) and raster ("heuristic",
+    "along_m", "along_n") are its persistent scheduler's walk over the output tiles (the same bits, different L2
+    reuse). Each None: gemm_plan.choose_schedule's for the shape (the measured table, else the wave model's
+    configuration with swizzle 1 and CUTLASS's raster heuristic; fp16: the core)."""
+    # Per call signature (shapes, strides, dtype, device, knobs): the GEMM's Args and workspace size, made on its
     # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
     # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
     try:
         key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle,
-               variant)
+               raster, variant)
         hit = prepared(key)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable swizzle: the full checks say so
+    except (AttributeError, TypeError):  # not tensors, or an unhashable knob: the full checks say so
         key, hit = None, None
     if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
-        if swizzle not in (1, 2, 4, 8):
-            raise invalid(f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}", "gemm")
-        validate(a, b)
-        m, n = a.shape[0], b.shape[1]
         from . import gemm_plan
 
+        if bad := gemm_plan.tile_walk_error(swizzle, raster):
+            raise invalid(bad, "gemm")
+        validate(a, b)
+        m, n = a.shape[0], b.shape[1]
         if variant is not None and variant not in gemm_plan.CONFIGS:
             raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
-        if variant is not None and variant != gemm_plan.CORE and (a.dtype != torch.bfloat16 or swizzle != 1):
-            raise invalid(f"variant {variant!r} takes bf16 and swizzle 1 (got {a.dtype}, swizzle {swizzle})", "gemm")
+        if variant is not None and variant != gemm_plan.CORE and a.dtype != torch.bfloat16:
+            raise invalid(f"variant {variant!r} takes bf16 (got {a.dtype}); fp16 runs the core", "gemm")
         sms = _sm_count(a.device)
-        if variant is None:
-            variant = gemm_plan.choose(m, n, a.shape[1], sms, a.dtype == torch.bfloat16 and swizzle == 1)
+        variant, swizzle, raster = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16) \
+            .overridden(variant, swizzle, raster)
         d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        x = gemm_args(a, b, d, sms, swizzle)
-        # the core runs through gemm::run (fp16, swizzle); another configuration through its variant launcher (the
+        x = gemm_args(a, b, d, sms, swizzle, raster)
+        # the core runs through gemm::run (fp16 too); another configuration through its variant launcher (the
         # split-K / stream-K ones with a workspace of their own size)
         if variant == gemm_plan.CORE:
             hit = (x, native().kernels.workspace_size(x), None)
@@ -173,16 +177,18 @@ def scaling_of(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 
 
 def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Tensor | None = None,
-                     config: str | None = None) -> torch.Tensor:
+                     config: str | None = None, swizzle: int | None = None, raster: str | None = None) -> torch.Tensor:
     """D (bf16, M x N) = scale_a * (scale_b * (a @ b)): a (M x K) e4m3 row-major, b (K x N) e4m3 column-major,
     fp32 accumulation, scales tensor-wise or row-wise as torch._scaled_mm takes them (scaling_of). `out`: a bf16
     M x N tensor with contiguous, 16-byte aligned rows to write D into (else a new one). `config`: the CUTLASS
-    configuration (tandem.ops.gemm_plan.SCALED_CONFIGS); None = gemm_plan.choose_scaled's for the shape."""
+    configuration (tandem.ops.gemm_plan.SCALED_CONFIGS); swizzle and raster its tile schedule (as gemm_with's);
+    each None = gemm_plan.choose_scaled_schedule's for the shape (a config named without a schedule: the default
+    one unless it is the plan's configuration)."""
     op = "scaled_gemm"
     try:
         key = (op, None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
                scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device,
-               b.dtype, b.device, sm_count, config,
+               b.dtype, b.device, sm_count, config, swizzle, raster,
                None if out is None else (out.shape, out.stride(), out.dtype, out.device))
         hit = prepared(key)
     except (AttributeError, TypeError):  # not tensors: the full checks say so
@@ -206,13 +212,16 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
 
         if config is not None and config not in gemm_plan.SCALED_CONFIGS:
             raise invalid(f"unknown config {config!r}; one of {sorted(gemm_plan.SCALED_CONFIGS)}", op)
-        if config is None:
-            config = gemm_plan.choose_scaled(m, n, k, int(sm_count) or _sm_count(a.device), scaling)
+        if bad := gemm_plan.tile_walk_error(swizzle, raster):
+            raise invalid(bad, op)
+        config, swizzle, raster = gemm_plan.choose_scaled_schedule(
+            m, n, k, int(sm_count) or _sm_count(a.device), scaling).overridden(config, swizzle, raster)
         K = native().kernels
         d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
         x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
                         scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count),
-                        config=getattr(K.ScaledConfig, config.upper()))
+                        config=getattr(K.ScaledConfig, config.upper()), max_swizzle=int(swizzle),
+                        raster=getattr(K.Raster, raster.upper()))
         x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
             scale_b.data_ptr()
         why = K.can_implement(x)

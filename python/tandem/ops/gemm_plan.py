@@ -67,6 +67,67 @@ STREAM_K_MIN_KTILES = 8  # CUTLASS's smallest stream-K unit (k-tiles); the model
 SPLIT_COST = 0.15  # the model's extra time of a split configuration (partials through the workspace, fix-up)
 STREAM_K_TABLE_MARGIN = 0.03  # a stream-K win over the unsplit configurations the table takes where tiles fill a wave
 
+# The persistent scheduler's walk over the output tiles, a runtime argument of every configuration, bf16 and FP8
+# (gemm.h GemmArgs, scaled_gemm.h ScaledGemmArgs: max_swizzle and raster): which A and B tiles are in the L2
+# together, never the result's bits. The
+# default (swizzle 1, CUTLASS's raster heuristic) is what every configuration ran before the table had these; a row
+# names another schedule only where `bench gemm` measured it faster by more than SCHEDULE_TABLE_MARGIN (on the
+# H200 a larger swizzle was slower at every large square-ish shape: docs/results.md, 2026-12-03).
+SWIZZLES = (1, 2, 4, 8)
+RASTERS = ("heuristic", "along_m", "along_n")
+SCHEDULE_TABLE_MARGIN = 0.02
+
+
+class Schedule(tuple):
+    """(variant, swizzle, raster): what torch.ops.tandem.gemm (a bf16 configuration) or scaled_gemm (an FP8 one)
+    runs for a shape."""
+
+    __slots__ = ()
+
+    def __new__(cls, variant: str, swizzle: int = 1, raster: str = "heuristic"):
+        return super().__new__(cls, (variant, int(swizzle), str(raster)))
+
+    variant = property(lambda self: self[0])
+    swizzle = property(lambda self: self[1])
+    raster = property(lambda self: self[2])
+
+    def name(self) -> str:
+        """'variant' for the default schedule, else 'variant/s<swizzle>/<raster>' (bench gemm's schedules_ms keys)."""
+        return self.variant if self[1:] == (1, "heuristic") else f"{self.variant}/s{self.swizzle}/{self.raster}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Schedule":
+        """The inverse of name(); ValueError for a name that is not one."""
+        parts = str(name).split("/")
+        if len(parts) == 1:
+            return cls(parts[0])
+        if len(parts) != 3 or not parts[1].startswith("s") or not parts[1][1:].isdigit():
+            raise ValueError(f"not a schedule name: {name!r}")
+        return cls(parts[0], int(parts[1][1:]), parts[2])
+
+    def valid(self, kind: str = "bf16") -> bool:
+        return self.variant in _configs(kind) and self.swizzle in SWIZZLES and self.raster in RASTERS
+
+    def others(self):
+        """The other tile schedules of this configuration (bench gemm times them)."""
+        return [Schedule(self.variant, s, r) for s in SWIZZLES for r in RASTERS if (s, r) != self[1:]]
+
+    def overridden(self, variant=None, swizzle=None, raster=None) -> "Schedule":
+        """This plan with a caller's knobs (None: the plan's): another configuration than the plan's starts from
+        the default walk (the plan's walk was measured for its own configuration)."""
+        plan = self if variant is None or variant == self.variant else Schedule(variant)
+        return Schedule(plan.variant, plan.swizzle if swizzle is None else swizzle,
+                        plan.raster if raster is None else raster)
+
+
+def tile_walk_error(swizzle, raster):
+    """What is wrong with a caller's swizzle / raster (None: unset, fine), or None (gemm.h tile_walk_error)."""
+    if swizzle is not None and swizzle not in SWIZZLES:
+        return f"swizzle must be 1, 2, 4 or 8, got {swizzle!r}"
+    if raster is not None and raster not in RASTERS:
+        return f"raster must be one of {RASTERS}, got {raster!r}"
+    return None
+
 # The FP8 GEMM's configurations (scaled_gemm.h ScaledConfig; the enum value is the name upper-cased; "fp8_" keeps
 # them apart from the bf16 names in one table file, also for a reader that predates the "kind" field):
 # name -> (tile M, tile N, cluster M, cluster N, relative per-CTA rate on a full tile). Tiles are 128 deep in K.
@@ -116,8 +177,17 @@ def _rows_to_table(rows) -> dict:
     table = {}
     for r in rows:
         kind = str(r.get("kind", "bf16"))
-        if kind in KINDS and str(r.get("variant")) in _configs(kind):
-            table[(kind, int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"]))] = str(r["variant"])
+        if kind not in KINDS or str(r.get("variant")) not in _configs(kind):
+            continue
+        # a Schedule (rows written before schedules: the default one); a row whose schedule is not one is skipped,
+        # not the whole table
+        swizzle, raster = r.get("swizzle", 1), r.get("raster", "heuristic")
+        if type(swizzle) is not int:  # (not a bool, a float or a string: the table is written by tune)
+            continue
+        value = Schedule(str(r["variant"]), swizzle, str(raster))
+        if not value.valid(kind):
+            continue
+        table[(kind, int(r["sms"]), int(r["mb"]), int(r["nb"]), int(r["kb"]))] = value
     return table
 
 
@@ -168,29 +238,41 @@ def predicted_scaled(name: str, m: int, n: int, k: int, sms: int) -> float:
     return _waves_time(tm, tn, cm, cn, rate, SCALED_SPLITS.get(name), m, n, k, sms, SCALED_TILE_K)
 
 
-def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
-    """The configuration for D (M x N) = A (M x K) @ B on `sms` SMs: the table's, else the model's (core unless
-    another is predicted more than MARGIN faster)."""
+def choose_schedule(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> Schedule:
+    """The configuration and tile schedule for D (M x N) = A (M x K) @ B on `sms` SMs: the table's, else the
+    model's configuration (core unless another is predicted more than MARGIN faster) with the default schedule.
+    fp16 runs the core with the default schedule (the table is measured in bf16)."""
     if not dtype_is_bf16:
-        return CORE
+        return Schedule(CORE)
     hit = lookup(sms, m, n, k)
     if hit is not None:
         return hit
     core = predicted(CORE, m, n, k, sms)
     best = min((c for c in CONFIGS if c not in UNTIMED), key=lambda c: predicted(c, m, n, k, sms))
-    return best if predicted(best, m, n, k, sms) < (1 - MARGIN) * core else CORE
+    return Schedule(best if predicted(best, m, n, k, sms) < (1 - MARGIN) * core else CORE)
 
 
-def choose_scaled(m: int, n: int, k: int, sms: int, scaling: str) -> str:
-    """The FP8 GEMM's configuration ("tensor" or "row" scaling): the table's, else the model's (SCALED_CORE unless
-    another, not one of SCALED_UNTIMED, is predicted more than MARGIN faster)."""
+def choose(m: int, n: int, k: int, sms: int, dtype_is_bf16: bool = True) -> str:
+    """The configuration choose_schedule picks (its name only)."""
+    return choose_schedule(m, n, k, sms, dtype_is_bf16).variant
+
+
+def choose_scaled_schedule(m: int, n: int, k: int, sms: int, scaling: str) -> Schedule:
+    """The FP8 GEMM's configuration and tile schedule ("tensor" or "row" scaling): the table's, else the model's
+    configuration (SCALED_CORE unless another, not one of SCALED_UNTIMED, is predicted more than MARGIN faster)
+    with the default schedule."""
     hit = lookup(sms, m, n, k, "fp8_" + scaling)
     if hit is not None:
         return hit
     core = predicted_scaled(SCALED_CORE, m, n, k, sms)
     modelled = [c for c in SCALED_CONFIGS if c not in SCALED_UNTIMED]
     best = min(modelled, key=lambda c: predicted_scaled(c, m, n, k, sms))
-    return best if predicted_scaled(best, m, n, k, sms) < (1 - MARGIN) * core else SCALED_CORE
+    return Schedule(best if predicted_scaled(best, m, n, k, sms) < (1 - MARGIN) * core else SCALED_CORE)
+
+
+def choose_scaled(m: int, n: int, k: int, sms: int, scaling: str) -> str:
+    """The configuration choose_scaled_schedule picks (its name only)."""
+    return choose_scaled_schedule(m, n, k, sms, scaling).variant
 
 
 def write_table(rows: list, path: str | None = None) -> str:
@@ -233,6 +315,23 @@ def rows_from_bench(paths) -> list:
             if not times:
                 continue
             best = min(times, key=times.get)
-            rows.append(dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best,
-                             ms=times[best], candidates=times))
+            row = dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best, ms=times[best],
+                       candidates=times)
+            # other tile schedules of the configurations that could be chosen (schedules_ms, timed as the row's
+            # variants_ms are); one is taken only where it beats the default schedule's best by more than
+            # SCHEDULE_TABLE_MARGIN
+            scheduled = {}
+            for name, t in (r.get("schedules_ms") or {}).items():
+                try:
+                    sch = Schedule.parse(name)
+                except ValueError:
+                    continue
+                if t is not None and sch.valid(kind) and sch.variant in times:
+                    scheduled[sch] = t
+            if scheduled:
+                sch = min(scheduled, key=scheduled.get)
+                row["schedules"] = {x.name(): t for x, t in scheduled.items()}
+                if scheduled[sch] * (1 + SCHEDULE_TABLE_MARGIN) < times[best]:
+                    row.update(variant=sch.variant, swizzle=sch.swizzle, raster=sch.raster, ms=scheduled[sch])
+            rows.append(row)
     return rows

@@ -35,7 +35,23 @@ struct GemmArgs {
   // The persistent scheduler's swizzle (1, 2, 4 or 8): that many consecutive tiles along the raster walk together,
   // which changes L2 reuse (not the arithmetic: every tile's result is the same bits).
   int max_swizzle = 1;
+  // The order the persistent scheduler walks the output tiles in: kHeuristic (CUTLASS's: along M where there are
+  // more N tiles than M tiles, else along N), kAlongM or kAlongN. Like the swizzle it changes which A and B tiles
+  // share the L2, not any result's bits. The fused TP kernels and MoE pin their own order.
+  enum class Raster : int { kHeuristic = 0, kAlongM = 1, kAlongN = 2 };
+  Raster raster = Raster::kHeuristic;
 };
+
+// What is wrong with a tile walk (GemmArgs' and ScaledGemmArgs' max_swizzle and raster), or nullptr: the one check
+// both GEMMs' can_implement make.
+inline const char* tile_walk_error(int max_swizzle, GemmArgs::Raster raster) {
+  if (max_swizzle != 1 && max_swizzle != 2 && max_swizzle != 4 && max_swizzle != 8)
+    return "max_swizzle must be 1, 2, 4 or 8";
+  if (raster != GemmArgs::Raster::kHeuristic && raster != GemmArgs::Raster::kAlongM &&
+      raster != GemmArgs::Raster::kAlongN)
+    return "raster must be kHeuristic, kAlongM or kAlongN";
+  return nullptr;
+}
 
 // Shared state of the tile claims (ArrivalSchedule::claims), in a workspace the caller owns; any initial contents
 // except `next`, which must be zero before a launch's first claim (workspace zeroed once, then tile_claims_reset

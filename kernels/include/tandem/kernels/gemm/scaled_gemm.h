@@ -64,6 +64,10 @@ struct ScaledGemmArgs {
   const float* scale_b = nullptr;  // device memory: 1 float (tensor) or N floats (row)
   int sm_count = 0;                // SMs the persistent grid may use; 0 = the device's
   ScaledConfig config = ScaledConfig::kCoop128C2;
+  // The persistent scheduler's walk over the output tiles, as GemmArgs' (1, 2, 4 or 8; heuristic, along M or N):
+  // which A and B tiles share the L2, never the result's bits.
+  int max_swizzle = 1;
+  GemmArgs::Raster raster = GemmArgs::Raster::kHeuristic;
 };
 
 // kOk, or kInvalidArgument with the reason: positive shape; non-null, 16-byte aligned operands and scales;
