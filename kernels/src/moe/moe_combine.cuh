@@ -25,7 +25,7 @@ struct CombineParams {
   char* comb_in;          // symmetric: T_max * k rows of D
   int64_t comb_rows;      // T_max * k: a row source at or past it is refused (reported), never written
   char* out;
-  uint32_t* rows_sent;    // [world]
+  uint32_t* rows_sent;    // [world], rows sent per source (send_claim follows them in the workspace)
   uint32_t* send_claim;   // the next unclaimed row of z (zeroed before the launch, with rows_sent)
   int blocks;
   int esize;
@@ -113,10 +113,12 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
     int j = 0;
     // chunks of kCombineClaimRows rows, claimed by the warp's lane 0 (a warp's claims ascend: so do its rows)
     for (;;) {
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));  // one status a warp
+      if (st != Status::kOk) break;  // (a warp that failed claims no more)
       int32_t r0 = 0;
       if (lane == 0) r0 = static_cast<int32_t>(atomicAdd(p.send_claim, static_cast<uint32_t>(kCombineClaimRows)));
       r0 = __shfl_sync(0xffffffffu, r0, 0);
-      if (r0 >= received || st != Status::kOk) break;
+      if (r0 >= received) break;
       const int32_t r1 = min(received, r0 + kCombineClaimRows);
       for (int32_t r = r0; r < r1 && st == Status::kOk; ++r) {
         while (j + 1 < c.el && offset[j + 1] <= r) ++j;  // rows ascend: the expert only moves forward
