@@ -27,7 +27,6 @@
 // Files: moe_common.cuh (the timeline's names, workspace offsets, shared state, release/finish, capacity check),
 // moe_dispatch.cuh (layout, dispatch role, the fused and GEMM-alone kernels), moe_combine.cuh (the combine),
 // moe_swiglu.cuh (the SwiGLU between the experts' GEMMs), this file (host side).
-#include <cstdio>
 #include <mutex>
 #include <vector>
 
@@ -390,14 +389,7 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   const int blocks = a.plan.sm_count < 32 ? a.plan.sm_count : 32;
   p.blocks = blocks;
   // tests: blocks from index B start US microseconds late (a block without an SM, as under MPS), "B:US"
-  if (const char* v = std::getenv("TANDEM_MOE_COMBINE_LATE")) {
-    int late_block = 0;
-    unsigned late_us = 0;
-    if (std::sscanf(v, "%d:%u", &late_block, &late_us) == 2 && late_block >= 0) {
-      p.late_block = late_block;
-      p.late_us = late_us;
-    }
-  }
+  runtime::late_blocks_from_env("TANDEM_MOE_COMBINE_LATE", &p.late_block, &p.late_us);
   if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * (a.comm.world + 1), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (p.z_stage != nullptr)
