@@ -493,6 +493,15 @@ elif [ "$part" = i4 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 tools/diag/cublas_kernels.py --fp8 \
     --out "$W/cublas_kernels.json" > /dev/null 2>&1; ls -la "$W/cublas_kernels.json" 2>&1 | tail -1
   tar czf "$OUT/i4.tgz" -C "$W" .
+elif [ "$part" = mc ]; then
+  # branch moe-combine-claims (not run): the combine's rows claimed by whichever blocks run (issue 26, item 3):
+  # test_moe whole (the new late-block test at worlds 2 and 4 among them), then bench moe -n 2 (compare its
+  # unfused column with i4's after-side run on the same machine)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-120} )) bash tools/device_suite.sh tests/gpu/test_moe.py
+  W=/tmp/mc; rm -rf "$W"; mkdir -p "$W" "$OUT"
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 \
+    --tokens 1024,4096,16384 --out "$W/moe" 2>&1 | tail -6
+  rm -f "$W"/moe/*.png; tar czf "$OUT/mc.tgz" -C "$W" .
 elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
   # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'

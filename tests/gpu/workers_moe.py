@@ -6,6 +6,7 @@ communication. Values are small multiples of 1/8, so the fp32 sums are exact and
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -273,6 +274,30 @@ def capacity_guard(comm_timeout_s, mode):
     res = _outcome(comm, run)
     res["received"] = int(got["layout"][0].item()) if "layout" in got else None
     res["capacity"] = int(got["y"].shape[0]) if "y" in got else None
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res
+
+
+def late_combine(counts, hidden, inter, epr, comm_timeout_s):
+    """One dispatch + combine with the communicator timeout `comm_timeout_s`, while the environment may hold some of
+    this rank's combine blocks back for longer (TANDEM_MOE_COMBINE_LATE, given per rank by the test): the blocks
+    that run must send every row (claims), so that no rank's wait for done[] times out. Returns _case's counts of
+    wrong elements, or the error; the seconds the case took; the knob as this rank saw it."""
+    comm = Communicator(heap_bytes=512 << 20, timeout_s=comm_timeout_s)
+    # a first case without the knob (the kernel reads it at each launch): the first calls' costs (agreement,
+    # workspaces, the references) stay out of the timed one
+    late = os.environ.pop("TANDEM_MOE_COMBINE_LATE", None)
+    _case(comm, counts, "uniform", 2, epr, hidden, inter, torch.bfloat16, "unfused")
+    if late is not None:
+        os.environ["TANDEM_MOE_COMBINE_LATE"] = late
+    t0 = time.monotonic()
+    try:
+        res = dict(_case(comm, counts, "uniform", 2, epr, hidden, inter, torch.bfloat16, "unfused"), raised=False)
+    except TandemError as e:
+        res = dict(raised=True, status=e.status, message=str(e))
+    res["seconds"] = time.monotonic() - t0
+    res["late"] = os.environ.get("TANDEM_MOE_COMBINE_LATE")
     tp.release_workspaces(comm)
     comm.destroy()
     return res

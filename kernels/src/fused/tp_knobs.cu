@@ -50,14 +50,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
   k.join = env_is("TANDEM_RS_JOIN", "1");
-  if (const char* v = std::getenv("TANDEM_TP_LATE")) {
-    int c = 0;
-    unsigned us = 0;
-    if (std::sscanf(v, "%d:%u", &c, &us) == 2 && c >= 0) {
-      k.late_cluster = c;
-      k.late_us = us;
-    }
-  }
+  runtime::late_blocks_from_env("TANDEM_TP_LATE", &k.late_cluster, &k.late_us);
   return k;
 }
 

@@ -9,6 +9,9 @@ namespace tandem::kernels::moe {
 namespace {
 
 constexpr int kCombineThreads = 512;
+// Rows a warp claims at a time from the launch's send counter: small enough that the resident warps share the last
+// rows evenly, large enough that the claims (one atomic per chunk) cost nothing beside the rows' puts.
+constexpr int32_t kCombineClaimRows = 8;
 
 struct CombineParams {
   Common c;
@@ -22,9 +25,12 @@ struct CombineParams {
   char* comb_in;          // symmetric: T_max * k rows of D
   int64_t comb_rows;      // T_max * k: a row source at or past it is refused (reported), never written
   char* out;
-  uint32_t* rows_sent;    // [world]
+  uint32_t* rows_sent;    // [world], rows sent per source (send_claim follows them in the workspace)
+  uint32_t* send_claim;   // the next unclaimed row of z (zeroed before the launch, with rows_sent)
   int blocks;
   int esize;
+  int late_block;         // TANDEM_MOE_COMBINE_LATE (tests): blocks from this index start late_us late
+  uint32_t late_us;
 };
 
 // Proxy peers read the rows they send from the heap: the combine's rows (layout[0] of them, known only on the
@@ -43,9 +49,16 @@ __global__ void moe_stage_rows_kernel(const int32_t* received, int64_t capacity,
 template <class Element>
 __device__ __forceinline__ float to_f(Element v) { return static_cast<float>(v); }
 
+// Residency: the sends are claimed, not shared out. A block sends rows claimed from p.send_claim until none are
+// left, then waits for every rank's rows of this rank's tokens (done[q]). If each block sent a fixed share, every
+// block of every rank would have to be running before any could pass that wait: a block without an SM (MPS ranks
+// share the GPU, and nothing promises co-residency) would hold up the resident ones until the timeout. With claims
+// the resident blocks send every row; a block that starts late finds none left, sees done[] set, and does its share
+// of the weighted sums, which wait for nothing (docs/moe.md, "Residency").
 template <class Element>
 __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const __grid_constant__ CombineParams p) {
   using namespace tandem::device;
+  if (p.late_us != 0 && static_cast<int>(blockIdx.x) >= p.late_block) runtime::hold_block_us(p.late_us);
   __shared__ int32_t expected[kMaxWorld];
   const Common& c = p.c;
   const DeviceComm& comm = c.comm;
@@ -80,10 +93,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
       if (expected[s] == 0) (void)signal(comm, &ctl->done[rank], e, SignalOp::kSet, s);
   }
   {
-    const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int total_warps = p.blocks * warps;
-    const int32_t per_warp = (received + total_warps - 1) / total_warps;
-    const int32_t r0 = min(received, (b * warps + warp) * per_warp), r1 = min(received, r0 + per_warp);
+    const int lane = threadIdx.x % 32;
     int run_s = -1, run_n = 0;
     const auto flush = [&]() {
       if (run_n == 0) return;
@@ -101,31 +111,41 @@ __global__ void __launch_bounds__(kCombineThreads, 1) moe_combine_kernel(const _
       run_n = 0;
     };
     int j = 0;
-    for (int32_t r = r0; r < r1 && st == Status::kOk; ++r) {
-      while (j + 1 < c.el && offset[j + 1] <= r) ++j;  // rows ascend: the expert only moves forward
-      if (r < offset[j]) {                               // (r0 may start past several experts)
-        j = 0;
-        while (j + 1 < c.el && offset[j + 1] <= r) ++j;
+    // chunks of kCombineClaimRows rows, claimed by the warp's lane 0 (a warp's claims ascend: so do its rows)
+    for (;;) {
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));  // one status a warp
+      if (st != Status::kOk) break;  // (a warp that failed claims no more)
+      int32_t r0 = 0;
+      if (lane == 0) r0 = static_cast<int32_t>(atomicAdd(p.send_claim, static_cast<uint32_t>(kCombineClaimRows)));
+      r0 = __shfl_sync(0xffffffffu, r0, 0);
+      if (r0 >= received) break;
+      const int32_t r1 = min(received, r0 + kCombineClaimRows);
+      for (int32_t r = r0; r < r1 && st == Status::kOk; ++r) {
+        while (j + 1 < c.el && offset[j + 1] <= r) ++j;  // rows ascend: the expert only moves forward
+        if (r < offset[j]) {                               // (r0 may start past several experts)
+          j = 0;
+          while (j + 1 < c.el && offset[j + 1] <= r) ++j;
+        }
+        const int32_t rel = r - offset[j];
+        int s = 0;
+        while (s + 1 < world && source[j * (world + 1) + s + 1] <= rel) ++s;
+        if (s != run_s) {
+          flush();
+          run_s = s;
+        }
+        const int32_t flat = row_source[r];
+        if (flat < 0 || flat >= p.comb_rows) {  // past the source's combine buffer: refused, reported
+          if (lane == 0)
+            tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, s, static_cast<uint64_t>(p.comb_rows),
+                                   static_cast<uint64_t>(static_cast<uint32_t>(flat)));
+          st = Status::kInvalidArgument;
+          break;
+        }
+        const Status s2 = put<Group::kWarp>(comm, p.comb_in + static_cast<size_t>(flat) * row_bytes,
+                                            p.z + static_cast<size_t>(r) * row_bytes, row_bytes, s);
+        if (st == Status::kOk) st = s2;
+        ++run_n;
       }
-      const int32_t rel = r - offset[j];
-      int s = 0;
-      while (s + 1 < world && source[j * (world + 1) + s + 1] <= rel) ++s;
-      if (s != run_s) {
-        flush();
-        run_s = s;
-      }
-      const int32_t flat = row_source[r];
-      if (flat < 0 || flat >= p.comb_rows) {  // past the source's combine buffer: refused, reported
-        if (lane == 0)
-          tandem::device::report(comm, Status::kInvalidArgument, DeviceOp::kNone, s, static_cast<uint64_t>(p.comb_rows),
-                                 static_cast<uint64_t>(static_cast<uint32_t>(flat)));
-        st = Status::kInvalidArgument;
-        break;
-      }
-      const Status s2 = put<Group::kWarp>(comm, p.comb_in + static_cast<size_t>(flat) * row_bytes,
-                                          p.z + static_cast<size_t>(r) * row_bytes, row_bytes, s);
-      if (st == Status::kOk) st = s2;
-      ++run_n;
     }
     flush();
   }

@@ -19,7 +19,8 @@
 //            ready[r] = e on every rank and completes the epoch
 //
 // Combine launch (epoch e of its own workspace): every rank sends each row of z to the (token, slot) it came
-// from (after ready[s] >= e - 1: s finished reading its buffer), the warp completing source s's rows sets
+// from (after ready[s] >= e - 1: s finished reading its buffer; warps claim the rows in chunks from a counter, so
+// the blocks that run send them all, whichever blocks have an SM), the warp completing source s's rows sets
 // done[r] = e there; then every rank waits for every done[q] and reduces out[t] = sum_slot w[t, slot] * row in
 // slot order (fp32, one rounding).
 //
@@ -273,7 +274,7 @@ CombineOffsets combine_offsets(const CombineArgs& a) {
   WorkspaceCarver w{kControlBytes};
   const auto take = [&](size_t bytes) { return w.take(bytes); };
   o.comb_in = take(static_cast<size_t>(s.max_tokens) * s.topk * a.dim * 2);
-  o.rows_sent = take(sizeof(uint32_t) * a.comm.world);
+  o.rows_sent = take(sizeof(uint32_t) * (a.comm.world + 1));  // rows sent per source, then the send claim
   o.z_stage = take(tandem::device::has_proxy(a.comm) ? static_cast<size_t>(receive_capacity(s, a.comm.world)) * a.dim * 2 : 0);
   o.total = w.at;
   return o;
@@ -383,10 +384,13 @@ Status run(const CombineArgs& a, cudaStream_t stream, std::string* why) {
   p.comb_rows = static_cast<int64_t>(a.shape.max_tokens) * a.shape.topk;
   p.out = static_cast<char*>(a.out);
   p.rows_sent = reinterpret_cast<uint32_t*>(ws + o.rows_sent);
+  p.send_claim = p.rows_sent + a.comm.world;
   p.esize = 2;
   const int blocks = a.plan.sm_count < 32 ? a.plan.sm_count : 32;
   p.blocks = blocks;
-  if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * a.comm.world, stream) != cudaSuccess)
+  // tests: blocks from index B start US microseconds late (a block without an SM, as under MPS), "B:US"
+  runtime::late_blocks_from_env("TANDEM_MOE_COMBINE_LATE", &p.late_block, &p.late_us);
+  if (cudaMemsetAsync(p.rows_sent, 0, sizeof(uint32_t) * (a.comm.world + 1), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (p.z_stage != nullptr)
     moe_stage_rows_kernel<<<blocks, 256, 0, stream>>>(a.layout, p.c.capacity, static_cast<const char*>(a.z),

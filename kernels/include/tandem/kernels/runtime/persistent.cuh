@@ -18,6 +18,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
@@ -93,6 +95,18 @@ __device__ __forceinline__ uint64_t atom_or_acq_rel_gpu(uint64_t* p, uint64_t v)
   uint64_t old;
   asm volatile("atom.acq_rel.gpu.global.or.b64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
   return old;
+}
+
+// Tests: the knob "B:US" in environment variable `name` (TANDEM_TP_LATE, TANDEM_MOE_COMBINE_LATE): blocks from
+// index B start US microseconds late (hold_block_us). Sets *first and *us and returns true where it holds one.
+inline bool late_blocks_from_env(const char* name, int* first, uint32_t* us) {
+  const char* v = std::getenv(name);
+  int b = 0;
+  unsigned u = 0;
+  if (v == nullptr || std::sscanf(v, "%d:%u", &b, &u) != 2 || b < 0) return false;
+  *first = b;
+  *us = u;
+  return true;
 }
 
 // Diagnostics and tests: hold the calling block for `us` microseconds before its work (thread 0 sleeps, then a
