@@ -172,7 +172,8 @@ left() { echo $(( CALL_S - ($(date +%s) - start) )); }
 bench_side() {
   local s=$1 cap=$2 dir=$3; shift 3
   local pp=$PWD/python c=${TANDEM_COMMIT:-unknown}
-  [ "$s" = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+  local bd=${BEFORE_DIR:-.carry/before}
+  [ "$s" = before ] && { pp=$PWD/$bd/python; c=$(cat $bd/COMMIT); }
   local t=$(( $(left) - 20 )); [ "$t" -gt "$cap" ] && t=$cap
   [ "$t" -lt 30 ] && { echo "bench $* ($s) skipped: $(left) s left"; return; }
   mkdir -p "$dir/$s"
@@ -502,6 +503,29 @@ elif [ "$part" = mc ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 \
     --tokens 1024,4096,16384 --out "$W/moe" 2>&1 | tail -6
   rm -f "$W"/moe/*.png; tar czf "$OUT/mc.tgz" -C "$W" .
+elif [ "$part" = hp ]; then
+  # branch host-path (not run): every launch's kernel attribute set once per kernel and device, not per call
+  # (runtime/launch_cache.hpp), and cuTensorMapEncodeTiled resolved once, not looked up per descriptor
+  # (kernels/src/runtime/cutlass_driver_calls.cu). The launch paths of every kernel changed: test_gemm, ring
+  # attention, the TP and MoE match tests; then the op's host path and bench gemm's op before (gemm-sched's module,
+  # BEFORE_DIR=.carry/before-hp) and after, one call (issue 23: the op's single-call ratios at small shapes).
+  S=$(( $(left) - ${BENCH_S:-300} ))
+  timeout -s INT -k 20 $(( S * 3 / 5 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_ring_attention.py
+  timeout -s INT -k 20 $(( S - S * 3 / 5 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_moe.py \
+    -k "test_ag_gemm_and_gemm_rs_match_torch or dispatch_gemm_and_combine_match or ffn_matches_the_layer"
+  W=/tmp/hp; rm -rf "$W"; mkdir -p "$W/hp/before" "$W/hp/after" "$OUT"
+  for s in before after; do
+    pp=$PWD/python; [ "$s" = before ] && pp=$PWD/.carry/before-hp/python
+    PYTHONPATH=$pp timeout -s INT -k 5 60 python3 tools/diag/gemm_host_path.py \
+      --shapes 1000x1000x1008,777x4104x4096,4096x14336x4096 2>&1 | tail -10 | tee "$W/hp/$s/host_path.txt"
+  done
+  for s in before after; do
+    BEFORE_DIR=.carry/before-hp bench_side $s 100 "$W/hp" gemm --reps 10 --no-variants --dtypes bfloat16
+    tar czf "$OUT/hp.tgz" -C "$W" hp
+  done
+  t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
+    --no-variants --dtypes fp8_tensor,fp8_row --out "$W/hp/after_fp8" 2>&1 | grep -E "geometric|Error"
+  rm -f "$W"/hp/*/*.png; tar czf "$OUT/hp.tgz" -C "$W" hp
 elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
   # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'

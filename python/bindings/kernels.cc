@@ -319,6 +319,26 @@ void bind_kernels(py::module_& m) {
       },
       "CTAs that record [start ns, end ns, SM id] (int64 x 3 each) after spinning spin_us; throws if it does not run.");
 
+  k.def(
+      "gemm_host_costs",
+      [](int reps, uintptr_t stream) {
+        g::variants::HostCosts c;
+        std::string why;
+        check(g::variants::host_costs(reps, reinterpret_cast<cudaStream_t>(stream), &c, &why), why, "gemm_host_costs",
+              -1);
+        py::dict r;
+        r["entry_point_lookup_us"] = c.entry_point_lookup_us;
+        r["tensor_map_encode_us"] = c.tensor_map_encode_us;
+        r["func_set_attribute_us"] = c.func_set_attribute_us;
+        r["dynamic_smem_cached_us"] = c.dynamic_smem_cached_us;
+        r["gemm_params_us"] = c.gemm_params_us;
+        r["launch_plain_us"] = c.launch_plain_us;
+        r["launch_cluster_us"] = c.launch_cluster_us;
+        return r;
+      },
+      py::arg("reps") = 25, py::arg("stream") = 0,
+      "Host microseconds a call of a GEMM launch's pieces (gemm_variants.h HostCosts); throws if a call fails.");
+
   // ---- stream-ordered flags between ranks (stream_sync.h): the TP ops' pipelined mode ------------------------------
   k.def("stream_advance", [](uintptr_t counter, uintptr_t stream) {
     std::string why;

@@ -69,6 +69,10 @@ def main():
                  pybind_check=lambda: K.can_implement(args),
                  direct=lambda: K.gemm_variant(cfg, args, stream, wp),
                  cublas=lambda: torch.matmul(x, w))
+    # The CUTLASS launch in pieces, timed inside the module (modules before the host-path change lack it)
+    if hasattr(K, "gemm_host_costs"):
+        costs = K.gemm_host_costs(25, stream)
+        print("launch pieces, us a call: " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in costs.items()))
     print(f"\nhost us a call at {s} ({cfg}): "
           + ", ".join(f"{name} {common.host_launch_us(f, 200, warmup=True):.2f}" for name, f in parts.items()))
 

@@ -172,7 +172,7 @@ Status run_typed(const RingArgs& a, cudaStream_t stream, std::string* why) {
   }
   const int smem = static_cast<int>(sizeof(typename T::SharedStorage)) + 1024;
   auto kernel = ring_attention_kernel<T>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+  if (runtime::ensure_dynamic_smem(kernel, smem) != cudaSuccess)
     return fail(why, "cannot reserve the kernel's shared memory", Status::kCudaError);
   kernel<<<a.plan.sm_count, kThreads, smem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();

@@ -1,6 +1,11 @@
 // Other configurations of the GEMM core, an occupancy query per configuration, and a residency probe: for
 // measuring why the core runs below cuBLAS on a rank's MPS share (gemm_variants.h).
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
 
 #include "sm90_config.hpp"
 #include "tandem/kernels/gemm/gemm_variants.h"
@@ -53,17 +58,11 @@ size_t workspace_config(const GemmArgs& g) {
 template <class Config, Split kSplit, int kSplits>
 Status run_config(const GemmArgs& g, void* workspace, cudaStream_t stream, std::string* why) {
   using Gemm = G<Config, kSplit>;
-  typename Gemm::Device op;
   auto args = split_arguments<Config, kSplit, kSplits>(g);
-  if (op.can_implement(args) != cutlass::Status::kSuccess) return fail(why, "CUTLASS cannot implement this problem");
-  if (Gemm::Device::get_workspace_size(args) != 0 && workspace == nullptr)
+  if (workspace == nullptr && Gemm::Device::get_workspace_size(args) != 0)
     return fail(why, "this variant needs a workspace of workspace_size() bytes");
-  // initialize() zeroes what the split reduction needs of the workspace (stream-ordered memset)
-  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess)
-    return fail(why, "CUTLASS initialize failed", Status::kCudaError);
-  if (op.run(stream) != cutlass::Status::kSuccess)
-    return fail(why, std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError()), Status::kCudaError);
-  return Status::kOk;
+  return detail::run_adapter<typename Gemm::Device>(args, workspace, stream, why,
+                                                   "CUTLASS cannot implement this problem");
 }
 
 template <class Config, Split kSplit, int kSplits>
@@ -214,6 +213,81 @@ Status residency_probe(int blocks, int cluster_x, int smem_bytes, int spin_us, i
   const cudaError_t e = cudaLaunchKernelEx(&cfg, residency_kernel, spin_us, timeline);
   return e == cudaSuccess ? Status::kOk
                           : fail(why, std::string("launch failed: ") + cudaGetErrorString(e), Status::kCudaError);
+}
+
+namespace {
+__global__ void empty_kernel() {}
+
+// us a call: the median over `reps` batches of 20 calls of f
+template <class F>
+double median_us(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) f();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 20);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+}  // namespace
+
+Status host_costs(int reps, cudaStream_t stream, HostCosts* out, std::string* why) {
+  if (reps < 1 || out == nullptr) return fail(why, "reps must be >= 1 and out set");
+  void* buf = nullptr;  // TMA descriptors need a 16-byte aligned device address; nothing reads it
+  if (cudaMalloc(&buf, 1 << 20) != cudaSuccess) return fail(why, "cudaMalloc failed", Status::kCudaError);
+  bool ok = true;
+  out->entry_point_lookup_us = median_us(reps, [&] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    ok &= cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) == cudaSuccess;
+  });
+  out->tensor_map_encode_us = median_us(reps, [&] {
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {4096, 4096}, strides[1] = {4096 * 2};
+    const cuuint32_t box[2] = {64, 128}, elem[2] = {1, 1};
+    ok &= cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf, dims, strides, box, elem,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  });
+  const void* fn = reinterpret_cast<const void*>(residency_kernel);
+  out->func_set_attribute_us = median_us(reps, [&] {
+    ok &= cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 << 10) == cudaSuccess;
+  });
+  out->dynamic_smem_cached_us =
+      median_us(reps, [&] { ok &= runtime::ensure_dynamic_smem(fn, 100 << 10) == cudaSuccess; });
+  {
+    using Gemm = G<detail::Sm90Config<128, 256, 2, Coop, CoopEpi>, Split::kNone>;
+    GemmArgs g;
+    g.m = g.n = g.k = 4096;
+    g.lda = g.ldb = g.ldd = 4096;
+    g.a = g.b = g.d = buf;
+    g.dtype = DType::kBF16;
+    const auto args = Gemm::arguments(g);
+    out->gemm_params_us = median_us(reps, [&] {
+      const auto params = Gemm::Kernel::to_underlying_arguments(args, nullptr);
+      ok &= Gemm::Kernel::get_grid_shape(params).x > 0;
+    });
+  }
+  out->launch_plain_us = median_us(reps, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
+  out->launch_cluster_us = median_us(reps, [&] {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(2, 1, 1);
+    cfg.blockDim = dim3(32, 1, 1);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 2;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    ok &= cudaLaunchKernelEx(&cfg, empty_kernel) == cudaSuccess;
+  });
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  cudaFree(buf);
+  if (!ok || e != cudaSuccess) return fail(why, "a timed call failed", Status::kCudaError);
+  return Status::kOk;
 }
 
 }  // namespace tandem::kernels::gemm::variants

@@ -14,6 +14,7 @@
 #include "cutlass/util/packed_stride.hpp"
 #include "tandem/kernels/gemm/arrival_scheduler.hpp"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/runtime/launch_cache.hpp"
 
 namespace tandem::kernels::gemm::detail {
 
@@ -52,20 +53,29 @@ void set_tile_walk(SchedulerArguments& s, int max_swizzle, GemmArgs::Raster rast
 }
 
 // A CUTLASS device adapter's can_implement -> initialize -> run, as tandem's Status and reason (`cannot`: the
-// reason when the problem is not implementable).
+// reason when the problem is not implementable). The steps of GemmUniversalAdapter::initialize and run, but the
+// kernel's shared-memory attribute is set once per kernel and device (runtime/launch_cache.hpp), not on every
+// call as initialize() does: the launch's host time is what small GEMMs wait for (issue 23).
 template <class Device>
 Status run_adapter(const typename Device::Arguments& args, void* workspace, cudaStream_t stream, std::string* why,
                    const char* cannot) {
-  Device op;
-  if (op.can_implement(args) != cutlass::Status::kSuccess) {
+  using Kernel = typename Device::GemmKernel;
+  if (!Kernel::can_implement(args)) {
     if (why) *why = cannot;
     return Status::kInvalidArgument;
   }
-  if (op.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-    if (why) *why = "CUTLASS initialize failed";
+  // zeroes what a split / stream-K reduction needs of the workspace (stream-ordered); nothing for the others
+  if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess) {
+    if (why) *why = "CUTLASS initialize failed (workspace)";
     return Status::kCudaError;
   }
-  if (op.run(stream) != cutlass::Status::kSuccess) {
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  const int smem = static_cast<int>(Kernel::SharedStorageSize);
+  if (const cudaError_t e = runtime::ensure_dynamic_smem(cutlass::device_kernel<Kernel>, smem); e != cudaSuccess) {
+    if (why) *why = std::string("cudaFuncSetAttribute (dynamic shared memory) failed: ") + cudaGetErrorString(e);
+    return Status::kCudaError;
+  }
+  if (Device::run(params, stream) != cutlass::Status::kSuccess) {
     if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
     return Status::kCudaError;
   }

@@ -48,4 +48,17 @@ Status occupancy(const std::string& name, const GemmArgs& args, Occupancy* out, 
 Status residency_probe(int blocks, int cluster_x, int smem_bytes, int spin_us, int64_t* timeline, cudaStream_t stream,
                        std::string* why = nullptr);
 
+// Where a GEMM launch's host time goes (tools/diag/gemm_host_path.py; issue 23): microseconds a call, the median
+// of `reps` batches of 20 calls each, of the pieces of a launch, timed on the host (std::chrono, nothing waited for
+// but the launches' enqueue): the driver lookup of cuTensorMapEncodeTiled by name (what CUTLASS's wrapper did per
+// descriptor), one descriptor encode through the forwarder resolved once (what it does now), cudaFuncSetAttribute
+// of the dynamic shared memory (what initialize() did per launch) and the cached check that replaced it, the
+// coop_128x256_c2 configuration's kernel parameters at 4096^3 (to_underlying_arguments: its TMA descriptors), and
+// an empty kernel's launch, plain (<<<>>>) and as 2-CTA clusters (cudaLaunchKernelEx, CUTLASS's Hopper launch).
+struct HostCosts {
+  double entry_point_lookup_us = 0, tensor_map_encode_us = 0, func_set_attribute_us = 0, dynamic_smem_cached_us = 0,
+         gemm_params_us = 0, launch_plain_us = 0, launch_cluster_us = 0;
+};
+Status host_costs(int reps, cudaStream_t stream, HostCosts* out, std::string* why = nullptr);
+
 }  // namespace tandem::kernels::gemm::variants

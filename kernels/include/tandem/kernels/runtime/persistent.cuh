@@ -26,6 +26,7 @@
 
 #include "tandem/device.cuh"
 #include "tandem/kernels/gemm/gemm.h"
+#include "tandem/kernels/runtime/launch_cache.hpp"
 
 namespace tandem::kernels::runtime {
 
@@ -223,7 +224,8 @@ constexpr int kClusterX = 2;
 template <class Params, class Kernel>
 cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
                              const Params& params) {
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // once per kernel and device (launch_cache.hpp), not per launch
+  cudaError_t e = ensure_dynamic_smem(kernel, smem);
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
