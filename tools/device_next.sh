@@ -526,6 +526,28 @@ elif [ "$part" = hp ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --no-variants --dtypes fp8_tensor,fp8_row --out "$W/hp/after_fp8" 2>&1 | grep -E "geometric|Error"
   rm -f "$W"/hp/*/*.png; tar czf "$OUT/hp.tgz" -C "$W" hp
+elif [ "$part" = sw ]; then
+  # branch gemm-swap (not run): the swapped bf16 configurations (D^T = B^T A^T: swap_coop_208x128_c2, cuBLAS's tile
+  # at 777 x 4104 x 4096, and swap_coop_256x128_c1): test_gemm's configuration tests, bench gemm bf16 with every
+  # configuration, the table tuned from it and the op with it, and Nsight Compute at 777 x 4104 x 4096 (issue 23)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-260} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    -k "variants or op_runs or structured"
+  W=/tmp/sw; rm -rf "$W"; mkdir -p "$W/sw" "$OUT"
+  t=$(( $(left) - 120 )); [ "$t" -gt 170 ] && t=170
+  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes bfloat16 \
+    --schedules 2 --out "$W/sw/bf16" 2>&1 | grep -E "geometric|best|Error"
+  rm -f "$W"/sw/*/*.png; tar czf "$OUT/sw.tgz" -C "$W" sw
+  python3 -m tandem tune gemm --from-bench "$W/sw/bf16/gemm_w1.json" --out "$W/sw/tune.json" | tail -1
+  t=$(( $(left) - 60 )); [ "$t" -gt 60 ] && t=60
+  [ "$t" -gt 20 ] && timeout -s INT -k 5 $t ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis -k regex:"device_kernel|nvjet" --launch-skip 0 \
+    python3 tools/diag/gemm_ncu.py --shape 777x4104x4096 --calls 1 \
+    --variants coop_128x256_c1,coop_128x256_c1x2,swap_coop_208x128_c2 > "$W/sw/ncu_777.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|rel\. diff" "$W/sw/ncu_777.txt" | head -40
+  tar czf "$OUT/sw.tgz" -C "$W" sw
+  t=$(( $(left) - 5 )); [ "$t" -gt 30 ] && TANDEM_GEMM_TUNE_FILE="$W/sw/tune.json" timeout -s INT -k 5 $t \
+    python3 -m tandem bench gemm --reps 10 --no-variants --dtypes bfloat16 --out "$W/sw/op" 2>&1 | grep -E "geometric|Error"
+  rm -f "$W"/sw/*/*.png; tar czf "$OUT/sw.tgz" -C "$W" sw
 elif [ "$part" = gs ]; then
   # branch gemm-sched (not run): the bf16 GEMM's tile schedule (swizzle x raster) per shape; test_gemm (every
   # configuration with two other schedules, raster refusal), bench gemm bf16 with the two fastest configurations'

@@ -46,8 +46,12 @@ def test_gemm_variants_match_torch(run_ranks):
     # The split-K / stream-K ones sum fp32 partial tiles in the workspace (filled with garbage first: run() must
     # zero what it relies on); structured data keeps every partial sum exact, so they too must match exactly, and a
     # rerun must give the same bits (the deterministic reduction).
+    from tandem.ops import gemm_plan
+
     (r,) = run_ranks(f"{W}:variants", 1, shapes=shapes, sm_counts=[2, 32, 0])
-    assert len(r["rows"]) == 11 * len(shapes) * 3  # the configurations of gemm_variants_sm90.cu
+    # every configuration of gemm_variants_sm90.cu (the planner names exactly those: test_gemm_plan.py), the
+    # swapped ones (D^T = B^T A^T) with ragged M among them
+    assert len(r["rows"]) == len(gemm_plan.CONFIGS) * len(shapes) * 3
     for row in r["rows"]:
         assert not row["err"], row
         assert row["wrong"] == 0, row

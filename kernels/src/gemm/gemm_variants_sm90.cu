@@ -109,9 +109,10 @@ struct Entry {
   size_t (*workspace)(const GemmArgs&);
 };
 
-template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1, int CN = 1>
+template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1, int CN = 1,
+          bool kSwapAB = false>
 constexpr Entry entry(const char* name) {
-  using C = detail::Sm90Config<TM, TN, CM, S, E, CN>;
+  using C = detail::Sm90Config<TM, TN, CM, S, E, CN, kSwapAB>;
   return Entry{name, &run_config<C, kSplit, kSplits>, &occupancy_config<C, kSplit, kSplits>,
                &workspace_config<C, kSplit, kSplits>};
 }
@@ -134,6 +135,14 @@ const Entry kEntries[] = {
     // spill into a second wave) and the ragged shapes where cuBLAS led by 10-28 % (docs/results.md, issue 23).
     entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 2>("coop_128x256_c1x2"),
     entry<256, 128, 2, Coop, CoopEpi>("coop_256x128_c2"),
+    // Swapped (D^T = B^T A^T, Sm90Config::kSwapAB), named by the problem's tile: 208 rows of M by 128 columns of N,
+    // the kernel's tile 128 x 208 in 1x2 clusters (pairs along M share their B tiles). At 777 x 4104 x 4096, where
+    // every unswapped configuration ran 1.7-2.4x slower than cuBLAS (docs/results.md, issue 23), that is 4 x 33 =
+    // 132 tiles, one per SM; cuBLAS runs a 128 x 200 swapped tile there (tools/diag/cublas_kernels.py), which
+    // CuTe's TMA partitioning refuses (200 rows: "Stride Divisibility Condition"); 208 and 192 build. And 256 x 128
+    // with 128 x 256 kernel tiles in 1x1 clusters.
+    entry<128, 208, 1, Coop, CoopEpi, Split::kNone, 1, 2, true>("swap_coop_208x128_c2"),
+    entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 1, true>("swap_coop_256x128_c1"),
 };
 
 const Entry* find(const std::string& name) {
