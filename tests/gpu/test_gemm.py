@@ -124,8 +124,11 @@ def test_scaled_gemm_rejects_bad_input_before_launch(run_ranks):
 
 def test_gemm_op_runs_every_configuration_it_may_choose(run_ranks):
     shapes = [(1000, 1024, 1000), (257, 520, 1032), (4096, 2048, 1024)]
+    from tandem.ops import gemm_plan
+
     (r,) = run_ranks(f"{W}:op_variants", 1, shapes=shapes)
-    assert len(r["rows"]) == (11 * 3 + 1) * len(shapes)  # every configuration with three tile schedules, the op
+    # every configuration with three tile schedules, then the op
+    assert len(r["rows"]) == (len(gemm_plan.CONFIGS) * 3 + 1) * len(shapes)
     for row in r["rows"]:
         assert row["wrong"] == 0 and row["same"], row
     assert r["refused"] == {"unknown": 3, "fp16 variant": 3}, r
