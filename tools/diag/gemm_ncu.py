@@ -3,7 +3,7 @@ configuration runs below cuBLAS on the device at shapes like 777 x 4104 x 4096, 
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --section MemoryWorkloadAnalysis -k regex:"device_kernel|nvjet|sm90" \
-        python tools/diag/gemm_ncu.py --shape 777x4104x4096 --variants coop_128x256_c1,swap_coop_208x128_c2
+        python tools/diag/gemm_ncu.py --shape 777x4104x4096 --variants coop_128x256_c1,swap_coop_256x128_c1
 
 Each configuration (then torch.matmul) runs --calls times after a warm-up outside the profiled range is not
 possible without NVTX, so profile with --launch-skip to pass the warm-ups: the script prints the launch order.
@@ -23,7 +23,7 @@ from tandem.ops.gemm import gemm_with
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="777x4104x4096")
-    ap.add_argument("--variants", default="coop_128x256_c1,swap_coop_208x128_c2")
+    ap.add_argument("--variants", default="coop_128x256_c1,swap_coop_256x128_c1")
     ap.add_argument("--calls", type=int, default=2)
     a = ap.parse_args()
     m, n, k = (int(v) for v in a.shape.split("x"))

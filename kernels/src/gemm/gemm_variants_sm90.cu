@@ -135,13 +135,12 @@ const Entry kEntries[] = {
     // spill into a second wave) and the ragged shapes where cuBLAS led by 10-28 % (docs/results.md, issue 23).
     entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 2>("coop_128x256_c1x2"),
     entry<256, 128, 2, Coop, CoopEpi>("coop_256x128_c2"),
-    // Swapped (D^T = B^T A^T, Sm90Config::kSwapAB), named by the problem's tile: 208 rows of M by 128 columns of N,
-    // the kernel's tile 128 x 208 in 1x2 clusters (pairs along M share their B tiles). At 777 x 4104 x 4096, where
-    // every unswapped configuration ran 1.7-2.4x slower than cuBLAS (docs/results.md, issue 23), that is 4 x 33 =
-    // 132 tiles, one per SM; cuBLAS runs a 128 x 200 swapped tile there (tools/diag/cublas_kernels.py), which
-    // CuTe's TMA partitioning refuses (200 rows: "Stride Divisibility Condition"); 208 and 192 build. And 256 x 128
-    // with 128 x 256 kernel tiles in 1x1 clusters.
-    entry<128, 208, 1, Coop, CoopEpi, Split::kNone, 1, 2, true>("swap_coop_208x128_c2"),
+    // Swapped (D^T = B^T A^T, Sm90Config::kSwapAB), named by the problem's tile M x N: 256 x 128 with the kernel's
+    // 128 x 256 tiles running over N x M. Measured on an H100 (docs/results.md, 2026-12-06): the fastest of all
+    // configurations at 10 of bench gemm's 24 shapes, up to 18 % faster than the unswapped coop_256x128_c1. A
+    // swapped 128 x 208 tile in 1x2 clusters (208-row M tiles: 4 x 33 = 132 tiles at 777 x 4104 x 4096, near the
+    // swapped 128 x 200 cuBLAS runs there; CuTe's TMA partitioning refuses 200 rows) was tried and dropped: CUTLASS's
+    // builder gives it 64x16 MMA atoms, and it ran 1.35-4.3x slower than the best configuration at every shape.
     entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 1, true>("swap_coop_256x128_c1"),
 };
 
