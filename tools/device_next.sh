@@ -154,6 +154,22 @@
 #   start is slow, leave gs8 for the session after.
 #   Run parts that use a prebuilt module before anything that pip-installs tandem (test_consumer does): an
 #   installed package makes device_suite.sh build (g3 built for 131 s after i3's test_consumer on the same machine).
+# 2026-12-06 09:50 (twelfth session, H100s): i4 (issue 22's bench moe before/after: fused 0.805, unfused 0.882 ->
+# issue 22 resolved), gs / gs8 / gs8a (gemm-sched: merged, table with schedules), mc (moe-combine-claims: merged),
+# hp (host-path: merged; the op's remaining host time is Python), sw (gemm-swap: swap_coop_256x128_c1 merged and
+# tabled, the 128x208 swap dropped for its 64x16 atoms). Next session, in this order:
+#   1. s208 on branch gemm-swap208 (the 128x208 swapped tile with CuTe's extended wgmma shapes; module
+#      .carry/prebuilt-s208, SOURCES 05a0fb9):
+#        git checkout gemm-swap208 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-s208 .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=dc8e4f8 CALL_S=400 timeout 410 bash tools/device_next.sh s208",
+#            carry=[".whl", ".carry/prebuilt"])
+#      If it beats coop_128x256_c1 at 777x4104x4096 (0.067-0.072 ms; cuBLAS 0.038): a full bf16 sweep (part sw)
+#      and the table rebuilt from it (with docs/results/gemm_sched/fp8_schedules.json for the FP8 rows), merge.
+#      Branch gone: git checkout -b gemm-swap208 7123926 && git apply tools/pending/gemm-swap208.diff.
+#   2. the whole GPU suite on main (n1 / i1-i3 style; not run whole since be47190: host-path changed every
+#      kernel's launch, gemm-swap the GEMM core's header; their tests above passed).
+#   3. issue 23's op host path: a C++ registration of tandem::gemm / scaled_gemm for the CUDA key (the Python op
+#      costs 31 us a call against cuBLAS's 20 on the same host, docs/results.md "the launches' host path").
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
