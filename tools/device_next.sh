@@ -158,14 +158,16 @@
 # issue 22 resolved), gs / gs8 / gs8a (gemm-sched: merged, table with schedules), mc (moe-combine-claims: merged),
 # hp (host-path: merged; the op's remaining host time is Python), sw (gemm-swap: swap_coop_256x128_c1 merged and
 # tabled, the 128x208 swap dropped for its 64x16 atoms). Next session, in this order:
-#   1. s208 on branch gemm-swap208 (the 128x208 swapped tile with CuTe's extended wgmma shapes; module
-#      .carry/prebuilt-s208, SOURCES 05a0fb9):
-#        git checkout gemm-swap208 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-s208 .carry/prebuilt
-#        run(command="export OUT; TANDEM_COMMIT=dc8e4f8 CALL_S=400 timeout 410 bash tools/device_next.sh s208",
+#   1. nx on branch integ-next (= launch-fixes + gemm-swap208, neither run; module .carry/prebuilt-next, SOURCES
+#      364a8ae): the launch paths' tests (every kernel family), the host path, the 128x208 swapped tile's bench at
+#      the worst shapes and ncu at 777x4104x4096:
+#        git checkout integ-next && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-next .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=288d9d1 CALL_S=560 timeout 570 bash tools/device_next.sh nx",
 #            carry=[".whl", ".carry/prebuilt"])
-#      If it beats coop_128x256_c1 at 777x4104x4096 (0.067-0.072 ms; cuBLAS 0.038): a full bf16 sweep (part sw)
-#      and the table rebuilt from it (with docs/results/gemm_sched/fp8_schedules.json for the FP8 rows), merge.
-#      Branch gone: git checkout -b gemm-swap208 7123926 && git apply tools/pending/gemm-swap208.diff.
+#      Tests green: merge integ-next. If swap_coop_208x128_c2 beats coop_128x256_c1 at 777x4104x4096
+#      (0.067-0.072 ms; cuBLAS 0.038): a full bf16 sweep (part sw) and the table rebuilt from it (with
+#      docs/results/gemm_sched/fp8_schedules.json for the FP8 rows). Branches gone: git checkout -b integ-next
+#      7123926 && git apply tools/pending/integ-next.diff (launch-fixes.diff / gemm-swap208.diff hold the halves).
 #   2. the whole GPU suite on main (n1 / i1-i3 style; not run whole since be47190: host-path changed every
 #      kernel's launch, gemm-swap the GEMM core's header; their tests above passed).
 #   3. issue 23's op host path: a C++ registration of tandem::gemm / scaled_gemm for the CUDA key (the Python op
