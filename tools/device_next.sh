@@ -163,7 +163,7 @@
 #      dea4977): the launch paths' tests (every kernel family), the host path, the 128x208 swapped tile's bench at
 #      the worst shapes and ncu at 777x4104x4096:
 #        git checkout integ-next && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-next .carry/prebuilt
-#        run(command="export OUT; TANDEM_COMMIT=6598c2a CALL_S=560 timeout 570 bash tools/device_next.sh nx",
+#        run(command="export OUT; TANDEM_COMMIT=98aa908 CALL_S=560 timeout 570 bash tools/device_next.sh nx",
 #            carry=[".whl", ".carry/prebuilt"])
 #      Tests green: merge integ-next. If swap_coop_208x128_c2 beats coop_128x256_c1 at 777x4104x4096
 #      (0.067-0.072 ms; cuBLAS 0.038): a full bf16 sweep (part sw) and the table rebuilt from it (with
