@@ -5,9 +5,10 @@ configuration runs below cuBLAS on the device at shapes like 777 x 4104 x 4096, 
         --section MemoryWorkloadAnalysis -k regex:"device_kernel|nvjet|sm90" \
         python tools/diag/gemm_ncu.py --shape 777x4104x4096 --variants coop_128x256_c1,swap_coop_256x128_c1
 
-Each configuration (then torch.matmul) runs --calls times after a warm-up outside the profiled range is not
-possible without NVTX, so profile with --launch-skip to pass the warm-ups: the script prints the launch order.
-Random bf16 data; the results are checked against torch.matmul so a wrong configuration is not profiled unnoticed.
+torch.matmul runs once first (the reference), then each configuration --calls times, then torch.matmul --calls
+times; nothing is warmed up, so ncu profiles every launch that matches -k, in the order the script prints (pass
+--launch-skip / --launch-count to narrow it). Random bf16 data; each configuration's result is checked against the
+reference, so a wrong configuration is not profiled unnoticed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main():
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     ref = torch.matmul(x, w)
-    order = []
+    order = ["cublas(reference)"]
     for name in a.variants.split(","):
         for _ in range(a.calls):
             d = gemm_with(x, w, variant=name)
