@@ -160,10 +160,10 @@
 # tabled, the 128x208 swap dropped for its 64x16 atoms). Next session, in this order:
 #   1. nx on branch integ-next (= launch-fixes + gemm-swap208 + the GEMM ops' per-call addresses on a copy of the
 #      prepared Args (a thread race) and its two-thread test; none of it run; module .carry/prebuilt-next, SOURCES
-#      dea4977): the launch paths' tests (every kernel family), the host path, the 128x208 swapped tile's bench at
+#      b140709): the launch paths' tests (every kernel family), the host path, the 128x208 swapped tile's bench at
 #      the worst shapes and ncu at 777x4104x4096:
 #        git checkout integ-next && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-next .carry/prebuilt
-#        run(command="export OUT; TANDEM_COMMIT=98aa908 CALL_S=560 timeout 570 bash tools/device_next.sh nx",
+#        run(command="export OUT; TANDEM_COMMIT=bb4ac84 CALL_S=560 timeout 570 bash tools/device_next.sh nx",
 #            carry=[".whl", ".carry/prebuilt"])
 #      Tests green: merge integ-next. If swap_coop_208x128_c2 beats coop_128x256_c1 at 777x4104x4096
 #      (0.067-0.072 ms; cuBLAS 0.038): a full bf16 sweep (part sw) and the table rebuilt from it (with
