@@ -599,6 +599,22 @@ elif [ "$part" = s208 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
     tests/cpu/test_gemm_plan.py -k "variants or op_runs or structured or planner"
   worst_shapes_and_ncu s208 80
+elif [ "$part" = sw2 ]; then
+  # integ-next (swap_coop_208x128_c2 in): bench gemm bf16 with every configuration and two schedules, the table
+  # rebuilt from it (+ the FP8 rows of docs/results/gemm_sched/fp8_schedules.json), the op with that table (issue 23)
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/sw2; rm -rf "$W"; mkdir -p "$W/sw2" "$OUT"
+  t=$(( $(left) - 150 )); [ "$t" -gt 300 ] && t=300
+  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes bfloat16 \
+    --schedules 2 --out "$W/sw2/bf16" 2>&1 | grep -E "geometric|best|Error"
+  rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
+  python3 -m tandem tune gemm --from-bench "$W/sw2/bf16/gemm_w1.json" docs/results/gemm_sched/fp8_schedules.json \
+    --out python/tandem/ops/gemm_tune_h100.json | tail -1
+  cp python/tandem/ops/gemm_tune_h100.json "$W/sw2/"
+  t=$(( $(left) - 10 )); [ "$t" -gt 120 ] && t=120
+  [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants \
+    --dtypes bfloat16 --out "$W/sw2/op_bf16" 2>&1 | grep -E "geometric|Error"
+  rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
 elif [ "$part" = sw ]; then
   # branch gemm-swap (not run): the swapped bf16 configurations (D^T = B^T A^T: swap_coop_256x128_c1; a 128 x 208
   # swapped tile ran here once and was dropped): test_gemm's configuration tests, bench gemm bf16 with every
