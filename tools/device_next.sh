@@ -215,6 +215,25 @@ bench_tp_worlds() {
     tar czf "$OUT/diag.tgz" -C "$OUT" diag
   done
 }
+# The 128x208 swapped tile's measurements (parts s208 and nx): bench gemm bf16 with every configuration at the
+# shapes furthest below cuBLAS (capped at 120 s and the call's time left less `margin`), then Nsight Compute at
+# 777 x 4104 x 4096 against cuBLAS; in /tmp/NAME/NAME, archived as $OUT/NAME.tgz after each step.
+#   worst_shapes_and_ncu NAME MARGIN
+worst_shapes_and_ncu() {
+  local name=$1 margin=$2 W=/tmp/$1 t
+  local S=777x4104x4096,3000x5000x4000,100x8192x8192,4096x1000x2064,5000x3000x8208,12345x4096x4096,1024x8192x28672
+  rm -rf "$W"; mkdir -p "$W/$name" "$OUT"
+  t=$(( $(left) - margin )); [ "$t" -gt 120 ] && t=120
+  [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes bfloat16 \
+    --shapes $S --out "$W/$name/bf16" 2>&1 | grep -E "geometric|best|Error"
+  rm -f "$W/$name"/*/*.png; tar czf "$OUT/$name.tgz" -C "$W" "$name"
+  t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && t=60
+  [ "$t" -gt 20 ] && timeout -s INT -k 5 $t ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+    -k regex:"device_kernel|nvjet" python3 tools/diag/gemm_ncu.py --shape 777x4104x4096 --calls 1 \
+    --variants coop_128x256_c1,swap_coop_208x128_c2 > "$W/$name/ncu_777.txt" 2>&1
+  grep -E "Duration|Compute \(SM\) Throughput|rel\. diff|MMA_64x" "$W/$name/ncu_777.txt" | cut -c1-160 | head -20
+  tar czf "$OUT/$name.tgz" -C "$W" "$name"
+}
 if [ "$part" = n1 ]; then
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_tp.py tests/gpu/test_moe.py
 elif [ "$part" = e5 ]; then
@@ -550,6 +569,52 @@ elif [ "$part" = hp ]; then
   t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
     --no-variants --dtypes fp8_tensor,fp8_row --out "$W/hp/after_fp8" 2>&1 | grep -E "geometric|Error"
   rm -f "$W"/hp/*/*.png; tar czf "$OUT/hp.tgz" -C "$W" hp
+elif [ "$part" = nx ]; then
+  # branch integ-next = main + launch-fixes + gemm-swap208 (neither run; module .carry/prebuilt-next): lf's tests
+  # (every kernel family's launch path; test_gemm includes the 208 swap and the strided cases), the host path, then
+  # s208's bench at the shapes furthest below cuBLAS and Nsight Compute at 777 x 4104 x 4096. Merge both if green.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-230} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_ring_attention.py tests/gpu/test_tp.py tests/gpu/test_moe.py tests/cpu/test_gemm_plan.py \
+    tests/cpu/test_launch_cache.py \
+    -k "test_gemm or ring_attention_matches_sdpa or repeated_launches_and_cuda_graph or test_ag_gemm_and_gemm_rs_match_torch or dispatch_gemm_and_combine_match or planner or launch_cache"
+  timeout -s INT -k 5 45 python3 tools/diag/gemm_host_path.py --shapes 1000x1000x1008,4096x14336x4096 2>&1 | tail -7
+  worst_shapes_and_ncu nx 70
+elif [ "$part" = lf ]; then
+  # branch launch-fixes (not run; review of host-path and gemm-swap): the dynamic-smem cache keyed by CUDA context
+  # and without the lock around the driver call, the sticky error cleared, the TMA encode forwarder under a renamed
+  # symbol (+ im2col), the GEMM's cluster launch without CUTLASS's per-launch NonPortableClusterSizeAllowed, the
+  # swapped configurations' raster in the problem's terms (table relabelled), and strided A / B / D in the
+  # configuration test. Every kernel family's launch path: test_gemm, ring attention, TP and MoE match tests, then
+  # the host path (the direct call of a cluster configuration should lose the attribute's ~0.6 us).
+  timeout -s INT -k 20 $(( $(left) - 60 )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/gpu/test_ring_attention.py tests/gpu/test_tp.py tests/gpu/test_moe.py \
+    -k "test_gemm or ring_attention_matches_sdpa or repeated_launches_and_cuda_graph or test_ag_gemm_and_gemm_rs_match_torch or dispatch_gemm_and_combine_match"
+  t=$(( $(left) - 5 )); [ "$t" -gt 50 ] && t=50
+  [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 tools/diag/gemm_host_path.py \
+    --shapes 1000x1000x1008,4096x14336x4096 2>&1 | tail -7
+elif [ "$part" = s208 ]; then
+  # branch gemm-swap208 (not run): swap_coop_208x128_c2 again, now with CuTe's extended wgmma shapes (one 64x208x16
+  # atom, not 13 of 64x16): test_gemm's configuration tests, bench gemm bf16 with every configuration at the shapes
+  # furthest below cuBLAS, and Nsight Compute at 777 x 4104 x 4096 against cuBLAS (issue 23)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/cpu/test_gemm_plan.py -k "variants or op_runs or structured or planner"
+  worst_shapes_and_ncu s208 80
+elif [ "$part" = sw2 ]; then
+  # integ-next (swap_coop_208x128_c2 in): bench gemm bf16 with every configuration and two schedules, the table
+  # rebuilt from it (+ the FP8 rows of docs/results/gemm_sched/fp8_schedules.json), the op with that table (issue 23)
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/sw2; rm -rf "$W"; mkdir -p "$W/sw2" "$OUT"
+  t=$(( $(left) - 150 )); [ "$t" -gt 300 ] && t=300
+  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes bfloat16 \
+    --schedules 2 --out "$W/sw2/bf16" 2>&1 | grep -E "geometric|best|Error"
+  rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
+  python3 -m tandem tune gemm --from-bench "$W/sw2/bf16/gemm_w1.json" docs/results/gemm_sched/fp8_schedules.json \
+    --out python/tandem/ops/gemm_tune_h100.json | tail -1
+  cp python/tandem/ops/gemm_tune_h100.json "$W/sw2/"
+  t=$(( $(left) - 10 )); [ "$t" -gt 120 ] && t=120
+  [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants \
+    --dtypes bfloat16 --out "$W/sw2/op_bf16" 2>&1 | grep -E "geometric|Error"
+  rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
 elif [ "$part" = sw ]; then
   # branch gemm-swap (not run): the swapped bf16 configurations (D^T = B^T A^T: swap_coop_256x128_c1; a 128 x 208
   # swapped tile ran here once and was dropped): test_gemm's configuration tests, bench gemm bf16 with every

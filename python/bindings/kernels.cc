@@ -192,6 +192,21 @@ void bind_kernels(py::module_& m) {
               "gemm", -1);
       },
       py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the GEMM core; throws if it does not run.");
+  // The ops' per-call launches: the prepared Args are copied (taken by value) and this call's addresses set on the
+  // copy, so a prepared Args shared by threads that call the same signature is never written (setting the
+  // addresses on the shared object, then launching, let one thread launch with another's tensors).
+  k.def(
+      "gemm_at",
+      [](g::GemmArgs x, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t workspace, uintptr_t stream) {
+        x.a = reinterpret_cast<const void*>(a);
+        x.b = reinterpret_cast<const void*>(b);
+        x.d = reinterpret_cast<void*>(d);
+        std::string why;
+        check(g::run(x, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why), why,
+              "gemm", -1);
+      },
+      py::arg("args"), py::arg("a"), py::arg("b"), py::arg("d"), py::arg("workspace"), py::arg("stream"),
+      "Launch the GEMM core on a copy of args with these addresses; throws if it does not run.");
   k.def("preload_gemm_kernels", [] { check_cuda(g::preload_kernels(), "gemm.preload"); });
 
   // ---- FP8 GEMM with scales (scaled_gemm.h) ----------------------------------------------------------------------
@@ -243,6 +258,21 @@ void bind_kernels(py::module_& m) {
               "scaled_gemm", -1);
       },
       py::arg("args"), py::arg("workspace"), py::arg("stream"), "Launch the FP8 GEMM; throws if it does not run.");
+  k.def(
+      "scaled_gemm_at",
+      [](g::ScaledGemmArgs x, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t scale_a, uintptr_t scale_b,
+         uintptr_t workspace, uintptr_t stream) {
+        x.a = reinterpret_cast<const void*>(a);
+        x.b = reinterpret_cast<const void*>(b);
+        x.d = reinterpret_cast<void*>(d);
+        x.scale_a = reinterpret_cast<const float*>(scale_a);
+        x.scale_b = reinterpret_cast<const float*>(scale_b);
+        std::string why;
+        check(g::run(x, reinterpret_cast<void*>(workspace), reinterpret_cast<cudaStream_t>(stream), &why), why,
+              "scaled_gemm", -1);
+      },
+      py::arg("args"), py::arg("a"), py::arg("b"), py::arg("d"), py::arg("scale_a"), py::arg("scale_b"),
+      py::arg("workspace"), py::arg("stream"), "scaled_gemm on a copy of args with these addresses (as gemm_at).");
   k.def("preload_scaled_gemm_kernels", [] { check_cuda(g::preload_scaled_kernels(), "scaled_gemm.preload"); });
   // The arrival-aware tile scheduler's schedule (gemm.h ArrivalSchedule), less the communicator's device state,
   // which gemm_with_arrivals fills in from the communicator it is given.
@@ -285,6 +315,20 @@ void bind_kernels(py::module_& m) {
       py::arg("name"), py::arg("args"), py::arg("stream"), py::arg("workspace") = 0,
       "bf16 D = A @ B with the named configuration; throws TandemError (its status) if it does not run. workspace: "
       "device memory of gemm_variant_workspace_size bytes (the split-K / stream-K configurations need one).");
+  k.def(
+      "gemm_variant_at",
+      [](const std::string& name, g::GemmArgs x, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t stream,
+         uintptr_t workspace) {
+        x.a = reinterpret_cast<const void*>(a);
+        x.b = reinterpret_cast<const void*>(b);
+        x.d = reinterpret_cast<void*>(d);
+        std::string why;
+        const Status s =
+            g::variants::run(name, x, reinterpret_cast<cudaStream_t>(stream), &why, reinterpret_cast<void*>(workspace));
+        check(s, name + ": " + (why.empty() ? std::string("failed") : why), "gemm", -1);
+      },
+      py::arg("name"), py::arg("args"), py::arg("a"), py::arg("b"), py::arg("d"), py::arg("stream"),
+      py::arg("workspace") = 0, "gemm_variant on a copy of args with these addresses (as gemm_at).");
   k.def(
       "gemm_variant_workspace_size",
       [](const std::string& name, const g::GemmArgs& a) {

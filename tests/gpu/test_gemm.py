@@ -25,6 +25,13 @@ def test_gemm_is_deterministic_and_graph_capturable(run_ranks):
     assert r["raster_refused"] == 3, r
 
 
+def test_threads_calling_one_signature_get_their_own_products(run_ranks):
+    # one prepared launcher per signature, shared by threads: each call's addresses must reach its own launch
+    (r,) = run_ranks(f"{W}:threads_sharing_a_signature", 1, m=1024, n=1024, k=1024, calls=300)
+    assert not r["errors"], r
+    assert r["wrong"] == [0, 0], r
+
+
 def test_gemm_rejects_bad_input_before_launch(run_ranks):
     (r,) = run_ranks(f"{W}:rejects", 1)
     assert all(v == 3 for v in r.values()), r  # INVALID_ARGUMENT, not a launch
@@ -57,6 +64,10 @@ def test_gemm_variants_match_torch(run_ranks):
         assert row["wrong"] == 0, row
         assert row["rel"] < 1e-2, row
         assert row["rerun_same"], row
+    # leading dimensions past the row length: the same product, and D's padding untouched, in every configuration
+    assert len(r["strided"]) == len(gemm_plan.CONFIGS)
+    for row in r["strided"]:
+        assert not row["err"] and row["wrong"] == 0 and row["pad_written"] == 0, row
     # refusals raise TandemError with the launcher's status: INVALID_ARGUMENT (3), not a CUDA failure (5)
     assert r["unknown"][0] == 3 and "unknown GEMM variant" in r["unknown"][1], r["unknown"]
     assert r["no_workspace"][0] == 3 and "workspace" in r["no_workspace"][1], r["no_workspace"]

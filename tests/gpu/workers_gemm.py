@@ -39,6 +39,50 @@ def check(shapes, dtypes):
     return out
 
 
+def threads_sharing_a_signature(m, n, k, calls):
+    """Two host threads call torch.ops.tandem.gemm and scaled_gemm with the same signature (shapes, strides,
+    dtypes: one prepared Args) on their own inputs and streams, with the interpreter switching threads as often as it
+    can. Each output must be its own inputs' product (the launchers used to set the call's addresses on the shared
+    Args and then launch, so one thread could launch with the other's tensors)."""
+    import sys
+    import threading
+
+    torch.manual_seed(0)
+    inputs = [(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+               torch.randn(k, n, device="cuda", dtype=torch.bfloat16)) for _ in range(2)]
+    fp8 = [(a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t(),
+            torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5) for a, b in inputs]
+    refs = [torch.ops.tandem.gemm(a, b) for a, b in inputs]
+    refs8 = [torch.ops.tandem.scaled_gemm(*f) for f in fp8]
+    torch.cuda.synchronize()
+    wrong = [0, 0]
+    errors = []
+
+    def body(t):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(calls):
+                    got = torch.ops.tandem.gemm(*inputs[t])
+                    got8 = torch.ops.tandem.scaled_gemm(*fp8[t])
+                    stream.synchronize()  # releases the interpreter lock: the other thread runs
+                    wrong[t] += int(not torch.equal(got, refs[t])) + int(not torch.equal(got8, refs8[t]))
+        except Exception as e:  # reported, not lost in the thread
+            errors.append(repr(e))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=body, args=(t,)) for t in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    return dict(wrong=wrong, errors=errors, calls=calls)
+
+
 def repeat_and_graph(m, n, k, launches):
     a, b = _structured(m, n, k, torch.bfloat16)
     first = torch.ops.tandem.gemm(a, b)
@@ -194,12 +238,31 @@ def variants(shapes, sm_counts):
                 rel = float((d.double() - r64).norm() / r64.norm()) if not err2 else None
                 out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=err or err2 or err3, wrong=wrong,
                                 rel=rel, rerun_same=rerun_same))
+    # Leading dimensions past the row length (A, B and D views into wider buffers, as slices of a fused weight or
+    # activation are): every configuration must use lda / ldb / ldd, not the packed strides, and write nothing
+    # into D's padding (the swapped ones map them onto the transposed problem's strides).
+    strided = []
+    m, n, k = 257, 520, 1032
+    sa, sb = _structured(m, n, k, torch.bfloat16)
+    ref = (sa.float() @ sb.float()).to(torch.bfloat16)
+    wa = torch.zeros(m, k + 24, device="cuda", dtype=torch.bfloat16)
+    wb = torch.zeros(k, n + 40, device="cuda", dtype=torch.bfloat16)
+    wa[:, :k] = sa
+    wb[:, :n] = sb
+    for name in K.gemm_variant_names():
+        wd = torch.full((m, n + 16), float("nan"), device="cuda", dtype=torch.bfloat16)
+        x = gemm_args(wa[:, :k], wb[:, :n], wd[:, :n], 0)
+        ws = variant_workspace(name, x, wa.device)
+        err = variant(name, x, stream, 0 if ws is None else ws.data_ptr())
+        torch.cuda.synchronize()
+        strided.append(dict(variant=name, err=err, wrong=int((wd[:, :n] != ref).sum()) if not err else None,
+                            pad_written=int((~torch.isnan(wd[:, n:])).sum())))
     bad = variant("no_such_variant", gemm_args(a, b, d, 0), stream)
     # a split configuration without its workspace is refused, not run on a null pointer
     x = gemm_args(a, b, d, 0)
     no_ws = variant("splitk2_128x128_c1", x, stream) if K.gemm_variant_workspace_size(
         "splitk2_128x128_c1", x) else "needs none"
-    return dict(rows=out, unknown=bad, no_workspace=no_ws)
+    return dict(rows=out, strided=strided, unknown=bad, no_workspace=no_ws)
 
 
 # ---- FP8 GEMM with scales (torch.ops.tandem.scaled_gemm) against torch._scaled_mm -------------------------------

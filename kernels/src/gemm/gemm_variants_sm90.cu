@@ -79,23 +79,16 @@ Status occupancy_config(const GemmArgs& g, Occupancy* out, std::string* why) {
   const void* fn = reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>);
   if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
     return fail(why, "cudaFuncSetAttribute failed", Status::kCudaError);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cute::size<0>(typename G<Config, kSplit>::ClusterShape{});
-  attr.val.clusterDim.y = cute::size<1>(typename G<Config, kSplit>::ClusterShape{});
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  using ClusterShape = typename G<Config, kSplit>::ClusterShape;
+  const dim3 cluster(cute::size<0>(ClusterShape{}), cute::size<1>(ClusterShape{}), 1);
+  const runtime::ClusterLaunch launch(grid, dim3(Kernel::MaxThreadsPerBlock, 1, 1), static_cast<size_t>(smem), nullptr,
+                                      cluster);
   int clusters = 0;
-  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg);
+  const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, fn, &launch.config);
   if (e != cudaSuccess) return fail(why, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e),
                                     Status::kCudaError);
   out->grid_ctas = static_cast<int>(grid.x * grid.y * grid.z);
-  out->cluster_size = static_cast<int>(attr.val.clusterDim.x * attr.val.clusterDim.y);
+  out->cluster_size = static_cast<int>(cluster.x * cluster.y);
   out->max_active_clusters = clusters;
   out->smem_bytes = smem;
   return Status::kOk;
@@ -137,10 +130,14 @@ const Entry kEntries[] = {
     entry<256, 128, 2, Coop, CoopEpi>("coop_256x128_c2"),
     // Swapped (D^T = B^T A^T, Sm90Config::kSwapAB), named by the problem's tile M x N: 256 x 128 with the kernel's
     // 128 x 256 tiles running over N x M. Measured on an H100 (docs/results.md, 2026-12-06): the fastest of all
-    // configurations at 10 of bench gemm's 24 shapes, up to 18 % faster than the unswapped coop_256x128_c1. A
-    // swapped 128 x 208 tile in 1x2 clusters (208-row M tiles: 4 x 33 = 132 tiles at 777 x 4104 x 4096, near the
-    // swapped 128 x 200 cuBLAS runs there; CuTe's TMA partitioning refuses 200 rows) was tried and dropped: CUTLASS's
-    // builder gives it 64x16 MMA atoms, and it ran 1.35-4.3x slower than the best configuration at every shape.
+    // configurations at 10 of bench gemm's 24 shapes, up to 18 % faster than the unswapped coop_256x128_c1.
+    // And 208 x 128 (the kernel's 128 x 208 tile in 1x2 clusters, pairs along M sharing their B tiles): 4 x 33 = 132
+    // tiles at 777 x 4104 x 4096, one per SM, next to the swapped 128 x 200 cuBLAS runs there (CuTe's TMA
+    // partitioning refuses 200 rows). Its MMA is one 64x208x16 wgmma per k-slice and warp group because this file
+    // is compiled with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (kernels/CMakeLists.txt, the whole target): without it CuTe's atom
+    // selector knows no 208-wide atom and falls back to 64x16 (13 instructions), which ran 1.35-4.3x slower than
+    // the best configuration everywhere (H100, 2026-12-06).
+    entry<128, 208, 1, Coop, CoopEpi, Split::kNone, 1, 2, true>("swap_coop_208x128_c2"),
     entry<128, 256, 1, Coop, CoopEpi, Split::kNone, 1, 1, true>("swap_coop_256x128_c1"),
 };
 
@@ -206,19 +203,10 @@ Status residency_probe(int blocks, int cluster_x, int smem_bytes, int spin_us, i
     return fail(why, "cudaFuncSetAttribute failed (smem_bytes too large?)", Status::kCudaError);
   if (cluster_x > 1 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     return fail(why, "cudaFuncSetAttribute (cluster size) failed", Status::kCudaError);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks), 1, 1);
-  cfg.blockDim = dim3(128, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster_x);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, residency_kernel, spin_us, timeline);
+  const runtime::ClusterLaunch launch(dim3(static_cast<unsigned>(blocks), 1, 1), dim3(128, 1, 1),
+                                      static_cast<size_t>(smem_bytes), stream,
+                                      dim3(static_cast<unsigned>(cluster_x), 1, 1));
+  const cudaError_t e = cudaLaunchKernelEx(&launch.config, residency_kernel, spin_us, timeline);
   return e == cudaSuccess ? Status::kOk
                           : fail(why, std::string("launch failed: ") + cudaGetErrorString(e), Status::kCudaError);
 }
@@ -279,18 +267,8 @@ Status host_costs(int reps, cudaStream_t stream, HostCosts* out, std::string* wh
   }
   out->launch_plain_us = median_us(reps, [&] { empty_kernel<<<1, 32, 0, stream>>>(); });
   out->launch_cluster_us = median_us(reps, [&] {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(2, 1, 1);
-    cfg.blockDim = dim3(32, 1, 1);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 2;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    ok &= cudaLaunchKernelEx(&cfg, empty_kernel) == cudaSuccess;
+    const runtime::ClusterLaunch launch(dim3(2, 1, 1), dim3(32, 1, 1), 0, stream, dim3(2, 1, 1));
+    ok &= cudaLaunchKernelEx(&launch.config, empty_kernel) == cudaSuccess;
   });
   const cudaError_t e = cudaStreamSynchronize(stream);
   cudaFree(buf);

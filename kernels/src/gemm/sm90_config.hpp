@@ -63,9 +63,11 @@ void set_tile_walk(SchedulerArguments& s, int max_swizzle, GemmArgs::Raster rast
 }
 
 // A CUTLASS device adapter's can_implement -> initialize -> run, as tandem's Status and reason (`cannot`: the
-// reason when the problem is not implementable). The steps of GemmUniversalAdapter::initialize and run, but the
-// kernel's shared-memory attribute is set once per kernel and device (runtime/launch_cache.hpp), not on every
-// call as initialize() does: the launch's host time is what small GEMMs wait for (issue 23).
+// reason when the problem is not implementable). The steps of GemmUniversalAdapter::initialize and run, with two
+// function attributes no longer set on every call: the dynamic shared memory (once per kernel and context,
+// runtime/launch_cache.hpp; initialize() set it per call) and, for clusters, NonPortableClusterSizeAllowed
+// (CUTLASS's ClusterLauncher sets it per launch; tandem's clusters are of 2 CTAs, which is portable, so the launch
+// below needs none). The launch's host time is what small GEMMs wait for (issue 23).
 template <class Device>
 Status run_adapter(const typename Device::Arguments& args, void* workspace, cudaStream_t stream, std::string* why,
                    const char* cannot) {
@@ -85,8 +87,24 @@ Status run_adapter(const typename Device::Arguments& args, void* workspace, cuda
     if (why) *why = std::string("cudaFuncSetAttribute (dynamic shared memory) failed: ") + cudaGetErrorString(e);
     return Status::kCudaError;
   }
-  if (Device::run(params, stream) != cutlass::Status::kSuccess) {
-    if (why) *why = std::string("CUTLASS run failed: ") + cudaGetErrorString(cudaGetLastError());
+  // GemmUniversalAdapter::run's launch: a plain launch for 1x1x1 clusters, else cudaLaunchKernelEx with the
+  // cluster dimension (no PDL, no host adapter)
+  using ClusterShape = typename Kernel::DispatchPolicy::ClusterShape;
+  constexpr int kCx = cute::size<0>(ClusterShape{}), kCy = cute::size<1>(ClusterShape{}),
+                kCz = cute::size<2>(ClusterShape{});
+  static_assert(kCx * kCy * kCz <= 8, "a portable cluster size (no NonPortableClusterSizeAllowed attribute)");
+  const dim3 grid = Device::get_grid_shape(params), block = Kernel::get_block_shape();
+  cudaError_t e = cudaSuccess;
+  if constexpr (kCx * kCy * kCz == 1) {
+    cutlass::device_kernel<Kernel><<<grid, block, smem, stream>>>(params);
+    e = cudaGetLastError();
+  } else {
+    const runtime::ClusterLaunch launch(grid, block, static_cast<size_t>(smem), stream, dim3(kCx, kCy, kCz));
+    e = cudaLaunchKernelEx(&launch.config, cutlass::device_kernel<Kernel>, params);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+  }
+  if (e != cudaSuccess) {
+    if (why) *why = std::string("CUTLASS kernel launch failed: ") + cudaGetErrorString(e);
     return Status::kCudaError;
   }
   return Status::kOk;
@@ -124,53 +142,40 @@ struct Sm90Gemm {
     using StrideB = typename Device::GemmKernel::StrideB;
     using StrideC = typename Device::GemmKernel::StrideC;
     using StrideD = typename Device::GemmKernel::StrideD;
-    const cutlass::KernelHardwareInfo hw = hardware_info(g.sm_count);
-    if constexpr (kSwapAB) {
-      // The kernel's A = B^T as (N, K): element (n, k) at k * ldb + n; its B = A^T as CUTLASS's (N', K) = (M, K):
-      // element (m, k) at m * lda + k; its D = D^T as (N, M): element (n, m) at m * ldd + n.
-      StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(g.n, g.k, 1));
-      StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(g.m, g.k, 1));
-      StrideC sc = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(g.n, g.m, 1));
-      StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(g.n, g.m, 1));
-      cute::get<1>(sa) = g.ldb;
-      cute::get<0>(sb) = g.lda;
-      cute::get<1>(sc) = g.ldc > 0 ? g.ldc : g.ldd;
-      cute::get<1>(sd) = g.ldd;
-      typename Device::Arguments args{
-          cutlass::gemm::GemmUniversalMode::kGemm,
-          {g.n, g.m, g.k, 1},
-          {static_cast<const Element*>(g.b), sa, static_cast<const Element*>(g.a), sb},
-          {{g.alpha, g.beta},
-           static_cast<const Element*>(g.c != nullptr ? g.c : g.d),
-           sc,
-           static_cast<Element*>(g.d),
-           sd},
-          hw};
-      set_tile_walk(args.scheduler, g.max_swizzle, g.raster);
-      return args;
-    } else {
-      // Row-major A: (M, K) with K contiguous; row-major B as CUTLASS sees it: (N, K) with N contiguous.
-      StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(g.m, g.k, 1));
-      StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(g.n, g.k, 1));
-      StrideC sc = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(g.m, g.n, 1));
-      StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(g.m, g.n, 1));
-      cute::get<0>(sa) = g.lda;
-      cute::get<1>(sb) = g.ldb;
-      cute::get<0>(sc) = g.ldc > 0 ? g.ldc : g.ldd;
-      cute::get<0>(sd) = g.ldd;
-      typename Device::Arguments args{
-          cutlass::gemm::GemmUniversalMode::kGemm,
-          {g.m, g.n, g.k, 1},
-          {static_cast<const Element*>(g.a), sa, static_cast<const Element*>(g.b), sb},
-          {{g.alpha, g.beta},
-           static_cast<const Element*>(g.c != nullptr ? g.c : g.d),
-           sc,
-           static_cast<Element*>(g.d),
-           sd},
-          hw};
-      set_tile_walk(args.scheduler, g.max_swizzle, g.raster);
-      return args;
-    }
+    // The kernel's problem: D (M x N) = A @ B, or swapped D^T (N x M) = B^T @ A^T, i.e. M and N, A and B, and their
+    // leading dimensions trade places. Unswapped: A (M, K) with K contiguous, B as CUTLASS sees it (N, K) with N
+    // contiguous, D (M, N) with N contiguous: row-major layouts, whose leading dimension is stride mode 0 of A, C
+    // and D and mode 1 of B. Swapped, the kernel's A = B^T (N, K) has N contiguous, its B = A^T as (M, K) has K
+    // contiguous and its D = D^T (N, M) has N contiguous: column-major layouts, the modes the other way round.
+    const int m = kSwapAB ? g.n : g.m, n = kSwapAB ? g.m : g.n;
+    const void* a = kSwapAB ? g.b : g.a;
+    const void* b = kSwapAB ? g.a : g.b;
+    const int64_t lda = kSwapAB ? g.ldb : g.lda, ldb = kSwapAB ? g.lda : g.ldb;
+    constexpr int kLeading = kSwapAB ? 1 : 0;  // the leading-dimension mode of A, C and D (B's: the other one)
+    StrideA sa = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(m, g.k, 1));
+    StrideB sb = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(n, g.k, 1));
+    StrideC sc = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(m, n, 1));
+    StrideD sd = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(m, n, 1));
+    cute::get<kLeading>(sa) = lda;
+    cute::get<1 - kLeading>(sb) = ldb;
+    cute::get<kLeading>(sc) = g.ldc > 0 ? g.ldc : g.ldd;
+    cute::get<kLeading>(sd) = g.ldd;
+    typename Device::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, n, g.k, 1},
+        {static_cast<const Element*>(a), sa, static_cast<const Element*>(b), sb},
+        {{g.alpha, g.beta},
+         static_cast<const Element*>(g.c != nullptr ? g.c : g.d),
+         sc,
+         static_cast<Element*>(g.d),
+         sd},
+        hardware_info(g.sm_count)};
+    // the raster is the problem's (GemmArgs::Raster: along its M or N); swapped, the kernel's M is the problem's N
+    GemmArgs::Raster raster = g.raster;
+    if (kSwapAB && raster != GemmArgs::Raster::kHeuristic)
+      raster = raster == GemmArgs::Raster::kAlongM ? GemmArgs::Raster::kAlongN : GemmArgs::Raster::kAlongM;
+    set_tile_walk(args.scheduler, g.max_swizzle, raster);
+    return args;
   }
 };
 

@@ -75,18 +75,20 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
         if key is not None:
             remember(key, hit)
     else:
-        d = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        d = a.new_empty((a.shape[0], b.shape[1]))
+    # The prepared Args are shared by every call of this signature (threads included): this call's addresses go to
+    # the launcher as arguments, which sets them on its own copy (gemm_at / gemm_variant_at), never on x.
     x, ws_bytes, variant = hit
-    x.a, x.b, x.d = a.data_ptr(), b.data_ptr(), d.data_ptr()
+    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
     if variant is not None:
-        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
         # raises TandemError with the launcher's status (invalid argument, CUDA failure, ...)
-        native().kernels.gemm_variant(variant, x, stream_handle(a.device), 0 if ws is None else ws.data_ptr())
+        native().kernels.gemm_variant_at(variant, x, a.data_ptr(), b.data_ptr(), d.data_ptr(), stream_handle(a.device),
+                                         0 if ws is None else ws.data_ptr())
         return d
     # the core's CUTLASS kernel needs no workspace (persistent scheduler): no allocation per call then (a null
     # workspace is what CUTLASS expects at size 0)
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None
-    native().kernels.gemm(x, 0 if ws is None else ws.data_ptr(), stream_handle(a.device))  # raises if it fails
+    native().kernels.gemm_at(x, a.data_ptr(), b.data_ptr(), d.data_ptr(), 0 if ws is None else ws.data_ptr(),
+                             stream_handle(a.device))  # raises if it fails
     return d
 
 
@@ -232,11 +234,11 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
             remember(key, hit)
     else:
         d = out if out is not None else torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
-    x, ws_bytes = hit
-    x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
-        scale_b.data_ptr()
+    x, ws_bytes = hit  # shared by the signature's calls: the addresses go to the launcher's copy (gemm_with's)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None  # as gemm_with's
-    native().kernels.scaled_gemm(x, 0 if ws is None else ws.data_ptr(), stream_handle(a.device))  # raises if fails
+    native().kernels.scaled_gemm_at(x, a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(),
+                                    scale_b.data_ptr(), 0 if ws is None else ws.data_ptr(),
+                                    stream_handle(a.device))  # raises if it fails
     return d
 
 

@@ -52,13 +52,15 @@ CONFIGS = {
     # cluster 1x2 (the third field counts CTAs along M; CLUSTER_N below along N) and 256x128 in 2x1 clusters
     "coop_128x256_c1x2": (128, 256, 1, 1.00),
     "coop_256x128_c2": (256, 128, 2, 1.00),
-    # swapped (the kernel computes D^T = B^T A^T; the tile named in the problem's orientation, M x N)
+    # swapped (the kernel computes D^T = B^T A^T; the tile named in the problem's orientation, M x N): 256 x 128, and
+    # 208-row tiles in pairs along M (near cuBLAS's swapped 200-row tile at 777 x 4104 x 4096)
     "swap_coop_256x128_c1": (256, 128, 1, 0.97),
+    "swap_coop_208x128_c2": (208, 128, 2, 1.00),
 }
 # CTAs a cluster along N (absent: 1)
 CLUSTER_N = {"coop_128x256_c1x2": 2}
 # Configurations the wave model does not pick until a measured table has them (their rates are guesses)
-UNTIMED = frozenset({"coop_128x256_c1x2", "coop_256x128_c2", "swap_coop_256x128_c1"})
+UNTIMED = frozenset({"coop_128x256_c1x2", "coop_256x128_c2", "swap_coop_256x128_c1", "swap_coop_208x128_c2"})
 # K slices a configuration cuts each output tile into ("stream" = balanced over the grid, modelled as the slices
 # that fill one wave); unsplit configurations are absent
 SPLITS = {"splitk2_128x128_c1": 2, "splitk4_128x128_c1": 4, "streamk_128x128_c1": "stream",

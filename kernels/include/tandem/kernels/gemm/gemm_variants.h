@@ -22,7 +22,8 @@ namespace tandem::kernels::gemm::variants {
 // not the unsplit configurations' bits): "splitk2_128x128_c1", "splitk4_128x128_c1" (K in 2 or 4 slices),
 // "streamk_128x128_c1", "streamk_128x256_c1" (K iterations balanced over the grid). "coop_128x256_c1x2" (a cluster
 // of 2 CTAs along N: they share their A tiles) and "coop_256x128_c2". Swapped ("swap_" + the problem's tile M x N:
-// the kernel computes D^T = B^T A^T, its tile N over the problem's M): "swap_coop_256x128_c1".
+// the kernel computes D^T = B^T A^T, its tile N over the problem's M): "swap_coop_256x128_c1" and
+// "swap_coop_208x128_c2" (pairs along M).
 std::vector<std::string> names();
 
 // D = A @ B with variant `name` (bf16 only; args.dtype must be kBF16). Persistent grid sized to args.sm_count.

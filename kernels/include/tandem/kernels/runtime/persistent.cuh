@@ -227,19 +227,8 @@ cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cu
   // once per kernel and device (launch_cache.hpp), not per launch
   cudaError_t e = ensure_dynamic_smem(kernel, smem);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kClusterX;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, params);
+  const ClusterLaunch launch(grid, dim3(threads, 1, 1), smem, stream, dim3(kClusterX, 1, 1));
+  return cudaLaunchKernelEx(&launch.config, kernel, params);
 }
 
 inline Status fail(std::string* why, const std::string& w, Status s = Status::kInvalidArgument) {
