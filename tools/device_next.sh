@@ -615,6 +615,23 @@ elif [ "$part" = sw2 ]; then
   [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants \
     --dtypes bfloat16 --out "$W/sw2/op_bf16" 2>&1 | grep -E "geometric|Error"
   rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
+elif [ "$part" = to ]; then
+  # branch torch-ops (not run): torch.ops.tandem.gemm / scaled_gemm through C++ kernels of torch's CUDA dispatch key
+  # (python/torch_ops/, built here by device_suite.sh against this torch): test_gemm whole (with the C++ path's test:
+  # same bits as the Python implementation, rejects on first and cached signatures, graph), the library's CPU test,
+  # test_tp's match test; the host path (op, op through Python, direct, cuBLAS); bench gemm, the op with the shipped
+  # table, bf16 then FP8, each row also timing the op through Python in the same run (issue 23)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
+    tests/cpu/test_torch_ops.py tests/gpu/test_tp.py -k "test_gemm or torch_ops or test_ag_gemm_and_gemm_rs_match_torch"
+  W=/tmp/to; rm -rf "$W"; mkdir -p "$W/to" "$OUT"
+  timeout -s INT -k 5 60 python3 tools/diag/gemm_host_path.py --shapes 1000x1000x1008,777x4104x4096,4096x14336x4096 \
+    > "$W/to/host_path.txt" 2>&1; tail -8 "$W/to/host_path.txt"
+  for dt in bfloat16 fp8_tensor,fp8_row; do
+    t=$(( $(left) - 10 )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants --dtypes $dt \
+      --out "$W/to/op_${dt%%,*}" 2>&1 | grep -E "op path|geometric|Error"
+    rm -f "$W"/to/*/*.png; tar czf "$OUT/to.tgz" -C "$W" to
+  done
 elif [ "$part" = sw ]; then
   # branch gemm-swap (not run): the swapped bf16 configurations (D^T = B^T A^T: swap_coop_256x128_c1; a 128 x 208
   # swapped tile ran here once and was dropped): test_gemm's configuration tests, bench gemm bf16 with every

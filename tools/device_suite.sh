@@ -49,6 +49,20 @@ try:
     n.native()._raise_error_for_test(1, 'selftest', 0, 1)
 except Exception as e:
     print('error mapping ok:', type(e).__name__, e.status, e.op, e.peer)"
+# torch.ops.tandem.gemm / scaled_gemm's C++ kernels for torch's dispatcher (python/torch_ops/): a pip build with
+# torch importable makes them; with the prebuilt module they are built here against this machine's torch (~10 s).
+# TANDEM_TORCH_OPS=0: neither built nor loaded (the ops' Python implementation runs).
+if [ "${TANDEM_TORCH_OPS:-1}" != 0 ]; then
+  if ! python3 -c "import sys; from tandem.ops import _dispatcher as d; sys.exit(not d.enabled())" 2>/dev/null; then
+    t1=$(date +%s)
+    if bash tools/build_torch_ops.sh > "$OUT/build_torch_ops.log" 2>&1; then
+      echo "torch ops library: built ($(( $(date +%s) - t1 )) s)"
+    else
+      echo "torch ops library: build failed ($OUT/build_torch_ops.log)"; tail -5 "$OUT/build_torch_ops.log"
+    fi
+  fi
+  python3 -c "from tandem.ops import _dispatcher as d; print('op path:', d.status())"
+fi
 # The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
 if [ $# -eq 0 ]; then set -- tests; fi
 python3 -m pytest "$@" -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1  # "$@": a -k expression stays one word

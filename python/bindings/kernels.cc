@@ -16,6 +16,7 @@
 #include "tandem/kernels/fused/tp_gemm.h"
 #include "tandem/kernels/gemm/gemm.h"
 #include "tandem/kernels/gemm/gemm_variants.h"
+#include "tandem/kernels/gemm/launch_table.h"
 #include "tandem/kernels/gemm/scaled_gemm.h"
 #include "tandem/kernels/moe/moe.h"
 #include "tandem/kernels/stream_sync.h"
@@ -70,6 +71,14 @@ void check_cuda(cudaError_t e, const char* op) {
 std::string reason(Status s, const std::string& why) { return s == Status::kOk ? std::string() : (why.empty() ? "failed" : why); }
 
 // A device address field, as an int in Python.
+// _raw(): the Args' bytes as they are in memory, for the C++ dispatcher kernels of the GEMM ops, which keep a
+// prepared copy per call signature (launch_table.h; they check the size against the table's).
+template <class C>
+void def_raw_bytes(py::class_<C>& cls) {
+  static_assert(std::is_trivially_copyable_v<C>, "the Args cross as bytes");
+  cls.def("_raw", [](const C& x) { return py::bytes(reinterpret_cast<const char*>(&x), sizeof(C)); });
+}
+
 template <class C, class T>
 void def_address(py::class_<C>& cls, const char* name, T* C::*field) {
   cls.def_property(
@@ -177,6 +186,7 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("sm_count", &g::GemmArgs::sm_count)
         .def_readwrite("max_swizzle", &g::GemmArgs::max_swizzle)
         .def_readwrite("raster", &g::GemmArgs::raster);
+    def_raw_bytes(cls);
   }
   k.def("can_implement", [](const g::GemmArgs& a) {
     std::string why;
@@ -243,7 +253,13 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("config", &g::ScaledGemmArgs::config)
         .def_readwrite("max_swizzle", &g::ScaledGemmArgs::max_swizzle)
         .def_readwrite("raster", &g::ScaledGemmArgs::raster);
+    def_raw_bytes(cls);
   }
+  // The launchers for torch.ops.tandem.gemm / scaled_gemm's C++ dispatcher kernels (python/torch_ops/,
+  // launch_table.h): a capsule, so that library reaches them without linking the kernels a second time.
+  k.def("_gemm_launch_table", [] {
+    return py::capsule(const_cast<g::GemmLaunchTable*>(g::gemm_launch_table()), g::kGemmLaunchTableName);
+  });
   k.def("can_implement", [](const g::ScaledGemmArgs& a) {
     std::string why;
     return reason(g::can_implement(a, &why), why);

@@ -57,3 +57,9 @@ class TandemError(RuntimeError):
 def invalid(message: str, op: str = "validate", rank: int = -1) -> TandemError:
     """A TandemError for bad input, raised before anything is launched."""
     return TandemError(f"tandem: {op}: {message}", INVALID_ARGUMENT, op, rank, -1)
+
+
+def launch_error(status: int, op: str, reason: str) -> TandemError:
+    """The TandemError of a launcher's non-OK status (the C++ dispatcher kernels of the GEMM ops build theirs here,
+    so a failure reads as it does from the Python path)."""
+    return TandemError(f"tandem: {op}: {reason or _STATUS_NAMES.get(int(status), 'failed')}", int(status), op, -1, -1)

@@ -143,3 +143,21 @@ def test_gemm_op_runs_every_configuration_it_may_choose(run_ranks):
     for row in r["rows"]:
         assert row["wrong"] == 0 and row["same"], row
     assert r["refused"] == {"unknown": 3, "fp16 variant": 3}, r
+
+
+def test_gemm_ops_through_their_cpp_dispatcher_kernels(run_ranks):
+    # torch.ops.tandem.gemm / scaled_gemm's C++ kernels for torch's CUDA key (tandem.ops._dispatcher; built by the
+    # package build where torch is importable, or tools/build_torch_ops.sh, as tools/device_suite.sh does): a
+    # signature's first call plans through Python, later calls do not. Same bits as the Python implementation;
+    # bad input is TandemError INVALID_ARGUMENT on a signature's first call and on a cached one (a misaligned view)
+    shapes = [(128, 256, 64), (1000, 1024, 1000), (257, 520, 1032), (777, 4104, 4096)]
+    (r,) = run_ranks(f"{W}:cpp_path", 1, shapes=shapes)
+    if "rows" not in r:
+        pytest.skip(f"the C++ dispatcher kernels are not installed here: {r['path']}")
+    assert r["path"].startswith("C++"), r["path"]
+    assert len(r["rows"]) == 4 * len(shapes)
+    for row in r["rows"]:
+        assert row["same_as_python"] and row["same_again"], row
+        assert row["rel"] < 1e-2, row
+    assert r["errors"] and all(v == 3 for v in r["errors"].values()), r["errors"]
+    assert r["graph_same"], r

@@ -454,3 +454,87 @@ def op_variants(shapes):
         except TandemError as e:
             out["refused"][name] = e.status
     return out
+
+
+def cpp_path(shapes):
+    """torch.ops.tandem.gemm / scaled_gemm through their C++ kernels of torch's dispatcher (tandem.ops._dispatcher):
+    the same bits as the ops' Python implementation (switched in the same process) for bf16, fp16 and FP8 with
+    both scalings; bad input on the first call of a signature and on a later one (a misaligned view with a cached
+    signature's shapes and strides) raises TandemError INVALID_ARGUMENT from the planner, before any launch; a
+    CUDA graph of the op replays with new inputs."""
+    from tandem.ops import _dispatcher
+
+    if not _dispatcher.enabled():
+        return {"path": _dispatcher.status()}
+    out = {"path": _dispatcher.status(), "rows": [], "errors": {}}
+
+    def both(fn):  # the op through the C++ kernels, then through Python, on the same inputs
+        got = fn()
+        _dispatcher.set_enabled(False)
+        try:
+            ref = fn()
+        finally:
+            _dispatcher.set_enabled(True)
+        return got, ref
+
+    for m, n, k in shapes:
+        for dtype in (torch.bfloat16, torch.float16):
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(k, n, device="cuda", dtype=dtype)
+            got, ref = both(lambda: torch.ops.tandem.gemm(a, b))
+            again = torch.ops.tandem.gemm(a, b)  # the signature's cached entry this time
+            exact = (a.double() @ b.double())
+            out["rows"].append(dict(shape=[m, n, k], dtype=str(dtype), same_as_python=bool(torch.equal(got, ref)),
+                                    same_again=bool(torch.equal(got, again)),
+                                    rel=float((got.double() - exact).norm() / exact.norm())))
+        for scaling in ("tensor", "row"):
+            n16 = n + (-n) % 16
+            a8 = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+            b8 = torch.randn(n16, k, device="cuda").to(torch.float8_e4m3fn).t()
+            sa, sb = _scales(m, n16, scaling, False)
+            got, ref = both(lambda: torch.ops.tandem.scaled_gemm(a8, b8, sa, sb))
+            base = torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.bfloat16).float()
+            out["rows"].append(dict(shape=[m, n16, k], dtype=f"fp8/{scaling}", same_as_python=bool(torch.equal(got, ref)),
+                                    same_again=bool(torch.equal(got, torch.ops.tandem.scaled_gemm(a8, b8, sa, sb))),
+                                    rel=float((got.float() - base).norm() / base.norm())))
+
+    def status_of(fn):
+        try:
+            fn()
+            return "accepted"
+        except TandemError as e:
+            return e.status
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+
+    m, n, k = 256, 512, 256
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    torch.ops.tandem.gemm(a, b)  # cache the signature
+    flat = torch.randn(m * k + 8, device="cuda", dtype=torch.bfloat16)
+    misaligned = flat[1:1 + m * k].view(m, k)  # the cached signature's shape and strides, 2 bytes off
+    out["errors"]["misaligned a, cached signature"] = status_of(lambda: torch.ops.tandem.gemm(misaligned, b))
+    out["errors"]["fp32"] = status_of(lambda: torch.ops.tandem.gemm(a.float(), b.float()))
+    out["errors"]["inner mismatch"] = status_of(lambda: torch.ops.tandem.gemm(a, b[:128]))
+    out["errors"]["3-D"] = status_of(lambda: torch.ops.tandem.gemm(a.view(2, m // 2, k), b))
+    out["errors"]["b on the CPU"] = status_of(lambda: torch.ops.tandem.gemm(a, b.cpu()))
+    a8 = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b8 = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    torch.ops.tandem.scaled_gemm(a8, b8, one, one)
+    out["errors"]["scale on the CPU"] = status_of(lambda: torch.ops.tandem.scaled_gemm(a8, b8, one.cpu(), one))
+    out["errors"]["row scale of the wrong length"] = status_of(
+        lambda: torch.ops.tandem.scaled_gemm(a8, b8, torch.ones(m + 1, 1, device="cuda"), torch.ones(1, n, device="cuda")))
+    out["errors"]["bf16 operands"] = status_of(lambda: torch.ops.tandem.scaled_gemm(a, b, one, one))
+    # a CUDA graph of the op (the C++ kernel allocates from the graph's pool) replayed with new inputs
+    static_a, static_b = a.clone(), b.clone()
+    torch.ops.tandem.gemm(static_a, static_b)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_d = torch.ops.tandem.gemm(static_a, static_b)
+    static_a.copy_(torch.randn_like(static_a))
+    g.replay()
+    torch.cuda.synchronize()
+    out["graph_same"] = bool(torch.equal(static_d, torch.ops.tandem.gemm(static_a, static_b)))
+    return out

@@ -19,7 +19,7 @@ import torch
 import tandem.ops  # noqa: F401
 from tandem._native import native
 from tandem.bench import common
-from tandem.ops import gemm_plan
+from tandem.ops import _dispatcher, gemm_plan
 from tandem.ops._runtime import stream_handle
 from tandem.ops.gemm import gemm_args, variant_workspace
 
@@ -30,9 +30,11 @@ def main():
     a = ap.parse_args()
     K = native().kernels
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print("| M x N x K | config | op host us | direct host us | cuBLAS host us | op dev ms | direct dev ms | "
-          "cuBLAS dev ms | op one ms | direct one ms | cuBLAS one ms |")
-    print("|---" * 11 + "|")
+    print(f"op path: {_dispatcher.status()} (op_python: the same op with its C++ kernels switched off)")
+    print("| M x N x K | config | op host us | op_python host us | direct host us | cuBLAS host us | op dev ms | "
+          "op_python dev ms | direct dev ms | cuBLAS dev ms | op one ms | op_python one ms | direct one ms | "
+          "cuBLAS one ms |")
+    print("|---" * 14 + "|")
     for s in a.shapes.split(","):
         m, n, k = (int(v) for v in s.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -44,11 +46,16 @@ def main():
         wp = 0 if ws is None else ws.data_ptr()
         stream = stream_handle(x.device)
         fns = dict(op=lambda: torch.ops.tandem.gemm(x, w),
+                   op_python=lambda: torch.ops.tandem.gemm(x, w),  # timed with the C++ kernels switched off
                    direct=lambda: K.gemm_variant(cfg, args, stream, wp),
                    cublas=lambda: torch.matmul(x, w, out=d))
-        hu = {key: common.host_launch_us(f, 200, warmup=True) for key, f in fns.items()}
-        dev = {key: common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3 for key, f in fns.items()}
-        one = {key: common.time_launches(f, warmup=3, reps=7) * 1e3 for key, f in fns.items()}
+        hu, dev, one = {}, {}, {}
+        for key, f in fns.items():
+            _dispatcher.set_enabled(key != "op_python")
+            hu[key] = common.host_launch_us(f, 200, warmup=True)
+            dev[key] = common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3
+            one[key] = common.time_launches(f, warmup=3, reps=7) * 1e3
+        _dispatcher.set_enabled(True)
         print(f"| {s} | {cfg} | " + " | ".join(f"{hu[key]:.1f}" for key in fns) + " | "
               + " | ".join(f"{dev[key]:.4f}" for key in fns) + " | " + " | ".join(f"{one[key]:.4f}" for key in fns)
               + " |", flush=True)
@@ -59,6 +66,7 @@ def main():
     from tandem.ops.gemm import gemm_with
 
     parts = dict(op=lambda: torch.ops.tandem.gemm(x, w),
+                 at_empty=lambda: x.new_empty((m, n)),
                  gemm_with=lambda: gemm_with(x, w),
                  empty=lambda: torch.empty((m, n), dtype=x.dtype, device=x.device),
                  key_lookup=lambda: _runtime.prepared(("gemm", None, x.shape, x.stride(), x.dtype, x.device, w.shape,

@@ -13,7 +13,9 @@ and FP8 rows each FP8 configuration's (tandem.ops.gemm_plan.SCALED_CONFIGS, thro
 per-shape choice is built from (`python -m tandem tune gemm --from-bench`; issue 23, part 1). Every row also times
 the other tile schedules (gemm_plan.SWIZZLES x RASTERS: the persistent scheduler's walk) of its --schedules fastest
 configurations, as those were timed (schedules_ms, keyed by gemm_plan.Schedule.name(), e.g.
-"coop_128x256_c2/s4/along_m"); the row's `schedule` is what the op ran."""
+"coop_128x256_c2/s4/along_m"); the row's `schedule` is what the op ran. The header's `op_path` says how the op
+reached its kernels (tandem.ops._dispatcher.status(): C++ kernels of torch's dispatcher, or Python); where the C++
+kernels ran, tandem_ms_python_op is the same single call through the op's Python implementation, same run."""
 
 from __future__ import annotations
 
@@ -164,8 +166,13 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
     from .. import ops  # noqa: F401
     from . import common
 
+    from ..ops import _dispatcher
+
     rows, data = [], []
     meta = common.header(command)
+    # how the op reached its kernels: C++ kernels of torch's dispatcher, or the Python implementation (and why)
+    meta["op_path"] = _dispatcher.status()
+    print(f"op path: {meta['op_path']}", flush=True)
     for m, n_shape, k in shapes:
         for kind in dtypes:
             n = n_shape
@@ -208,6 +215,13 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                                                               inner=20) * 1e3
                 d["baseline_ms_inner20"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps,
                                                                 inner=20) * 1e3
+                if _dispatcher.enabled():  # the same op through its Python implementation, in the same run
+                    _dispatcher.set_enabled(False)
+                    try:
+                        d["tandem_ms_python_op"] = common.time_launches(lambda: ours(pick()), warmup=5,
+                                                                        reps=reps) * 1e3
+                    finally:
+                        _dispatcher.set_enabled(True)
                 got, ref = ours(sets[0]).float(), base(sets[0]).float()
                 d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
                 d["differ"] = int((got != ref).sum())

@@ -286,6 +286,9 @@ def release_workspaces(comm=None):
         return
     _PREPARED.clear()
     _WORKSPACES.clear()
+    from . import _dispatcher  # the GEMM ops' C++ kernels keep prepared calls of their own
+
+    _dispatcher.clear_cache()
 
 
 # ---- prepared calls -----------------------------------------------------------------------------------------------

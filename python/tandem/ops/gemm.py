@@ -51,31 +51,10 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
     except (AttributeError, TypeError):  # not tensors, or an unhashable knob: the full checks say so
         key, hit = None, None
     if hit is None or (a.data_ptr() | b.data_ptr()) & 15:
-        from . import gemm_plan
-
-        if bad := gemm_plan.tile_walk_error(swizzle, raster):
-            raise invalid(bad, "gemm")
-        validate(a, b)
-        m, n = a.shape[0], b.shape[1]
-        if variant is not None and variant not in gemm_plan.CONFIGS:
-            raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
-        if variant is not None and variant != gemm_plan.CORE and a.dtype != torch.bfloat16:
-            raise invalid(f"variant {variant!r} takes bf16 (got {a.dtype}); fp16 runs the core", "gemm")
-        sms = _sm_count(a.device)
-        variant, swizzle, raster = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16) \
-            .overridden(variant, swizzle, raster)
-        d = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        x = gemm_args(a, b, d, sms, swizzle, raster)
-        # the core runs through gemm::run (fp16 too); another configuration through its variant launcher (the
-        # split-K / stream-K ones with a workspace of their own size)
-        if variant == gemm_plan.CORE:
-            hit = (x, native().kernels.workspace_size(x), None)
-        else:
-            hit = (x, native().kernels.gemm_variant_workspace_size(variant, x), variant)
+        hit = _prepare_gemm(a, b, swizzle, raster, variant)
         if key is not None:
             remember(key, hit)
-    else:
-        d = a.new_empty((a.shape[0], b.shape[1]))
+    d = a.new_empty((a.shape[0], b.shape[1]))
     # The prepared Args are shared by every call of this signature (threads included): this call's addresses go to
     # the launcher as arguments, which sets them on its own copy (gemm_at / gemm_variant_at), never on x.
     x, ws_bytes, variant = hit
@@ -90,6 +69,39 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
     native().kernels.gemm_at(x, a.data_ptr(), b.data_ptr(), d.data_ptr(), 0 if ws is None else ws.data_ptr(),
                              stream_handle(a.device))  # raises if it fails
     return d
+
+
+def _prepare_gemm(a, b, swizzle, raster, variant):
+    """The full path of a call signature: the checks (raise TandemError on bad input), the plan, and the prepared
+    (GemmArgs without addresses, workspace bytes, configuration name or None for the core)."""
+    from . import gemm_plan
+
+    if bad := gemm_plan.tile_walk_error(swizzle, raster):
+        raise invalid(bad, "gemm")
+    validate(a, b)
+    m, n = a.shape[0], b.shape[1]
+    if variant is not None and variant not in gemm_plan.CONFIGS:
+        raise invalid(f"unknown variant {variant!r}; one of {sorted(gemm_plan.CONFIGS)}", "gemm")
+    if variant is not None and variant != gemm_plan.CORE and a.dtype != torch.bfloat16:
+        raise invalid(f"variant {variant!r} takes bf16 (got {a.dtype}); fp16 runs the core", "gemm")
+    sms = _sm_count(a.device)
+    variant, swizzle, raster = gemm_plan.choose_schedule(m, n, a.shape[1], sms, a.dtype == torch.bfloat16) \
+        .overridden(variant, swizzle, raster)
+    d = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    x = gemm_args(a, b, d, sms, swizzle, raster)
+    # the core runs through gemm::run (fp16 too); another configuration through its variant launcher (the
+    # split-K / stream-K ones with a workspace of their own size)
+    if variant == gemm_plan.CORE:
+        return (x, native().kernels.workspace_size(x), None)
+    return (x, native().kernels.gemm_variant_workspace_size(variant, x), variant)
+
+
+def plan_gemm_for_dispatcher(a, b):
+    """torch.ops.tandem.gemm's C++ CUDA kernel (tandem.ops._dispatcher) calls this once per call signature: the full
+    checks and the plan of gemm_with's defaults, as (the GemmArgs' bytes, workspace bytes, configuration name or ""
+    for the core)."""
+    x, ws_bytes, variant = _prepare_gemm(a, b, None, None, None)
+    return x._raw(), int(ws_bytes), variant or ""
 
 
 def _gemm_fake(a, b):
@@ -198,48 +210,61 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
     addresses = (a.data_ptr() | b.data_ptr() | scale_a.data_ptr() | scale_b.data_ptr()
                  | (0 if out is None else out.data_ptr())) if hit is not None else 0
     if hit is None or addresses & 15:
-        scaling = scaling_of(a, b, scale_a, scale_b, op)
-        m, k = a.shape
-        n = b.shape[1]
-        if out is not None:
-            if (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.device != a.device
-                    or tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.stride(0) % 8):
-                raise invalid(f"out must be a bf16 ({m}, {n}) tensor on {a.device} with contiguous rows (row stride a "
-                              f"multiple of 8)", op)
-        for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)) + \
-                ((("out", out),) if out is not None else ()):
-            if t.data_ptr() % 16:
-                raise invalid(f"{name} must be 16-byte aligned (address {t.data_ptr():#x})", op)
-        from . import gemm_plan
-
-        if config is not None and config not in gemm_plan.SCALED_CONFIGS:
-            raise invalid(f"unknown config {config!r}; one of {sorted(gemm_plan.SCALED_CONFIGS)}", op)
-        if bad := gemm_plan.tile_walk_error(swizzle, raster):
-            raise invalid(bad, op)
-        config, swizzle, raster = gemm_plan.choose_scaled_schedule(
-            m, n, k, int(sm_count) or _sm_count(a.device), scaling).overridden(config, swizzle, raster)
-        K = native().kernels
-        d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-        x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
-                        scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count),
-                        config=getattr(K.ScaledConfig, config.upper()), max_swizzle=int(swizzle),
-                        raster=getattr(K.Raster, raster.upper()))
-        x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
-            scale_b.data_ptr()
-        why = K.can_implement(x)
-        if why:
-            raise invalid(why, op)
-        hit = (x, K.workspace_size(x))
+        hit = _prepare_scaled(a, b, scale_a, scale_b, sm_count, out, config, swizzle, raster)
         if key is not None:
             remember(key, hit)
-    else:
-        d = out if out is not None else torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
+    d = out if out is not None else torch.empty((a.shape[0], b.shape[1]), dtype=torch.bfloat16, device=a.device)
     x, ws_bytes = hit  # shared by the signature's calls: the addresses go to the launcher's copy (gemm_with's)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=a.device) if ws_bytes else None  # as gemm_with's
     native().kernels.scaled_gemm_at(x, a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(),
                                     scale_b.data_ptr(), 0 if ws is None else ws.data_ptr(),
                                     stream_handle(a.device))  # raises if it fails
     return d
+
+
+def _prepare_scaled(a, b, scale_a, scale_b, sm_count, out, config, swizzle, raster):
+    """scaled_gemm_with's full path of a call signature: the checks (TandemError on bad input), the plan, and the
+    prepared (ScaledGemmArgs, workspace bytes)."""
+    op = "scaled_gemm"
+    scaling = scaling_of(a, b, scale_a, scale_b, op)
+    m, k = a.shape
+    n = b.shape[1]
+    if out is not None:
+        if (not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16 or out.device != a.device
+                or tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.stride(0) % 8):
+            raise invalid(f"out must be a bf16 ({m}, {n}) tensor on {a.device} with contiguous rows (row stride a "
+                          f"multiple of 8)", op)
+    for name, t in (("a", a), ("b", b), ("scale_a", scale_a), ("scale_b", scale_b)) + \
+            ((("out", out),) if out is not None else ()):
+        if t.data_ptr() % 16:
+            raise invalid(f"{name} must be 16-byte aligned (address {t.data_ptr():#x})", op)
+    from . import gemm_plan
+
+    if config is not None and config not in gemm_plan.SCALED_CONFIGS:
+        raise invalid(f"unknown config {config!r}; one of {sorted(gemm_plan.SCALED_CONFIGS)}", op)
+    if bad := gemm_plan.tile_walk_error(swizzle, raster):
+        raise invalid(bad, op)
+    config, swizzle, raster = gemm_plan.choose_scaled_schedule(
+        m, n, k, int(sm_count) or _sm_count(a.device), scaling).overridden(config, swizzle, raster)
+    K = native().kernels
+    d = out if out is not None else torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    x = kernel_args("ScaledGemmArgs", m=m, n=n, k=k, lda=a.stride(0), ldb=b.stride(1), ldd=d.stride(0),
+                    scaling=getattr(K.Scaling, scaling.upper()), sm_count=int(sm_count),
+                    config=getattr(K.ScaledConfig, config.upper()), max_swizzle=int(swizzle),
+                    raster=getattr(K.Raster, raster.upper()))
+    x.a, x.b, x.d, x.scale_a, x.scale_b = a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), \
+        scale_b.data_ptr()
+    why = K.can_implement(x)
+    if why:
+        raise invalid(why, op)
+    return (x, K.workspace_size(x))
+
+
+def plan_scaled_for_dispatcher(a, b, scale_a, scale_b):
+    """torch.ops.tandem.scaled_gemm's C++ CUDA kernel calls this once per call signature (as
+    plan_gemm_for_dispatcher): (the ScaledGemmArgs' bytes, workspace bytes)."""
+    x, ws_bytes = _prepare_scaled(a, b, scale_a, scale_b, 0, None, None, None, None)
+    return x._raw(), int(ws_bytes)
 
 
 def _scaled_gemm_fake(a, b, scale_a, scale_b):
@@ -251,3 +276,9 @@ def _scaled_gemm_fake(a, b, scale_a, scale_b):
 # out_dtype=torch.bfloat16)'s semantics for tensor-wise and row-wise scales
 scaled_gemm = define_op("scaled_gemm", "(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b) -> Tensor",
                         lambda a, b, scale_a, scale_b: scaled_gemm_with(a, b, scale_a, scale_b), _scaled_gemm_fake)
+
+# Their CUDA-tensor calls through C++ kernels of torch's dispatcher where libtandem_torch_ops is built for this torch
+# (tandem.ops._dispatcher; status() says which path runs).
+from . import _dispatcher  # noqa: E402
+
+_dispatcher.install()
