@@ -488,13 +488,13 @@ def cpp_path(shapes):
                                     same_again=bool(torch.equal(got, again)),
                                     rel=float((got.double() - exact).norm() / exact.norm())))
         for scaling in ("tensor", "row"):
-            n16 = n + (-n) % 16
-            a8 = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
-            b8 = torch.randn(n16, k, device="cuda").to(torch.float8_e4m3fn).t()
+            n16, k16 = n + (-n) % 16, k + (-k) % 16  # e4m3 rows for TMA: K and N multiples of 16
+            a8 = torch.randn(m, k16, device="cuda").to(torch.float8_e4m3fn)
+            b8 = torch.randn(n16, k16, device="cuda").to(torch.float8_e4m3fn).t()
             sa, sb = _scales(m, n16, scaling, False)
             got, ref = both(lambda: torch.ops.tandem.scaled_gemm(a8, b8, sa, sb))
             base = torch._scaled_mm(a8, b8, sa, sb, out_dtype=torch.bfloat16).float()
-            out["rows"].append(dict(shape=[m, n16, k], dtype=f"fp8/{scaling}", same_as_python=bool(torch.equal(got, ref)),
+            out["rows"].append(dict(shape=[m, n16, k16], dtype=f"fp8/{scaling}", same_as_python=bool(torch.equal(got, ref)),
                                     same_again=bool(torch.equal(got, torch.ops.tandem.scaled_gemm(a8, b8, sa, sb))),
                                     rel=float((got.float() - base).norm() / base.norm())))
 
