@@ -3,11 +3,13 @@
 # and scaled_gemm) against the torch of `python3` (or $PYTHON), without CMake: for a tree that runs tandem from
 # python/ with a prebuilt tandem._C (tools/device_suite.sh), where the package build did not make it. A pip install
 # with torch importable at build time builds the same library (python/CMakeLists.txt). One C++ file: ~30 s.
-#   usage: tools/build_torch_ops.sh [OUT_DIR]     (default python/tandem)
+#   usage: tools/build_torch_ops.sh [OUT_DIR]     (default: the importable tandem package's directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-out=${1:-python/tandem}
+# default: the directory of the tandem package this python imports (an installed or editable one; python/tandem
+# when it runs from the tree), where tandem.ops._dispatcher looks for the library
+out=${1:-$("$PY" -c "import os, tandem; print(os.path.dirname(tandem.__file__))" 2>/dev/null || echo python/tandem)}
 eval "$("$PY" - <<'PYEOF'
 import shlex, sysconfig, torch, torch.utils.cpp_extension as ext
 print("TORCH_INC=" + shlex.quote(" ".join("-I" + p for p in ext.include_paths())))
