@@ -178,6 +178,24 @@
 #   tests (SIGINT / signal redelivery, 30-60 s timeouts) three times on 2026-12-06, while the same tree passed in the
 #   foreground (309 passed, 140 skipped) and the two tests pass alone in 5 s; the cause was not established (a
 #   guess: SIGINT ignored in asynchronous commands of a non-interactive shell).
+# 2026-12-06 12:20 (thirteenth session, one H100 each call): nx + sw2 (integ-next merged, bf16 table rebuilt with the
+# 208 swap), to (torch-ops: the GEMM ops' C++ dispatcher kernels; merged: bf16 op 1.014 of cuBLAS), n1 and the rest
+# of the suite but test_consumer / test_torchrun (122 passed). Next session, in this order:
+#   0. A new checkout has no .whl, .carry, cmake >= 3.26 or torch for python3.12: bash tools/fetch_device_wheels.sh;
+#      pip install cmake nvidia-cutlass==4.2.0.0 pybind11; python3.12 -m pip install torch==2.13.0 pytest
+#      pytest-timeout numpy (a CUDA build, ~3 GB; the local CPU tests import it); bash tools/prebuild_device_module.sh
+#      (a full build: ~20-25 min on 2 cores; run it in a git worktree so branch switches here do not disturb it).
+#   1. f8 on branch fp8-overlap (git checkout -b fp8-overlap ce4ff72 && git apply tools/pending/fp8-overlap.diff):
+#      its module (prebuild, SOURCES 7db8fd2) and the before side: in the same build dir,
+#      TANDEM_PREBUILD_CMAKE_ARGS=-DTANDEM_FP8_OVERLAPPED_PROMOTION=OFF bash tools/prebuild_device_module.sh (only
+#      scaled_gemm_sm90.cu recompiles, ~2 min; SASS-identical to main's), copy that .so into .carry/before-f8 =
+#      `git archive main python` + COMMIT, then build ON again for .carry/prebuilt.
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh f8",
+#            carry=[".whl", ".carry/prebuilt", ".carry/before-f8"])
+#      Tests green and FP8 faster: merge; the FP8 table rows from its sweep (tune gemm --from-bench
+#      docs/results/gemm_swap208/sweep_bf16.json <f8 sweep gemm_w1.json>).
+#   2. test_consumer and test_torchrun on main (n2's last two files; not run since be47190).
+#   3. issue 21 (fused TP ops <= naive), then 24-26.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
