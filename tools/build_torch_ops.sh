@@ -10,7 +10,8 @@ PY=${PYTHON:-python3}
 # default: the directory of the tandem package this python imports (an installed or editable one; python/tandem
 # when it runs from the tree), where tandem.ops._dispatcher looks for the library
 out=${1:-$("$PY" -c "import os, tandem; print(os.path.dirname(tandem.__file__))" 2>/dev/null || echo python/tandem)}
-eval "$("$PY" - <<'PYEOF'
+# (its output is eval'ed: a failing python would go unseen by set -e, so it is run first into a variable)
+vars=$("$PY" - <<'PYEOF'
 import shlex, sysconfig, torch, torch.utils.cpp_extension as ext
 print("TORCH_INC=" + shlex.quote(" ".join("-I" + p for p in ext.include_paths())))
 print("TORCH_LIB=" + shlex.quote(ext.library_paths()[0]))
@@ -21,7 +22,8 @@ homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), ext.CUDA_HOME
 inc = next((h + "/include" for h in homes if h and os.path.exists(h + "/include/cuda_runtime_api.h")), "")
 print("CUDA_INC=" + shlex.quote(inc))
 PYEOF
-)"
+) || { echo "$PY cannot import torch (and torch.utils.cpp_extension): nothing to build against"; exit 2; }
+eval "$vars"
 [ -n "$CUDA_INC" ] || { echo "no CUDA headers (cuda_runtime_api.h): set CUDA_HOME"; exit 2; }
 mkdir -p "$out"
 # shellcheck disable=SC2086

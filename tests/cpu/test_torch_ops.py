@@ -99,3 +99,35 @@ def test_the_library_stays_out_when_switched_off(library):
 def test_the_library_refuses_a_table_that_is_not_tandems(library):
     out = _result(WRONG_TABLE, dict(os.environ, TANDEM_TORCH_OPS_LIB=str(library), TANDEM_TORCH_OPS="0"))
     assert out == "ValueError", out  # PyCapsule_GetPointer's: the capsule's name is not the table's
+
+
+# A library that refuses this tandem._C (here a stand-in whose install fails as a stale build's would: another
+# launch-table version or Args size) leaves the ops on their Python implementation; importing tandem.ops works.
+REFUSING_LIBRARY = r"""
+#include <Python.h>
+const char* tandem_torch_ops_torch_version(void) { return TORCH_VERSION_STRING; }
+int tandem_torch_ops_install(PyObject* table, PyObject* plan_gemm, PyObject* plan_scaled, PyObject* error) {
+  PyErr_SetString(PyExc_RuntimeError, "launch table v1, Args 120 / 96 bytes, does not match tandem._C");
+  return -1;
+}
+"""
+
+
+def test_a_library_that_refuses_this_tandem_leaves_the_python_path(tmp_path):
+    torch = pytest.importorskip("torch")
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc here")
+    import sysconfig
+
+    src = tmp_path / "refusing.c"
+    src.write_text(REFUSING_LIBRARY)
+    lib = tmp_path / "libtandem_torch_ops.so"
+    version = torch.__version__.split("+")[0]
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DTORCH_VERSION_STRING="{version}"',
+                    f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(lib)], check=True, timeout=120)
+    env = dict(os.environ, TANDEM_TORCH_OPS_LIB=str(lib))
+    env.pop("TANDEM_TORCH_OPS", None)
+    r = _result(PROBE, env)
+    assert r["status"].startswith("Python (") and "refused this tandem._C" in r["status"], r
+    assert "does not match tandem._C" in r["status"], r
+    assert r["on"] == [False, False] and r["cpu"] == 3 and r["meta"] == [8, 24], r

@@ -30,13 +30,16 @@ def library_path() -> str | None:
     env = os.environ.get("TANDEM_TORCH_OPS_LIB")
     if env:
         return env
-    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    # beside tandem._C first: the library built with it (a copy left in the package directory by an earlier
+    # tools/build_torch_ops.sh must not shadow it)
+    dirs = []
     try:
         from .._native import native
 
         dirs.append(os.path.dirname(os.path.abspath(native().__file__)))
     except Exception:  # noqa: BLE001 - no tandem._C: install() says so next
         pass
+    dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for d in dirs:
         path = os.path.join(d, LIBRARY_NAME)
         if os.path.exists(path):
@@ -81,8 +84,13 @@ def install() -> bool:
         return False
     lib.tandem_torch_ops_install.restype = ctypes.c_int
     lib.tandem_torch_ops_install.argtypes = [ctypes.py_object] * 4
-    # raises (RuntimeError) where the library and tandem._C disagree on the Args' layout
-    lib.tandem_torch_ops_install(table, gemm.plan_gemm_for_dispatcher, gemm.plan_scaled_for_dispatcher, launch_error)
+    try:  # refused where the library and tandem._C disagree (table version, Args sizes): the Python path runs
+        lib.tandem_torch_ops_install(table, gemm.plan_gemm_for_dispatcher, gemm.plan_scaled_for_dispatcher,
+                                     launch_error)
+    except Exception as e:  # noqa: BLE001 - an import of tandem.ops must not fail for the optional fast path
+        _STATE["reason"] = f"{path} refused this tandem._C ({type(e).__name__}: {e}); rebuild it " \
+                           "(tools/build_torch_ops.sh)"
+        return False
     lib.tandem_torch_ops_set_enabled.restype = ctypes.c_int
     lib.tandem_torch_ops_set_enabled.argtypes = [ctypes.c_int]
     lib.tandem_torch_ops_clear_cache.restype = None
