@@ -194,6 +194,10 @@
 #            carry=[".whl", ".carry/prebuilt", ".carry/before-f8"])
 #      Tests green and FP8 faster: merge; the FP8 table rows from its sweep (tune gemm --from-bench
 #      docs/results/gemm_swap208/sweep_bf16.json <f8 sweep gemm_w1.json>).
+#   1b. tf on branch torch-ops-fixes (git checkout -b torch-ops-fixes 2dee16d && git apply
+#      tools/pending/torch-ops-fixes.diff; it touches launch_table.cc: its own module): test_gemm whole and the host
+#      path; merge if green. It and fp8-overlap both add a part before "to" in this file: merging both conflicts
+#      there only.
 #   2. test_consumer and test_torchrun on main (n2's last two files; not run since be47190).
 #   3. issue 21 (fused TP ops <= naive), then 24-26.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
