@@ -53,15 +53,16 @@ except Exception as e:
 # torch importable makes them; with the prebuilt module they are built here against this machine's torch (~10 s).
 # TANDEM_TORCH_OPS=0: neither built nor loaded (the ops' Python implementation runs).
 if [ "${TANDEM_TORCH_OPS:-1}" != 0 ]; then
-  if ! python3 -c "import sys; from tandem.ops import _dispatcher as d; sys.exit(not d.enabled())" 2>/dev/null; then
+  status='import sys; from tandem.ops import _dispatcher as d; print("op path:", d.status()); sys.exit(not d.enabled())'
+  if ! python3 -c "$status" 2>/dev/null; then
     t1=$(date +%s)
     if bash tools/build_torch_ops.sh > "$OUT/build_torch_ops.log" 2>&1; then
       echo "torch ops library: built ($(( $(date +%s) - t1 )) s)"
     else
       echo "torch ops library: build failed ($OUT/build_torch_ops.log)"; tail -5 "$OUT/build_torch_ops.log"
     fi
+    python3 -c "$status"
   fi
-  python3 -c "from tandem.ops import _dispatcher as d; print('op path:', d.status())"
 fi
 # The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
 if [ $# -eq 0 ]; then set -- tests; fi

@@ -470,11 +470,8 @@ def cpp_path(shapes):
 
     def both(fn):  # the op through the C++ kernels, then through Python, on the same inputs
         got = fn()
-        _dispatcher.set_enabled(False)
-        try:
+        with _dispatcher.switched_off():
             ref = fn()
-        finally:
-            _dispatcher.set_enabled(True)
         return got, ref
 
     for m, n, k in shapes:

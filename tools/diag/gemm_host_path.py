@@ -51,11 +51,10 @@ def main():
                    cublas=lambda: torch.matmul(x, w, out=d))
         hu, dev, one = {}, {}, {}
         for key, f in fns.items():
-            _dispatcher.set_enabled(key != "op_python")
-            hu[key] = common.host_launch_us(f, 200, warmup=True)
-            dev[key] = common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3
-            one[key] = common.time_launches(f, warmup=3, reps=7) * 1e3
-        _dispatcher.set_enabled(True)
+            with _dispatcher.switched_off(key == "op_python"):
+                hu[key] = common.host_launch_us(f, 200, warmup=True)
+                dev[key] = common.time_launches(f, warmup=3, reps=7, inner=20) * 1e3
+                one[key] = common.time_launches(f, warmup=3, reps=7) * 1e3
         print(f"| {s} | {cfg} | " + " | ".join(f"{hu[key]:.1f}" for key in fns) + " | "
               + " | ".join(f"{dev[key]:.4f}" for key in fns) + " | " + " | ".join(f"{one[key]:.4f}" for key in fns)
               + " |", flush=True)

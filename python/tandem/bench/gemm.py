@@ -216,12 +216,9 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 d["baseline_ms_inner20"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps,
                                                                 inner=20) * 1e3
                 if _dispatcher.enabled():  # the same op through its Python implementation, in the same run
-                    _dispatcher.set_enabled(False)
-                    try:
+                    with _dispatcher.switched_off():
                         d["tandem_ms_python_op"] = common.time_launches(lambda: ours(pick()), warmup=5,
                                                                         reps=reps) * 1e3
-                    finally:
-                        _dispatcher.set_enabled(True)
                 got, ref = ours(sets[0]).float(), base(sets[0]).float()
                 d["rel_err"] = float((got - ref).norm() / ref.norm().clamp_min(1e-30))
                 d["differ"] = int((got != ref).sum())

@@ -16,10 +16,11 @@ TANDEM_TORCH_OPS=0, the ops run their Python implementation; `status()` says whi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 
-_STATE: dict = {"lib": None, "installed": False, "reason": "not tried"}
+_STATE: dict = {"lib": None, "installed": False, "enabled": True, "reason": "not tried"}
 
 LIBRARY_NAME = "libtandem_torch_ops.so"
 
@@ -105,11 +106,8 @@ def status() -> str:
     return f"Python ({_STATE['reason']})"
 
 
-_ENABLED = [True]
-
-
 def enabled() -> bool:
-    return _STATE["installed"] and _ENABLED[0]
+    return _STATE["installed"] and _STATE["enabled"]
 
 
 def set_enabled(on: bool) -> None:
@@ -118,7 +116,21 @@ def set_enabled(on: bool) -> None:
     if not _STATE["installed"]:
         return
     _STATE["lib"].tandem_torch_ops_set_enabled(1 if on else 0)
-    _ENABLED[0] = bool(on)
+    _STATE["enabled"] = bool(on)
+
+
+@contextlib.contextmanager
+def switched_off(off: bool = True):
+    """The ops through their Python implementation inside the block (when `off`), the C++ kernels again after it, as
+    they were; for timing both paths in one process."""
+    was = enabled()
+    if off and was:
+        set_enabled(False)
+    try:
+        yield
+    finally:
+        if off and was:
+            set_enabled(True)
 
 
 def clear_cache() -> None:
