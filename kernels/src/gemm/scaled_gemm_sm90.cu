@@ -23,6 +23,14 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #include "sm90_config.hpp"  // detail::hardware_info, detail::run_adapter, detail::set_tile_walk
+#include "sm90_fp8_overlapped_promotion.hpp"
+
+// The 128-wide configurations' mainloop: CUTLASS's FP8 collective with its promotion overlapped
+// (sm90_fp8_overlapped_promotion.hpp; the same bits). 0 builds CUTLASS's own mainloop for every configuration (the
+// before side of a comparison).
+#ifndef TANDEM_FP8_OVERLAPPED_PROMOTION
+#define TANDEM_FP8_OVERLAPPED_PROMOTION 1
+#endif
 #include "tandem/kernels/gemm/scaled_gemm.h"
 
 namespace tandem::kernels::gemm {
@@ -45,6 +53,8 @@ struct ScaledShape {
   using MainloopSchedule = Mainloop_;
   using EpilogueSchedule = Epilogue_;
   using Scheduler = Scheduler_;
+  // a third fp32 tile of registers (the overlapped promotion's) fits beside 128-wide tiles' 64 a thread, not 192's 96
+  static constexpr bool kOverlappedPromotion = TANDEM_FP8_OVERLAPPED_PROMOTION && kTileN == 128;
 };
 using Coop128C2 = ScaledShape<128, 128, 2, 1, Coop, CoopEpi>;
 using Coop128C1 = ScaledShape<128, 128, 1, 1, Coop, CoopEpi>;
@@ -92,11 +102,13 @@ struct Sm90ScaledGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlignD, ElementD, LayoutD,
       kAlignD, EpilogueSchedule, Scaled>::CollectiveOp;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA, kAlignAB, ElementB, LayoutB, kAlignAB,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
+  using Mainloop = std::conditional_t<Config::kOverlappedPromotion,
+                                      detail::Fp8OverlappedPromotionMainloop<BuiltMainloop>, BuiltMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       typename Config::Scheduler>;
