@@ -656,6 +656,13 @@ elif [ "$part" = f8 ]; then
   [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes fp8_tensor,fp8_row \
     --schedules 2 --out "$W/f8/sweep" 2>&1 | grep -E "geometric|best|Error"
   rm -f "$W"/f8/*/*.png; tar czf "$OUT/f8.tgz" -C "$W" f8
+elif [ "$part" = tf ]; then
+  # branch torch-ops-fixes (not run; a review's findings): the C++ kernels take a's device before the planner, intern
+  # the configuration names (no string copy a call), decode a launch error's reason with replacement, refuse a miss
+  # after Python has exited; the Python path takes a's device too. test_gemm whole (the C++ path's test) and the
+  # library's CPU test, then the host path (the op's host time should not grow: 10.8-11.6 us on 2026-12-06)
+  timeout -s INT -k 20 $(( $(left) - 120 )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/cpu/test_torch_ops.py
+  timeout -s INT -k 5 60 python3 tools/diag/gemm_host_path.py --shapes 1000x1000x1008,777x4104x4096 2>&1 | tail -6
 elif [ "$part" = to ]; then
   # branch torch-ops (not run): torch.ops.tandem.gemm / scaled_gemm through C++ kernels of torch's CUDA dispatch key
   # (python/torch_ops/, built here by device_suite.sh against this torch): test_gemm whole (with the C++ path's test:

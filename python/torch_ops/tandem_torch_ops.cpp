@@ -111,18 +111,45 @@ class PreparedCache {
 struct GemmEntry {
   g::GemmArgs args;
   size_t workspace_bytes = 0;
-  std::string variant;  // "" = the core (gemm::run), else a named configuration (variants::run)
+  const char* variant = nullptr;  // nullptr = the core (gemm::run), else a named configuration (variants::run),
+                                  // interned: a cache hit copies no string
 };
+
+// The configuration names the planner returns, kept for the process's life (a few dozen at most).
+const char* intern(const char* name) {
+  static std::mutex mu;
+  static auto* names = new std::unordered_map<std::string, std::unique_ptr<std::string>>();
+  std::lock_guard lock(mu);
+  auto& slot = (*names)[name];
+  if (!slot) slot = std::make_unique<std::string>(name);
+  return slot->c_str();
+}
 struct ScaledEntry {
   g::ScaledGemmArgs args;
   size_t workspace_bytes = 0;
 };
-PreparedCache<GemmEntry> g_gemm_cache;
-PreparedCache<ScaledEntry> g_scaled_cache;
+// Allocated once and never destroyed: a call on another thread during exit must not find a destroyed map (static
+// destruction would run before g_library removes the registrations).
+PreparedCache<GemmEntry>& g_gemm_cache = *new PreparedCache<GemmEntry>();
+PreparedCache<ScaledEntry>& g_scaled_cache = *new PreparedCache<ScaledEntry>();
 
 // ---- Python, on a miss or a failure -------------------------------------------------------------------------------
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 struct Gil {  // the calling thread may or may not hold the GIL (torch's Python bindings release it around ops)
-  PyGILState_STATE s = PyGILState_Ensure();
+  PyGILState_STATE s;
+  Gil() {
+    // a miss after the interpreter has gone (a C++ thread at exit) has no planner to ask
+    TORCH_CHECK(Py_IsInitialized() && !python_finalizing(),
+                "tandem: gemm: a call signature not seen before needs the Python planner, and Python has exited");
+    s = PyGILState_Ensure();
+  }
   ~Gil() { PyGILState_Release(s); }
 };
 
@@ -182,7 +209,7 @@ GemmEntry plan_gemm(const at::Tensor& a, const at::Tensor& b) {
   e.workspace_bytes = static_cast<size_t>(ws);
   const char* name = PyUnicode_AsUTF8(variant);
   if (!name) throw_python_error();
-  e.variant = name;
+  e.variant = *name ? intern(name) : nullptr;
   return e;
 }
 
@@ -201,7 +228,10 @@ ScaledEntry plan_scaled(const at::Tensor& a, const at::Tensor& b, const at::Tens
 // A launcher's non-OK status as tandem's TandemError (tandem.errors.launch_error builds it).
 [[noreturn]] void raise_launch_error(int32_t status, const char* op, const char* why) {
   Gil gil;
-  Ref exc(PyObject_CallFunction(g_hooks.launch_error, "iss", static_cast<int>(status), op, why));
+  // the reason may end inside a multi-byte character (cut at the buffer's size) or not be UTF-8 at all
+  PyObject* reason = PyUnicode_DecodeUTF8(why, static_cast<Py_ssize_t>(std::strlen(why)), "replace");
+  if (!reason) throw_python_error();
+  Ref exc(PyObject_CallFunction(g_hooks.launch_error, "isN", static_cast<int>(status), op, reason));
   if (!exc.p) throw_python_error();
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.p)), exc.p);
   throw_python_error();
@@ -222,6 +252,8 @@ at::Tensor workspace_for(size_t bytes, const at::Tensor& like) {
 
 // ---- the kernels ----------------------------------------------------------------------------------------------------
 at::Tensor gemm_cuda(const at::Tensor& a, const at::Tensor& b) {
+  // a's device current from here on: the planner sizes grids and workspaces for the current device
+  c10::DeviceGuard guard(a.device());
   Signature s;
   GemmEntry e;
   const bool keyed = s.add(a) && s.add(b);
@@ -230,24 +262,24 @@ at::Tensor gemm_cuda(const at::Tensor& a, const at::Tensor& b) {
     e = plan_gemm(a, b);
     if (keyed) g_gemm_cache.put(s, e);
   }
-  c10::DeviceGuard guard(a.device());
   at::Tensor d = at::empty({a.size(0), b.size(1)}, a.options());
   at::Tensor ws = workspace_for(e.workspace_bytes, a);
   void* ws_ptr = ws.defined() ? ws.data_ptr() : nullptr;
   char why[512] = {0};
   const cudaStream_t stream = current_stream(a.device());
   const int32_t status =
-      e.variant.empty()
+      e.variant == nullptr
           ? g_hooks.table->gemm(&e.args, a.const_data_ptr(), b.const_data_ptr(), d.data_ptr(), ws_ptr, stream, why,
                                 sizeof(why))
-          : g_hooks.table->gemm_variant(e.variant.c_str(), &e.args, a.const_data_ptr(), b.const_data_ptr(),
-                                        d.data_ptr(), ws_ptr, stream, why, sizeof(why));
+          : g_hooks.table->gemm_variant(e.variant, &e.args, a.const_data_ptr(), b.const_data_ptr(), d.data_ptr(),
+                                        ws_ptr, stream, why, sizeof(why));
   if (status != 0) raise_launch_error(status, "gemm", why);
   return d;
 }
 
 at::Tensor scaled_gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                             const at::Tensor& scale_b) {
+  c10::DeviceGuard guard(a.device());  // as gemm_cuda's: before the planner
   Signature s;
   ScaledEntry e;
   const bool keyed = s.add(a) && s.add(b) && s.add(scale_a) && s.add(scale_b);
@@ -256,7 +288,6 @@ at::Tensor scaled_gemm_cuda(const at::Tensor& a, const at::Tensor& b, const at::
     e = plan_scaled(a, b, scale_a, scale_b);
     if (keyed) g_scaled_cache.put(s, e);
   }
-  c10::DeviceGuard guard(a.device());
   at::Tensor d = at::empty({a.size(0), b.size(1)}, a.options().dtype(at::kBFloat16));
   at::Tensor ws = workspace_for(e.workspace_bytes, a);
   char why[512] = {0};
@@ -300,7 +331,7 @@ __attribute__((visibility("default"))) const char* tandem_torch_ops_torch_versio
 // this library's Args, keeps the hooks, and registers the CUDA kernels. 0 on success; -1 with a Python error set.
 __attribute__((visibility("default"))) int tandem_torch_ops_install(PyObject* table_capsule, PyObject* plan_gemm,
                                                                     PyObject* plan_scaled, PyObject* launch_error) {
-  if (g_library) return 0;  // already installed
+  if (g_hooks.table) return g_library ? 0 : register_kernels();  // installed before (perhaps switched off)
   auto* table = static_cast<const g::GemmLaunchTable*>(PyCapsule_GetPointer(table_capsule, g::kGemmLaunchTableName));
   if (!table) return -1;
   if (table->version != g::kGemmLaunchTableVersion || table->gemm_args_bytes != sizeof(g::GemmArgs) ||
@@ -324,7 +355,8 @@ __attribute__((visibility("default"))) int tandem_torch_ops_install(PyObject* ta
 }
 
 // Remove (enabled 0) or restore (1) the CUDA-key kernels: the ops then run their Python implementation, which the
-// benchmark times beside this one. Requires a previous install. Returns 0, or -1 with a Python error set.
+// benchmark times beside this one. Requires a previous install. Returns 0, or -1 with a Python error set. Not while
+// another thread calls the ops: torch's dispatcher does not take a registration beside a running call of that op.
 __attribute__((visibility("default"))) int tandem_torch_ops_set_enabled(int enabled) {
   if (!g_hooks.table) {
     PyErr_SetString(PyExc_RuntimeError, "tandem_torch_ops_set_enabled before install");
@@ -337,7 +369,8 @@ __attribute__((visibility("default"))) int tandem_torch_ops_set_enabled(int enab
   return g_library ? 0 : register_kernels();
 }
 
-// Forget every prepared call (the plan table changed, e.g. after tandem.ops.gemm_plan.reload_table()).
+// Forget every prepared call (tandem.ops._runtime.release_workspaces: a tuned table rewritten since then applies to
+// the signatures called next, as for the Python path's prepared calls).
 __attribute__((visibility("default"))) void tandem_torch_ops_clear_cache() {
   g_gemm_cache.clear();
   g_scaled_cache.clear();

@@ -112,7 +112,8 @@ def enabled() -> bool:
 
 def set_enabled(on: bool) -> None:
     """Switch the C++ kernels off (the ops then run their Python implementation, on CUDA tensors too) or back on;
-    for timing the two paths in one process (bench gemm). No-op where they are not installed."""
+    for timing the two paths in one process (bench gemm). No-op where they are not installed. Not while another
+    thread calls the GEMM ops: it changes torch's dispatch table for them."""
     if not _STATE["installed"]:
         return
     _STATE["lib"].tandem_torch_ops_set_enabled(1 if on else 0)

@@ -14,6 +14,12 @@ def validate(a: torch.Tensor, b: torch.Tensor, op: str = "gemm") -> None:
     check_matmul(a, b, op)
 
 
+def _on_another_device(t) -> bool:
+    """t is a CUDA tensor of a device that is not the current one."""
+    dev = getattr(t, "device", None)
+    return dev is not None and dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device()
+
+
 def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -44,6 +50,9 @@ def gemm_with(a: torch.Tensor, b: torch.Tensor, *, swizzle: int | None = None, r
     # Per call signature (shapes, strides, dtype, device, knobs): the GEMM's Args and workspace size, made on its
     # first call after the full checks and kept in the ops' prepared-call cache (_runtime.prepared: no
     # communicator, so no token); a later call checks the addresses (16-byte alignment) and launches.
+    if _on_another_device(a):  # the launchers and the planner work on the current device (as the C++ kernels do)
+        with torch.cuda.device(a.device):
+            return gemm_with(a, b, swizzle=swizzle, raster=raster, variant=variant)
     try:
         key = ("gemm", None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, swizzle,
                raster, variant)
@@ -199,6 +208,10 @@ def scaled_gemm_with(a, b, scale_a, scale_b, *, sm_count: int = 0, out: torch.Te
     each None = gemm_plan.choose_scaled_schedule's for the shape (a config named without a schedule: the default
     one unless it is the plan's configuration)."""
     op = "scaled_gemm"
+    if _on_another_device(a):  # as gemm_with's
+        with torch.cuda.device(a.device):
+            return scaled_gemm_with(a, b, scale_a, scale_b, sm_count=sm_count, out=out, config=config,
+                                    swizzle=swizzle, raster=raster)
     try:
         key = (op, None, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), scale_a.shape, scale_b.shape,
                scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_b.device, scale_a.device,
