@@ -34,6 +34,10 @@ ap.add_argument("--shapes", default="16384x8192x4096,16384x8192x1024,8192x4096x8
                 help="the ranks' GEMMs M x N x K (defaults: bench tp's rank GEMMs at worlds 2 and 4)")
 ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--out", default=os.environ.get("OUT"))
+ap.add_argument("--probe-grids", default="",
+                help="also run the residency probe (1-CTA clusters, the core's shared memory) at these grid sizes, "
+                     "e.g. 16,18,24,28,30,32: how many of a rank's blocks start at once, and on which SMs "
+                     "(the late blocks of docs/results.md 2026-12-06 were not caused by 2-CTA clusters)")
 ap.add_argument("--device-sms", type=int, default=132,
                 help="the GPU's SM count (under MPS the device properties report the rank's share)")
 args = ap.parse_args()
@@ -75,12 +79,16 @@ def residency(blocks, cluster, smem, spin_us=2000):
         live += d
         peak = max(peak, live)
     span_us = (int(t[:, 1].max()) - int(t[:, 0].min())) / 1e3
+    first = int(t[:, 0].min())
+    late = [i for i in range(blocks) if (int(t[i, 0]) - first) / 1e3 > spin_us / 2]
     return dict(blocks=blocks, cluster=cluster, smem=smem, peak_resident=peak, distinct_sms=len(set(t[:, 2].tolist())),
-                span_us=span_us, waves=span_us / spin_us)
+                span_us=span_us, waves=span_us / spin_us, late_blocks=len(late),
+                sms_first_wave=sorted({int(t[i, 2]) for i in range(blocks) if i not in late}),
+                sms_late=sorted({int(t[i, 2]) for i in late}))
 
 
 rows = []
-for shape in args.shapes.split(","):
+for shape in [x for x in args.shapes.split(",") if x]:
     m, nn, k = (int(x) for x in shape.split("x"))
     torch.manual_seed(rank)
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -131,6 +139,8 @@ _sq = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
 core_smem = K.gemm_variant_occupancy("coop_128x256_c2", gemm_args(_sq, _sq, _sq, sms)).get("smem_bytes", 200 * 1024)
 probe = [residency(sms - sms % 2, c, core_smem) for c in (1, 2)]
 probe.append(residency(device_sms - device_sms % 2, 2, core_smem))
+for g in [int(x) for x in args.probe_grids.split(",") if x]:
+    probe.append(residency(g, 1, core_smem))
 comm.check()
 
 result = dict(meta=common.header("tools/diag/gemm_mps.py " + " ".join(sys.argv[1:])), rank=rank, world=world,
