@@ -210,9 +210,11 @@
 #      GPC), and the core's configurations against cuBLAS on the AG+GEMM rank GEMMs on a 32-SM share:
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=420 timeout 430 bash tools/device_next.sh res",
 #            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module; SOURCES must match)
-#   2. If a configuration other than coop_128x256_c2 is faster per SM under MPS at the AG/RS rank GEMMs: a fused
-#      kernel instantiation with it (the arrival scheduler now takes any cluster extent along M: ag-cluster1's
-#      scheduler change, merged into a new branch), else the fused GEMM role's remaining gap is MPS placement.
+#   2. agt on branch ag-tiles (the fused AG+GEMM in 256x128 tiles; module .carry/prebuilt-ag-tiles, or build:
+#      git checkout ag-tiles && bash tools/prebuild_device_module.sh; branch gone: git checkout -b ag-tiles a6b7bb8
+#      && git apply tools/pending/ag-tiles.diff): its tests and tp_trace with both tiles at worlds 4 and 2. Merge
+#      if its tests pass and 256x128 is faster; then the same for GEMM+RS/AR (more tile_m = 128 assumptions there:
+#      pieces of cluster rows). If res shows another configuration faster per SM under MPS, instantiate that one.
 #   3. FP8 (issue 23): bench gemm --dtypes fp8_tensor,fp8_row --schedules 2 whole (the 14:00 sweep covered 14 of 24
 #      shapes), then tune gemm --from-bench <bf16 sweep> <that JSON>; and tools/diag/cublas_kernels.py --fp8 at the
 #      shapes below 0.90 (which tile/cluster cuBLASLt runs where the 128x192 configurations lose).
