@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H200 session in one call: build, GPU tests (MPS ranks at world 1/2/4), benchmarks. Logs go to $OUT.
-#   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; TANDEM_BENCH=0 skips benches,
+#   usage: tools/device_suite.sh [pytest args...]     (OUT defaults to ./_out; the benches follow the whole suite
+#          only (no arguments, tests or tests/gpu) unless TANDEM_BENCH=1 / TANDEM_BENCH=0 says otherwise;
 #          TANDEM_BENCH_WORLDS="2 4" picks the transport bench worlds, TANDEM_BENCH_GEMM=0 skips the GEMM bench,
 #          TANDEM_BENCH_MOE_WORLDS / TANDEM_BENCH_ATTN_WORLDS likewise for bench moe / bench attention;
 #          TANDEM_BENCHES="transport gemm tp moe attention" picks which benches run (default: all);
@@ -66,12 +67,19 @@ if [ "${TANDEM_TORCH_OPS:-1}" != 0 ]; then
 fi
 # The full log goes to a file first: a reader that stops early (head) must not SIGPIPE pytest mid-report.
 if [ $# -eq 0 ]; then set -- tests; fi
+# The benchmarks follow the whole suite only (no arguments, tests or tests/gpu): a call that picks some tests runs
+# no benchmark unless TANDEM_BENCH=1 asks for them (2026-12-06: a call meant to install the module for one CPU test
+# ran every benchmark until the session's device time was spent).
+case " $* " in
+  " tests "|" tests/ "|" tests/gpu "|" tests/gpu/ ") bench_default=1 ;;
+  *) bench_default=0 ;;
+esac
 python3 -m pytest "$@" -v -rs --tb=short --timeout=150 -p no:cacheprovider > "$OUT/pytest.log" 2>&1  # "$@": a -k expression stays one word
 pytest_rc=$?
 grep -E "PASSED|FAILED|ERROR|SKIPPED|^E |passed|failed" "$OUT/pytest.log" | cut -c1-400 | head -150
 BENCHES=" ${TANDEM_BENCHES:-transport gemm tp moe attention} "
 wants() { [[ "$BENCHES" == *" $1 "* ]]; }
-if [ "${TANDEM_BENCH:-1}" = 1 ]; then
+if [ "${TANDEM_BENCH:-$bench_default}" = 1 ]; then
   mkdir -p "$OUT/bench"
   wants transport && for n in ${TANDEM_BENCH_WORLDS:-1 2 4}; do
     timeout 150 python3 -m tandem bench transport -n $n --out "$OUT/bench" --reps 7 2>&1 | tail -16
