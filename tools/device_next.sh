@@ -203,7 +203,8 @@
 # 2026-12-06 14:30 (fourteenth session, H100s GPU-0ba23669 / GPU-fbd77506): f8 and tf ran, fp8-overlap and
 # torch-ops-fixes merged; test_torchrun (2) and test_consumer (6) passed; ag-cluster1 (1-CTA clusters for the fused
 # AG+GEMM) ran: tests passed but slower and the same late blocks -> not merged (tools/pending/ag-cluster1.diff).
-# Ad-hoc device_suite.sh calls need TANDEM_BENCH=0 (its default runs every bench: a whole budget went on it).
+# device_suite.sh ran every bench after any test selection unless TANDEM_BENCH=0 (a whole budget went on it);
+# since 451b5bd it benches only after the whole suite (no arguments, tests or tests/gpu) or with TANDEM_BENCH=1.
 # Next session, in this order:
 #   1. res on main (issue 21): the residency probe at several grid sizes (which SMs the first wave and the late
 #      blocks get: a GPC-sized first wave of 18 SMs at world 4 would point at MPS placing a client's blocks by
