@@ -211,11 +211,11 @@
 #      GPC), and the core's configurations against cuBLAS on the AG+GEMM rank GEMMs on a 32-SM share:
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=420 timeout 430 bash tools/device_next.sh res",
 #            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module; SOURCES must match)
-#   2. agt on branch ag-tiles (the fused AG+GEMM in 256x128 tiles; module .carry/prebuilt-ag-tiles, or build:
+#   2. agt on branch ag-tiles (the fused GEMM roles in 256x128 tiles; module .carry/prebuilt-ag-tiles, or build:
 #      git checkout ag-tiles && bash tools/prebuild_device_module.sh; branch gone: git checkout -b ag-tiles a6b7bb8
 #      && git apply tools/pending/ag-tiles.diff): its tests and tp_trace with both tiles at worlds 4 and 2. Merge
-#      if its tests pass and 256x128 is faster; then the same for GEMM+RS/AR (more tile_m = 128 assumptions there:
-#      pieces of cluster rows). If res shows another configuration faster per SM under MPS, instantiate that one.
+#      if its tests pass and 256x128 is faster for an op (AG+GEMM, GEMM+RS/AR: both are in the branch; a tune-table
+#      column or the default under MPS). If res shows another configuration faster per SM, instantiate that one.
 #   3. FP8 (issue 23): bench gemm --dtypes fp8_tensor,fp8_row --schedules 2 whole (the 14:00 sweep covered 14 of 24
 #      shapes), then tune gemm --from-bench <bf16 sweep> <that JSON>; and tools/diag/cublas_kernels.py --fp8 at the
 #      shapes below 0.90 (which tile/cluster cuBLASLt runs where the 128x192 configurations lose).
