@@ -220,6 +220,9 @@
 #      shapes), then tune gemm --from-bench <bf16 sweep> <that JSON>; and tools/diag/cublas_kernels.py --fp8 at the
 #      shapes below 0.90 (which tile/cluster cuBLASLt runs where the 128x192 configurations lose).
 #   4. On an H200 if one is lent: issue 23's sweep and the GPU suite there (every number so far is from H100s).
+#   4b. branch fp8-split (the 128x192 FP8 configurations' promotion overlapped by half-tile batches): first make
+#      ptxas stop serializing its wgmmas (C7514, see the header of sm90_fp8_overlapped_promotion.hpp), then part f8s
+#      with .carry/before-f8s (main's python and module at b35971a).
 #   5. ra on branch gemm-run-at (a host-side refactor of the GEMM ops' launches; git apply tools/pending/gemm-run-at.diff
 #      on 026368a if the branch is gone): test_gemm whole and the host path; merge if green.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
