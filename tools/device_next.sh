@@ -233,6 +233,10 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
+# One branch a part: the chain below runs the first that matches, so a name used twice would silently run an older
+# part (2026-12-06: "c1" ran 2026-12-05's claims trace instead of the new part of that name).
+defined=$(grep -cE "^(el)?if .*\[ \"\\\$part\" = ${part} \]" "$0")
+[ "$defined" -eq 1 ] || { echo "device_next.sh: part '$part' is defined $defined times (must be once)"; exit 2; }
 start=$(date +%s)
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
@@ -874,15 +878,6 @@ elif [ "$part" = m3 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
     --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-elif [ "$part" = f8 ]; then
-  # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
-  # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every
-  # configuration (issue 23: do the wider tiles close the gap to cuBLASLt at M 16384?)
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_gemm.py -k "scaled"
-  mkdir -p "$OUT/diag/fp8"
-  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
-    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = z1 ]; then
   # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (none run before): ring attention's backward with
