@@ -683,6 +683,27 @@ elif [ "$part" = res ]; then
   [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
     --shapes 16384x2048x4096,16384x7168x8192,16384x8192x1024 --reps 3 --out "$W/res/w4g" 2>&1 | grep -E "^\||Error" | cut -c1-600
   tar czf "$OUT/res.tgz" -C "$W" res
+elif [ "$part" = ovs ]; then
+  # issue 21: the fused kernels and the core on grids larger than the rank's MPS share. Under MPS one rank's
+  # persistent grid is never fully resident (14 of 32 blocks late at world 4), and the core on the share ran
+  # 1.3-1.4x cuBLAS at the TP ops' rank GEMMs (tp_grid_mps.json). The fused kernels are deadlock-free with blocks
+  # that never get an SM (docs/fused-kernels.md, Residency), so a grid of the whole device's SMs is legal: the
+  # hardware then hands the GEMM role's tiles (claimed, not strided) to whichever SMs free up. First the residency
+  # probe and the core's configurations against cuBLAS under MPS (gemm_mps.py, incl. the core on all 132 SMs), then
+  # tp_trace with sm_count = the share, 66 and 132, at worlds 4 and 2.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/ovs; rm -rf "$W"; mkdir -p "$W/ovs/mps4" "$W/ovs/w4" "$W/ovs/w2" "$OUT"
+  timeout -s INT -k 10 150 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+    --shapes 16384x2048x4096,16384x8192x1024 --probe-grids 16,18,24,32 --reps 3 --out "$W/ovs/mps4" 2>&1 \
+    | grep -E "^\||residency|Error" | cut -c1-700
+  tar czf "$OUT/ovs.tgz" -C "$W" ovs
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 170 ] && t=170
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096 --ops ag_gemm,gemm_rs --comm-blocks 2,4 --sm-counts 0,66,132 --reps 5 \
+      --out "$W/ovs/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -30
+    tar czf "$OUT/ovs.tgz" -C "$W" ovs
+  done
 elif [ "$part" = f8 ]; then
   # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
   # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
