@@ -123,6 +123,26 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ag_gemm_in_one_cta_clusters_matches_torch_and_the_two_cta_kernel(run_ranks, world, late):
+    # TANDEM_TP_GEMM_CLUSTER=1: the GEMM role's CTAs are clusters of their own (the grid keeps its two-block
+    # rows); ragged M_local (136: a tile straddles chunks) and N / K not multiples of the tile; with `late`, rank
+    # 1's GEMM rows from row 1 on start 3 ms late and the others claim their tiles
+    rank_env = {1: {"TANDEM_TP_LATE": "1:3000"}} if late else None
+    res = run_ranks(f"{W}:ag_gemm_cluster1", world, ag_shapes=CLAIM_AG_SHAPES, dtypes=["bfloat16", "float16"],
+                    repeats=2, rank_env=rank_env, timeout_s=300)
+    for r in res:
+        assert len(r["ag"]) == 2 * 2 * 2 * len(CLAIM_AG_SHAPES), len(r["ag"])
+        for c in r["ag"]:
+            assert c["gemm_cluster"] == 1 and c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+        assert len(r["cluster1_vs_2"]) == 2 * len(CLAIM_AG_SHAPES)
+        for c in r["cluster1_vs_2"]:
+            assert c["ran"] == [2, 1] and c["differing"] == 0 and c["finite"], c
+    if late:
+        assert res[1]["late"] and all(r["late"] is None for q, r in enumerate(res) if q != 1)
+
+
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gathered_view_holds_until_this_ranks_next_launch(run_ranks, world, mode):

@@ -309,6 +309,46 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     return out
 
 
+def ag_gemm_cluster1(ag_shapes, dtypes, repeats):
+    """The fused AG+GEMM's GEMM role in clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1, tile claims): exact on
+    structured data, in place and out of place, `repeats` launches in a row; and bit for bit the 2x1-cluster
+    kernel's product on random data (a tile's arithmetic does not depend on the cluster that computes it). A
+    rank whose GEMM rows start late (TANDEM_TP_LATE, set by the test) gives its tiles to the others."""
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(ag=[], cluster1_vs_2=[], late=os.environ.get("TANDEM_TP_LATE"))
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            _set_env(TANDEM_TP_CLAIM=1, TANDEM_TP_GEMM_CLUSTER=1)
+            for _ in range(repeats):
+                for (m_local, n, k) in ag_shapes:
+                    for in_place in (False, True):
+                        out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "fused", in_place))
+                        out["ag"][-1]["gemm_cluster"] = int(K.tp_last_fused_gemm_cluster())
+            for (m_local, n, k) in ag_shapes:
+                a = _random((m_local, k), 10 + rank, dtype)
+                b = _random((k, n), 20, dtype)
+                outs, ran = {}, {}
+                for cluster in (2, 1):
+                    _set_env(TANDEM_TP_GEMM_CLUSTER=cluster)
+                    outs[cluster] = tp.ag_gemm(comm, a, b, mode="fused").clone()
+                    ran[cluster] = int(K.tp_last_fused_gemm_cluster())
+                torch.cuda.synchronize()
+                comm.check()
+                out["cluster1_vs_2"].append(dict(
+                    shape=[m_local, n, k], dtype=name, ran=[ran[2], ran[1]],
+                    differing=int((outs[1] != outs[2]).sum()), finite=bool(torch.isfinite(outs[1].float()).all())))
+    finally:
+        _set_env(TANDEM_TP_CLAIM=None, TANDEM_TP_GEMM_CLUSTER=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
 def gathered_view_outlives_peer_launches(m_local, n, k, mode, sleep_ms=50):
     """ag_gemm(return_gathered=True)'s view stays this rank's until this rank's next launch: each rank in turn
     reads its gathered view only ~sleep_ms after its launch, while its peers launch the op again with other data
