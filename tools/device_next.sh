@@ -637,7 +637,7 @@ elif [ "$part" = sw2 ]; then
   [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants \
     --dtypes bfloat16 --out "$W/sw2/op_bf16" 2>&1 | grep -E "geometric|Error"
   rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
-elif [ "$part" = c1 ]; then
+elif [ "$part" = agc1 ]; then
   # branch ag-cluster1 (not run): the fused AG+GEMM's GEMM role in clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1;
   # issue 21: under MPS a rank's 2-CTA persistent clusters were not all resident). Its tests and the claims tests
   # (the arrival scheduler changed for both cluster sizes), then the residency probe and the cores under MPS
@@ -645,7 +645,7 @@ elif [ "$part" = c1 ]; then
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "one_cta_clusters or tile_claims or test_ag_gemm_and_gemm_rs_match_torch"
   W=/tmp/c1; rm -rf "$W"; mkdir -p "$W/c1/w4" "$W/c1/w2" "$W/c1/mps" "$OUT"
-  t=$(( $(left) - 200 )); [ "$t" -gt 90 ] && t=90
+  t=$(( $(left) - 200 )); [ "$t" -gt ${MPS_S:-90} ] && t=${MPS_S:-90}
   [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
     --shapes 16384x2048x4096,16384x7168x8192 --reps 3 --out "$W/c1/mps" 2>&1 | grep -E "^\||residency|Error" | cut -c1-400
   tar czf "$OUT/c1.tgz" -C "$W" c1
