@@ -309,41 +309,45 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     return out
 
 
-def ag_gemm_cluster1(ag_shapes, dtypes, repeats):
-    """The fused AG+GEMM's GEMM role in clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1, tile claims): exact on
-    structured data, in place and out of place, `repeats` launches in a row; and bit for bit the 2x1-cluster
-    kernel's product on random data (a tile's arithmetic does not depend on the cluster that computes it). A
-    rank whose GEMM rows start late (TANDEM_TP_LATE, set by the test) gives its tiles to the others."""
+def ag_gemm_tile256(ag_shapes, dtypes, repeats):
+    """The fused AG+GEMM's GEMM role in 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128, tile claims): exact on
+    structured data, in place and out of place, `repeats` launches in a row; and against the 128x256 kernel on
+    random data (within bf16 rounding: both sum K in the same 64-wide steps, but nothing promises the tensor
+    core's order inside a step across tile shapes; the count of differing elements is reported). A rank whose
+    GEMM rows start late (TANDEM_TP_LATE, set by the test) gives its tiles away."""
     from tandem._native import native
 
     K = native().kernels
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
-    out = dict(ag=[], cluster1_vs_2=[], late=os.environ.get("TANDEM_TP_LATE"))
+    out = dict(ag=[], tile256_vs_128=[], late=os.environ.get("TANDEM_TP_LATE"))
     try:
         for name in dtypes:
             dtype = getattr(torch, name)
-            _set_env(TANDEM_TP_CLAIM=1, TANDEM_TP_GEMM_CLUSTER=1)
+            _set_env(TANDEM_TP_CLAIM=1, TANDEM_TP_GEMM_TILE="256x128")
             for _ in range(repeats):
                 for (m_local, n, k) in ag_shapes:
                     for in_place in (False, True):
                         out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "fused", in_place))
-                        out["ag"][-1]["gemm_cluster"] = int(K.tp_last_fused_gemm_cluster())
+                        out["ag"][-1]["tile_m"] = int(K.tp_last_fused_gemm_tile_m())
             for (m_local, n, k) in ag_shapes:
                 a = _random((m_local, k), 10 + rank, dtype)
                 b = _random((k, n), 20, dtype)
                 outs, ran = {}, {}
-                for cluster in (2, 1):
-                    _set_env(TANDEM_TP_GEMM_CLUSTER=cluster)
-                    outs[cluster] = tp.ag_gemm(comm, a, b, mode="fused").clone()
-                    ran[cluster] = int(K.tp_last_fused_gemm_cluster())
+                for tile in ("128x256", "256x128"):
+                    _set_env(TANDEM_TP_GEMM_TILE=tile)
+                    outs[tile] = tp.ag_gemm(comm, a, b, mode="fused").clone()
+                    ran[tile] = int(K.tp_last_fused_gemm_tile_m())
                 torch.cuda.synchronize()
                 comm.check()
-                out["cluster1_vs_2"].append(dict(
-                    shape=[m_local, n, k], dtype=name, ran=[ran[2], ran[1]],
-                    differing=int((outs[1] != outs[2]).sum()), finite=bool(torch.isfinite(outs[1].float()).all())))
+                out["tile256_vs_128"].append(dict(
+                    shape=[m_local, n, k], dtype=name, ran=[ran["128x256"], ran["256x128"]],
+                    differing=int((outs["256x128"] != outs["128x256"]).sum()),
+                    rel=float((outs["256x128"].float() - outs["128x256"].float()).norm()
+                              / outs["128x256"].float().norm()),
+                    finite=bool(torch.isfinite(outs["256x128"].float()).all())))
     finally:
-        _set_env(TANDEM_TP_CLAIM=None, TANDEM_TP_GEMM_CLUSTER=None)
+        _set_env(TANDEM_TP_CLAIM=None, TANDEM_TP_GEMM_TILE=None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

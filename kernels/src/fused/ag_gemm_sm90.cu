@@ -40,12 +40,12 @@ using namespace detail;
 static_assert(cute::size<0>(gemm::detail::CooperativeConfig::ClusterShape{}) == kClusterX &&
                   cute::size<1>(gemm::detail::CooperativeConfig::ClusterShape{}) == 1,
               "the fused grid's width is the GEMM core's cluster");
-// The same core in clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1): the grid keeps its two-block rows (the comm
-// roles' unit), launched with 1x1x1 clusters, so no block waits for a second SM of its GPC to be free. Why: under
-// MPS, four ranks' persistent 2-CTA clusters were not all resident at once (one rank's 7 of 16 clusters started
-// 1-3 ms late at world 4, docs/results.md); the B tiles are then loaded per CTA instead of multicast to two.
-using Cluster1Config = gemm::detail::Sm90Config<128, 256, 1, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
+// The GEMM role with 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128; 2x1 clusters, cooperative): under MPS the core's
+// cooperative 256x128 ran 0.84x cuBLAS's time at a rank GEMM where 128x256 took 0.90-1.11x (tools/diag/gemm_mps.py,
+// H200, 2026-12-04), and the fused GEMM roles run 128x256 only. (1-CTA clusters were tried and were slower, the
+// same late blocks under MPS: tools/pending/ag-cluster1.diff, docs/results.md 2026-12-06.)
+using Tile256x128Config = gemm::detail::Sm90Config<256, 128, 2, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                                   cutlass::epilogue::TmaWarpSpecializedCooperative>;
 
 template <class GemmKernel>
 struct AgParams {
@@ -181,6 +181,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
                                                                 gemm::ArrivalSchedulerTag>, Config>;
   using Kernel = typename G::Kernel;
   constexpr int kGemmCluster = static_cast<int>(decltype(cute::size<0>(typename Config::ClusterShape{}))::value);
+  constexpr int kTileM = static_cast<int>(decltype(cute::size<0>(typename Config::TileShape{}))::value);
   static_assert(kGemmCluster == kClusterX || kGemmCluster == 1, "GEMM clusters of kClusterX or one CTA");
   const int world = a.comm.world, rank = a.comm.rank;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
@@ -225,7 +226,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     s.chunk_rows = a.m_local;
     s.chunks = world;
     s.first_chunk = rank;
-    s.tile_m = 128;
+    s.tile_m = kTileM;
     s.source_of_chunk0 = 0;
     s.poll_sleep_ns = poll_sleep_ns();
     s.claims = p.claims;
@@ -289,8 +290,8 @@ cudaError_t preload_ag_kernels_with() {
 }
 
 cudaError_t preload_ag_kernels() {
-  if (tile_claims_enabled() && FusedKnobs::from_env().gemm_cluster == 1)
-    return preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag, Cluster1Config>();
+  if (tile_claims_enabled() && FusedKnobs::from_env().gemm_tile_m == 256)
+    return preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag, Tile256x128Config>();
   return tile_claims_enabled() ? preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>()
                                : preload_ag_kernels_with<gemm::ArrivalSchedulerTag>();
 }
@@ -324,12 +325,12 @@ Status run(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
   // tile still waits for its chunk's arrival flag, which the proxy sets for chunks from other nodes
   const bool claims = tile_claims_enabled();
   g_last_fused_claims = claims;
-  // Clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1), with tile claims only: a late CTA's tiles go to the others
-  const bool cluster1 = claims && FusedKnobs::from_env().gemm_cluster == 1;
-  g_last_fused_gemm_cluster = cluster1 ? 1 : kClusterX;
-  if (cluster1)
-    return a.dtype == DType::kFP16 ? run_typed<cutlass::half_t, true, Cluster1Config>(a, stream, true, why)
-                                   : run_typed<cutlass::bfloat16_t, true, Cluster1Config>(a, stream, true, why);
+  // 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128), with tile claims only
+  const bool tile256 = claims && FusedKnobs::from_env().gemm_tile_m == 256;
+  g_last_fused_gemm_tile_m = tile256 ? 256 : 128;
+  if (tile256)
+    return a.dtype == DType::kFP16 ? run_typed<cutlass::half_t, true, Tile256x128Config>(a, stream, true, why)
+                                   : run_typed<cutlass::bfloat16_t, true, Tile256x128Config>(a, stream, true, why);
   if (a.dtype == DType::kFP16)
     return claims ? run_typed<cutlass::half_t, true>(a, stream, true, why)
                   : run_typed<cutlass::half_t>(a, stream, true, why);

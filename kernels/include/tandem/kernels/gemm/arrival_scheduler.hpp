@@ -47,8 +47,8 @@ static_assert(CUTLASS_MAJOR == 4 && CUTLASS_MINOR == 2,
 namespace cutlass::gemm::kernel::detail {
 
 // kClusterM: the GEMM's cluster extent along M (its ClusterShape's first mode), 2 for the core's 2x1 clusters or 1
-// for single-CTA clusters (the fused AG+GEMM's TANDEM_TP_GEMM_CLUSTER=1: under MPS a rank's 2-CTA clusters were
-// not all resident at once, docs/fused-kernels.md). The pinned fused grid stays two blocks wide either way.
+// for single-CTA clusters (measured for the fused AG+GEMM on 2026-12-06 and not kept: tools/pending/ag-cluster1.diff).
+// The pinned fused grid stays two blocks wide either way.
 template <bool kPieces, bool kClaims = false, int kClusterM = 2>
 class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   using Base = PersistentTileSchedulerSm90;
