@@ -638,17 +638,17 @@ elif [ "$part" = sw2 ]; then
     --dtypes bfloat16 --out "$W/sw2/op_bf16" 2>&1 | grep -E "geometric|Error"
   rm -f "$W"/sw2/*/*.png; tar czf "$OUT/sw2.tgz" -C "$W" sw2
 elif [ "$part" = agt ]; then
-  # branch ag-tiles (not run): the fused AG+GEMM's GEMM role in 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128; issue
-  # 21: the fused roles run the core's 128x256 only, and under MPS the core's 256x128 was faster than cuBLAS at a
-  # rank GEMM where 128x256 was not). Its tests, then tp_trace at worlds 4 and 2 with both tiles.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    -k "256x128_tiles or tile_claims or test_ag_gemm_and_gemm_rs_match_torch"
+  # branch ag-tiles (not run): the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles (TANDEM_TP_GEMM_TILE=
+  # 256x128; issue 21: the fused roles run the core's 128x256 only, and under MPS the core's 256x128 was faster
+  # than cuBLAS at a rank GEMM where 128x256 was not). Its tests, then tp_trace at worlds 4 and 2 with both tiles.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "256x128_tiles or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or in_pieces"
   W=/tmp/agt; rm -rf "$W"; mkdir -p "$W/agt/w4" "$W/agt/w2" "$OUT"
   for w in 4 2; do
     t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 150 ] && t=150
     [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096,8192x28672x8192 --ops ag_gemm --comm-blocks 2,4 \
-      --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -16
+      --shapes 16384x8192x4096,16384x8192x28672 --ops ag_gemm,gemm_rs --comm-blocks 2,6 \
+      --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -32
     tar czf "$OUT/agt.tgz" -C "$W" agt
   done
 elif [ "$part" = agc1 ]; then

@@ -28,6 +28,7 @@
 #include <cstdlib>
 
 #include "../gemm/sm90_config.hpp"
+#include "tp_gemm_configs.hpp"
 #include "tp_common.cuh"
 
 namespace tandem::kernels::tp {
@@ -40,12 +41,7 @@ using namespace detail;
 static_assert(cute::size<0>(gemm::detail::CooperativeConfig::ClusterShape{}) == kClusterX &&
                   cute::size<1>(gemm::detail::CooperativeConfig::ClusterShape{}) == 1,
               "the fused grid's width is the GEMM core's cluster");
-// The GEMM role with 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128; 2x1 clusters, cooperative): under MPS the core's
-// cooperative 256x128 ran 0.84x cuBLAS's time at a rank GEMM where 128x256 took 0.90-1.11x (tools/diag/gemm_mps.py,
-// H200, 2026-12-04), and the fused GEMM roles run 128x256 only. (1-CTA clusters were tried and were slower, the
-// same late blocks under MPS: tools/pending/ag-cluster1.diff, docs/results.md 2026-12-06.)
-using Tile256x128Config = gemm::detail::Sm90Config<256, 128, 2, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
-                                                   cutlass::epilogue::TmaWarpSpecializedCooperative>;
+// The GEMM role may run 256x128 tiles instead (TANDEM_TP_GEMM_TILE=256x128): tp_gemm_configs.hpp.
 
 template <class GemmKernel>
 struct AgParams {
