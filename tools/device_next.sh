@@ -647,7 +647,7 @@ elif [ "$part" = agt ]; then
   for w in 4 2; do
     t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 150 ] && t=150
     [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096,16384x8192x28672 --ops ag_gemm,gemm_rs --comm-blocks 2,6 \
+      --shapes 16384x8192x4096,8192x8192x28672 --ops ag_gemm,gemm_rs --comm-blocks 2,6 \
       --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -32
     tar czf "$OUT/agt.tgz" -C "$W" agt
   done
