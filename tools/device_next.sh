@@ -704,6 +704,39 @@ elif [ "$part" = ovs ]; then
       --out "$W/ovs/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -30
     tar czf "$OUT/ovs.tgz" -C "$W" ovs
   done
+elif [ "$part" = agt ]; then
+  # branch ag-tiles (not run): the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles (TANDEM_TP_GEMM_TILE=
+  # 256x128; issue 21: the fused roles run the core's 128x256 only, and under MPS the core's 256x128 was faster
+  # than cuBLAS at a rank GEMM where 128x256 was not). Its tests, then tp_trace at worlds 4 and 2 with both tiles.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "256x128_tiles or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or in_pieces"
+  W=/tmp/agt; rm -rf "$W"; mkdir -p "$W/agt/w4" "$W/agt/w2" "$OUT"
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,8192x8192x28672 --ops ag_gemm,gemm_rs --comm-blocks 2,6 \
+      --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -32
+    tar czf "$OUT/agt.tgz" -C "$W" agt
+  done
+elif [ "$part" = agc1 ]; then
+  # branch ag-cluster1 (not run): the fused AG+GEMM's GEMM role in clusters of one CTA (TANDEM_TP_GEMM_CLUSTER=1;
+  # issue 21: under MPS a rank's 2-CTA persistent clusters were not all resident). Its tests and the claims tests
+  # (the arrival scheduler changed for both cluster sizes), then the residency probe and the cores under MPS
+  # (gemm_mps.py), then tp_trace at world 4 and 2: AG+GEMM with 2x1 and 1x1 clusters, comm blocks 2 and 4.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "one_cta_clusters or tile_claims or test_ag_gemm_and_gemm_rs_match_torch"
+  W=/tmp/c1; rm -rf "$W"; mkdir -p "$W/c1/w4" "$W/c1/w2" "$W/c1/mps" "$OUT"
+  t=$(( $(left) - 200 )); [ "$t" -gt ${MPS_S:-90} ] && t=${MPS_S:-90}
+  [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+    --shapes 16384x2048x4096,16384x7168x8192 --reps 3 --out "$W/c1/mps" 2>&1 | grep -E "^\||residency|Error" | cut -c1-400
+  tar czf "$OUT/c1.tgz" -C "$W" c1
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,8192x28672x8192 --ops ag_gemm --comm-blocks 2,4 \
+      --variants "base;TANDEM_TP_GEMM_CLUSTER=1" --reps 5 --out "$W/c1/w$w" 2>&1 | grep -vE "^\s*$" | tail -14
+    tar czf "$OUT/c1.tgz" -C "$W" c1
+  done
 elif [ "$part" = f8 ]; then
   # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
   # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
