@@ -225,6 +225,20 @@
 #      with .carry/before-f8s (main's python and module at b35971a).
 #   5. ra on branch gemm-run-at (a host-side refactor of the GEMM ops' launches; git apply tools/pending/gemm-run-at.diff
 #      on 026368a if the branch is gone): test_gemm whole and the host path; merge if green.
+# 2026-12-06 17:45 (fifteenth session; H100 GPU-4085bcaa, 16:53-17:12, after seven refused starts): ovs on main
+# (the residency probe: one rank of four starts on 18 of its 32 SMs in every launch, 1- or 2-CTA clusters alike;
+# grids above the share do not help; the core on the share 1.01-1.08x cuBLAS), agt (ag-tiles' 22 tests passed;
+# merged as an option), the FP8 sweep and the FP8 table rebuilt from it (op geomeans met, lowest not).
+# Next session, in this order:
+#   1. share on main (issue 21): the residency probe at launcher shares 20-24 % (which share fits four ranks at
+#      once), then tp_trace and bench tp (fused against naive, both at that share; SHARE_PCT=<pct> picks it):
+#        run(command="export OUT; TANDEM_COMMIT=<hash> SHARE_PCT=21 CALL_S=560 timeout 570 bash tools/device_next.sh share",
+#            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module, SOURCES 27db04b)
+#      If a share has no late rank and fused gains, make it the launcher's default for 4 ranks a GPU
+#      (tandem/launch.py _DEFAULT_PERCENT) and rerun bench tp at worlds 4 and 2 (tp_w4/tp_w2.json).
+#   2. The GEMM+RS reduce role at 2-4 blocks (world 2, c=2: 9.4 ms against the core's 1.74): bytes in flight.
+#   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
+#   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -737,6 +751,35 @@ elif [ "$part" = agc1 ]; then
       --variants "base;TANDEM_TP_GEMM_CLUSTER=1" --reps 5 --out "$W/c1/w$w" 2>&1 | grep -vE "^\s*$" | tail -14
     tar czf "$OUT/c1.tgz" -C "$W" c1
   done
+elif [ "$part" = share ]; then
+  # issue 21: a launcher share at which every rank's grid is resident at once. At 25 % (32 SMs a rank) one rank of
+  # four starts on 18 SMs in every launch (2026-12-06 16:53, 114 of 132 SMs in use; world 2: 30 of 66). The probe
+  # at smaller shares (TANDEM_SM_PERCENT), then at the first share with no late rank: tp_trace, and bench tp's
+  # naive pipeline against fused at that share (the same share for both, so the comparison stays fair).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/share; rm -rf "$W"; mkdir -p "$W/share" "$OUT"
+  for pct in 20 21 22 23 24; do
+    mkdir -p "$W/share/p$pct"
+    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+      --shapes "" --probe-grids 24,26,28,30 --out "$W/share/p$pct" > "$W/share/p$pct/log" 2>&1
+    python3 - "$W/share/p$pct" $pct <<'PY'
+import json, glob, sys
+late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+print(f"share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 24, 26, 28, 30): {late}")
+PY
+  done
+  tar czf "$OUT/share.tgz" -C "$W" share
+  pct=${SHARE_PCT:-21}
+  t=$(( $(left) - 200 )); [ "$t" -gt 150 ] && t=150
+  [ "$t" -gt 40 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops ag_gemm,gemm_rs --comm-blocks 2,4 --reps 5 \
+    --out "$W/share/trace" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
+  t=$(( $(left) - 10 )); [ "$t" -gt 180 ] && t=180
+  [ "$t" -gt 60 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
 elif [ "$part" = f8 ]; then
   # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
   # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
