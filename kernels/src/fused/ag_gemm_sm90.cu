@@ -286,10 +286,15 @@ cudaError_t preload_ag_kernels_with() {
 }
 
 cudaError_t preload_ag_kernels() {
-  if (tile_claims_enabled() && FusedKnobs::from_env().gemm_tile_m == 256)
-    return preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag, Tile256x128Config>();
-  return tile_claims_enabled() ? preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>()
-                               : preload_ag_kernels_with<gemm::ArrivalSchedulerTag>();
+  // Every variant, whatever TANDEM_TP_CLAIM / TANDEM_TP_GEMM_TILE say now: they are read at every launch, and the
+  // Python side preloads once a process, so a knob changed later must not make a launch load its kernel while a
+  // peer waits (docs/reliability.md).
+  const cudaError_t e[] = {preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>(),
+                           preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag, Tile256x128Config>(),
+                           preload_ag_kernels_with<gemm::ArrivalSchedulerTag>()};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
 }
 
 size_t workspace_size(const AgGemmArgs& a) {

@@ -415,20 +415,20 @@ cudaError_t preload_rs_kernel() {
 }
 
 cudaError_t preload_rs_kernels() {
-  // The unfused path's (static) kernels always; the fused ones of the current tile-claim setting.
-  const bool claims = tile_claims_enabled();
-  const bool tile256 = claims && FusedKnobs::from_env().gemm_tile_m == 256;
-  const cudaError_t e[] = {
-      tile256 ? preload_rs_kernel<cutlass::bfloat16_t, false, true, Tile256x128Config>() : cudaSuccess,
-      tile256 ? preload_rs_kernel<cutlass::half_t, false, true, Tile256x128Config>() : cudaSuccess,
-      tile256 ? preload_rs_kernel<cutlass::bfloat16_t, true, true, Tile256x128Config>() : cudaSuccess,
-      tile256 ? preload_rs_kernel<cutlass::half_t, true, true, Tile256x128Config>() : cudaSuccess,
-      preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
-      preload_rs_kernel<cutlass::half_t, false, false>(),
-      claims ? preload_rs_kernel<cutlass::bfloat16_t, false, true>() : cudaSuccess,
-      claims ? preload_rs_kernel<cutlass::half_t, false, true>() : cudaSuccess,
-      claims ? preload_rs_kernel<cutlass::bfloat16_t, true, true>() : preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
-      claims ? preload_rs_kernel<cutlass::half_t, true, true>() : preload_rs_kernel<cutlass::half_t, true, false>()};
+  // Every variant, whatever TANDEM_TP_CLAIM / TANDEM_TP_GEMM_TILE say now (read at every launch; preloaded once
+  // a process: as preload_ag_kernels).
+  const cudaError_t e[] = {preload_rs_kernel<cutlass::bfloat16_t, false, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::half_t, false, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::half_t, true, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
+                           preload_rs_kernel<cutlass::half_t, false, false>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, false, true>(),
+                           preload_rs_kernel<cutlass::half_t, false, true>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, true>(),
+                           preload_rs_kernel<cutlass::half_t, true, true>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
+                           preload_rs_kernel<cutlass::half_t, true, false>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
