@@ -732,6 +732,35 @@ elif [ "$part" = agt ]; then
       --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -32
     tar czf "$OUT/agt.tgz" -C "$W" agt
   done
+elif [ "$part" = share ]; then
+  # issue 21: a launcher share at which every rank's grid is resident at once. At 25 % (32 SMs a rank) one rank of
+  # four starts on 18 SMs in every launch (2026-12-06 16:53, 114 of 132 SMs in use; world 2: 30 of 66). The probe
+  # at smaller shares (TANDEM_SM_PERCENT), then at the first share with no late rank: tp_trace, and bench tp's
+  # naive pipeline against fused at that share (the same share for both, so the comparison stays fair).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/share; rm -rf "$W"; mkdir -p "$W/share" "$OUT"
+  for pct in 20 21 22 23 24; do
+    mkdir -p "$W/share/p$pct"
+    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+      --shapes "" --probe-grids 24,26,28,30 --out "$W/share/p$pct" > "$W/share/p$pct/log" 2>&1
+    python3 - "$W/share/p$pct" $pct <<'PY'
+import json, glob, sys
+late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+print(f"share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 24, 26, 28, 30): {late}")
+PY
+  done
+  tar czf "$OUT/share.tgz" -C "$W" share
+  pct=${SHARE_PCT:-21}
+  t=$(( $(left) - 200 )); [ "$t" -gt 150 ] && t=150
+  [ "$t" -gt 40 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops ag_gemm,gemm_rs --comm-blocks 2,4 --reps 5 \
+    --out "$W/share/trace" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
+  t=$(( $(left) - 10 )); [ "$t" -gt 180 ] && t=180
+  [ "$t" -gt 60 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
 elif [ "$part" = f8 ]; then
   # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
   # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
