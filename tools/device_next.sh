@@ -233,10 +233,15 @@
 #   1. share on main (issue 21): the residency probe at launcher shares 20-24 % (which share fits four ranks at
 #      once), then tp_trace and bench tp (fused against naive, both at that share; SHARE_PCT=<pct> picks it):
 #        run(command="export OUT; TANDEM_COMMIT=<hash> SHARE_PCT=21 CALL_S=560 timeout 570 bash tools/device_next.sh share",
-#            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module, SOURCES 27db04b)
+#            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module: SOURCES must equal
+#                                                            tools/native_sources_hash.sh; 102b35e at d4e8922)
+#      The call also runs main's changes since the 16:53 run for the first time (9e19570: every fused variant
+#      preloaded; e756288: the peer monitor counts a refusal before closing): add test_tp -k "256x128 or claims"
+#      and test_transport to it, or run the whole GPU suite when the budget allows.
 #      If a share has no late rank and fused gains, make it the launcher's default for 4 ranks a GPU
 #      (tandem/launch.py _DEFAULT_PERCENT) and rerun bench tp at worlds 4 and 2 (tp_w4/tp_w2.json).
-#   2. The GEMM+RS reduce role at 2-4 blocks (world 2, c=2: 9.4 ms against the core's 1.74): bytes in flight.
+#   2. rss on branch rs-staged (the GEMM+RS reduce role's loads staged through shared memory: world 2, c=2 took
+#      9.4 ms against the core's 1.74): module .carry/prebuilt-rs-staged if built (else build it there).
 #   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
 #   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
