@@ -755,6 +755,17 @@ sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/
 print(f"share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 24, 26, 28, 30): {late}")
 PY
   done
+  for pct in 36 40 45; do  # world 2: at 50 % the second rank starts on 30 of its 66 SMs (96 of 132 in use)
+    mkdir -p "$W/share/w2p$pct"
+    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 2 -- python3 tools/diag/gemm_mps.py \
+      --shapes "" --probe-grids 40,44,48,52 --out "$W/share/w2p$pct" > "$W/share/w2p$pct/log" 2>&1
+    python3 - "$W/share/w2p$pct" $pct <<'PY'
+import json, glob, sys
+late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+print(f"world 2, share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 40, 44, 48, 52): {late}")
+PY
+  done
   tar czf "$OUT/share.tgz" -C "$W" share
   pct=${SHARE_PCT:-21}
   t=$(( $(left) - 200 )); [ "$t" -gt 150 ] && t=150
