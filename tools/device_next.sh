@@ -767,6 +767,12 @@ print(f"world 2, share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and
 PY
   done
   tar czf "$OUT/share.tgz" -C "$W" share
+  # the other way to the same end, at the default 25 %: grids of 28 of the 32 SMs (4 x 28 = 112 <= 114), which
+  # GEMM+RS/AR already use at 4 ranks a GPU (tp_plan.fused_grid_sms) and AG+GEMM does not
+  timeout -s INT -k 10 120 python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py --shapes 16384x8192x4096 \
+    --ops ag_gemm,gemm_rs --comm-blocks 2,4 --sm-counts 0,28 --reps 5 --out "$W/share/grid28" 2>&1 \
+    | grep -E "^(ag_gemm|gemm_rs).*late|Error" | cut -c1-200
+  tar czf "$OUT/share.tgz" -C "$W" share
   pct=${SHARE_PCT:-21}
   t=$(( $(left) - 200 )); [ "$t" -gt 150 ] && t=150
   [ "$t" -gt 40 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
