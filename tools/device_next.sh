@@ -240,6 +240,9 @@
 #      and test_transport to it, or run the whole GPU suite when the budget allows.
 #      If a share has no late rank and fused gains, make it the launcher's default for 4 ranks a GPU
 #      (tandem/launch.py _DEFAULT_PERCENT) and rerun bench tp at worlds 4 and 2 (tp_w4/tp_w2.json).
+#   1b. fp8m on main (issue 23, ~4 min): the FP8 table from two sweeps' medians against the shipped one; ship it if
+#      its lowest shape is higher in both runs (cp docs/results/gemm_fp8_table/table_median_candidate.json
+#      python/tandem/ops/gemm_tune_h100.json).
 #   2. rss on branch rs-staged (the GEMM+RS reduce role's loads staged through shared memory: world 2, c=2 took
 #      9.4 ms against the core's 1.74): module .carry/prebuilt-rs-staged if built (else build it there).
 #   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
@@ -783,6 +786,23 @@ PY
   [ "$t" -gt 60 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
     --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
   tar czf "$OUT/share.tgz" -C "$W" share
+elif [ "$part" = fp8m ]; then
+  # issue 23: the FP8 table from the median of two post-overlap sweeps (docs/results/gemm_fp8_table/
+  # table_median_candidate.json: gemm_fp8_overlap/sweep_partial.json + gemm_fp8_table/sweep_fp8.json, tune gemm's
+  # median merge) against the shipped one (one sweep), the op at all 24 shapes, twice each, alternating.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/fp8m; rm -rf "$W"; mkdir -p "$W/fp8m" "$OUT"; T=python/tandem/ops/gemm_tune_h100.json
+  cp $T "$W/shipped.json"
+  for run in 1 2; do
+    for side in shipped median; do
+      [ $side = median ] && cp docs/results/gemm_fp8_table/table_median_candidate.json $T || cp "$W/shipped.json" $T
+      t=$(( $(left) - 15 )); [ "$t" -gt 100 ] && t=100
+      [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --no-variants \
+        --reps 10 --out "$W/fp8m/${side}_$run" 2>&1 | grep -E "geometric" | sed "s/^/$side $run: /"
+      rm -f "$W"/fp8m/*/*.png; tar czf "$OUT/fp8m.tgz" -C "$W" fp8m
+    done
+  done
+  cp "$W/shipped.json" $T
 elif [ "$part" = f8 ]; then
   # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
   # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
