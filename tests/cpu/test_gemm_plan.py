@@ -186,6 +186,25 @@ def test_several_sweeps_are_merged_by_each_configurations_median_time(tmp_path):
     assert only["variant"] == "fp8_pingpong_64x128_c1" and only["ms"] == 0.95
 
 
+def test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps_in_docs_results(tmp_path):
+    # provenance: python/tandem/ops/gemm_tune_h100.json = `tandem tune gemm --from-bench` of the bf16 sweep
+    # (docs/results/gemm_swap208) and the FP8 sweep (docs/results/gemm_fp8_table, 2026-12-06) it was made from;
+    # a hand edit, or a table rebuilt from files that are not kept, fails here
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sweeps = [os.path.join(root, "docs/results/gemm_swap208/sweep_bf16.json"),
+              os.path.join(root, "docs/results/gemm_fp8_table/sweep_fp8.json")]
+    out = str(tmp_path / "table.json")
+    gemm_plan.write_table(gemm_plan.rows_from_bench(sweeps), out)
+    with open(out) as f:
+        rebuilt = json.load(f)
+    with open(os.path.join(root, "python/tandem/ops/gemm_tune_h100.json")) as f:
+        shipped = json.load(f)
+    assert len(rebuilt) == len(shipped) == 72
+    assert rebuilt == shipped
+
+
 def test_the_planner_names_exactly_the_native_configurations():
     from tests.conftest import native_kernels
 
