@@ -242,7 +242,8 @@
 #      (tandem/launch.py _DEFAULT_PERCENT) and rerun bench tp at worlds 4 and 2 (tp_w4/tp_w2.json).
 #   1b. fp8m on main (issue 23, ~4 min): the FP8 table from two sweeps' medians against the shipped one; ship it if
 #      its lowest shape is higher in both runs (cp docs/results/gemm_fp8_table/table_median_candidate.json
-#      python/tandem/ops/gemm_tune_h100.json).
+#      python/tandem/ops/gemm_tune_h100.json, and add docs/results/gemm_fp8_overlap/sweep_partial.json to the
+#      sweeps of tests/cpu/test_gemm_plan.py::test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps...).
 #   2. rss on branch rs-staged (the GEMM+RS reduce role's loads staged through shared memory: world 2, c=2 took
 #      9.4 ms against the core's 1.74): module .carry/prebuilt-rs-staged if built (else build it there).
 #   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
