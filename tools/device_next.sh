@@ -246,7 +246,8 @@
 #      sweeps of tests/cpu/test_gemm_plan.py::test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps...).
 #   2. rss on branch rs-staged (the GEMM+RS reduce role's loads staged through shared memory: world 2, c=2 took
 #      9.4 ms against the core's 1.74): module .carry/prebuilt-rs-staged if built (else build it there).
-#   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
+#   3. fp8-split (C7514 gone since bbfae21; main merged in at 620c705): part f8s, with .carry/prebuilt-fp8-split as
+#      .carry/prebuilt and .carry/before-f8s = main at 967ea83 (python + module); carry both (60 MB with .whl).
 #   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
