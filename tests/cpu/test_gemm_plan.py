@@ -163,27 +163,35 @@ def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_w
 
 def test_several_sweeps_are_merged_by_each_configurations_median_time(tmp_path):
     # one sweep's single timing picks either of two configurations a few percent apart; with three sweeps of the
-    # same shape the table takes the configuration whose median time is lowest, schedules merged the same way
-    def sweep(name, pingpong, coop, sched):
+    # same shape the table takes the configuration whose median time is lowest. A tile schedule counts only where
+    # every sweep that timed its configuration timed it too (bench times schedules only for a sweep's fastest
+    # configurations), at the configuration's median time times the median of its ratios to the default.
+    def sweep(name, pingpong, coop, sched, lucky=None):
         path = tmp_path / name
+        schedules = {"fp8_coop_128x128_c1/s2/along_m": sched}
+        if lucky is not None:
+            schedules["fp8_coop_128x128_c1/s4/along_n"] = lucky
         path.write_text(json.dumps([dict(m=4096, n=4096, k=4096, dtype="float8_e4m3fn", scaling="tensor", sm_count=132,
                                          variants_ms={"fp8_pingpong_64x128_c1": pingpong, "fp8_coop_128x128_c1": coop},
-                                         schedules_ms={"fp8_coop_128x128_c1/s2/along_m": sched}),
+                                         schedules_ms=schedules),
                                     dict(m=512, n=4096, k=4096, dtype="bfloat16", scaling="none", sm_count=132,
                                          variants_ms={"coop_128x256_c2": 0.2})]))
         return str(path)
 
-    paths = [sweep("a.json", 0.95, 1.00, None), sweep("b.json", 1.20, 1.00, 0.90), sweep("c.json", 1.10, 1.05, 0.99)]
+    paths = [sweep("a.json", 0.95, 1.00, 0.97), sweep("b.json", 1.20, 1.00, 0.90, lucky=0.5),
+             sweep("c.json", 1.10, 1.05, 0.99)]
     rows = {(r["kind"], r["m"]): r for r in gemm_plan.rows_from_bench(paths)}
     assert len(rows) == 2  # one row a shape, not one a file
     fp8 = rows[("fp8_tensor", 4096)]
-    # medians: ping-pong 1.10, coop 1.00; the schedule's 0.945 (the two files that timed it) beats coop by > margin
+    # medians: ping-pong 1.10, coop 1.00; the schedule's ratios 0.97, 0.90, 0.99 / 1.05: median 0.9429, so
+    # 0.9429 ms, more than the margin below coop's 1.00; the s4 schedule timed in one sweep of three is dropped
     assert fp8["candidates"] == {"fp8_pingpong_64x128_c1": 1.10, "fp8_coop_128x128_c1": 1.00}
+    assert set(fp8["schedules"]) == {"fp8_coop_128x128_c1/s2/along_m"}, fp8["schedules"]
     assert fp8["variant"] == "fp8_coop_128x128_c1" and fp8["raster"] == "along_m" and fp8["swizzle"] == 2
-    assert abs(fp8["ms"] - 0.945) < 1e-9
-    # a single file gives that file's times, as before
-    (only,) = [r for r in gemm_plan.rows_from_bench([paths[0]]) if r["kind"] == "fp8_tensor"]
-    assert only["variant"] == "fp8_pingpong_64x128_c1" and only["ms"] == 0.95
+    assert abs(fp8["ms"] - 0.99 / 1.05) < 1e-9
+    # a shape timed once keeps its times as they are (the s4 schedule of that one sweep wins there)
+    (only,) = [r for r in gemm_plan.rows_from_bench([paths[1]]) if r["kind"] == "fp8_tensor"]
+    assert only["variant"] == "fp8_coop_128x128_c1" and only["ms"] == 0.5 and only["swizzle"] == 4
 
 
 def test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps_in_docs_results(tmp_path):

@@ -15,7 +15,8 @@ tp_common.cuh: swizzle, raster, chunk order, one-pass reduction), every rank at 
     python -m tandem.launch -n 4 -- python tools/diag/tp_trace.py [--shapes MxNxK,...] [--ops gemm_rs,...]
         [--comm-blocks 6,2] [--variants "base;TANDEM_RS_REDUCE=onepass"] [--out DIR]
 
-Writes tp_trace_r{rank}.json (summaries and the raw stamps) into --out; rank 0 prints its table.
+Writes tp_trace_r{rank}.json (summaries and the raw stamps) into --out; rank 0 prints its table, then (with --out,
+read back from every rank's file) every rank's fused time and late blocks: an op takes its slowest rank's time.
 """
 
 import argparse
@@ -208,7 +209,10 @@ if rank == 0:
         if path and os.path.exists(path):
             with open(path) as fh:
                 every.append(json.load(fh)["rows"])
-    if len(every) == world:
+    if len(every) != world:
+        print(f"# every rank's summary skipped: {len(every)} of {world} ranks' files in --out "
+              f"({args.out or 'not set'})")
+    else:
         print("# every rank: fused ms (min-max, slowest rank), blocks > 20 us late per rank")
         for i, r in enumerate(results):
             fused = [rows[i].get("fused_ms") for rows in every]

@@ -289,11 +289,17 @@ def write_table(rows: list, path: str | None = None) -> str:
 
 
 def _merged_bench_rows(paths) -> list:
-    """The bench rows of several `bench gemm` outputs, one per (kind, SM count, M, N, K): where more than one file
-    timed a shape, each configuration's (and tile schedule's) time is the median of the files that timed it. One
-    sweep's single timing of two configurations a few percent apart picks either by chance (2026-12-06: a FP8 row
-    whose choice moved between sweeps ran 0.87 of _scaled_mm instead of 1.10); the median of several sweeps picks
-    the one that is faster more often."""
+    """The bench rows of `bench gemm` outputs, one per (kind, SM count, M, N, K), merged where a shape was timed
+    more than once (in several files, or twice in one): each configuration's time is the median of its timings
+    (with two, their mean). One sweep's single timing of two configurations a few percent apart picks either by
+    chance (2026-12-06: a FP8 row whose choice moved between sweeps ran 0.87 of _scaled_mm instead of 1.10).
+
+    Tile schedules (schedules_ms) are timed by `bench gemm --schedules` only for each sweep's fastest
+    configurations, so a schedule may be timed in fewer rows than its configuration. A schedule is kept only where
+    it was timed in every row that timed its configuration's default schedule, and its time is that configuration's
+    merged default time times the median of its per-row ratio to the default: a schedule timed only where its
+    configuration happened to run fast is not compared with a default that was also timed where it ran slow. A
+    shape timed once keeps its times as they are. (SM count stands for the GPU model: merge sweeps of one model.)"""
     groups = {}
     for p in paths:
         with open(p) as f:
@@ -307,13 +313,26 @@ def _merged_bench_rows(paths) -> list:
     merged = []
     for (kind, sms, m, n, k), rs in groups.items():
         row = dict(kind=kind, sm_count=sms, m=m, n=n, k=k)
-        for field in ("variants_ms", "schedules_ms"):
-            timed = {}
-            for r in rs:
-                for name, t in (r.get(field) or {}).items():
-                    if t is not None:
-                        timed.setdefault(name, []).append(float(t))
-            row[field] = {name: statistics.median(ts) for name, ts in timed.items()}
+        if len(rs) == 1:
+            row["variants_ms"] = {v: t for v, t in (rs[0].get("variants_ms") or {}).items() if t is not None}
+            row["schedules_ms"] = {v: t for v, t in (rs[0].get("schedules_ms") or {}).items() if t is not None}
+            merged.append(row)
+            continue
+        defaults = {}
+        for r in rs:
+            for name, t in (r.get("variants_ms") or {}).items():
+                if t is not None:
+                    defaults.setdefault(name, []).append(float(t))
+        row["variants_ms"] = {name: statistics.median(ts) for name, ts in defaults.items()}
+        ratios = {}
+        for r in rs:
+            base = r.get("variants_ms") or {}
+            for name, t in (r.get("schedules_ms") or {}).items():
+                variant = name.split("/", 1)[0]
+                if t is not None and base.get(variant):
+                    ratios.setdefault(name, []).append(float(t) / float(base[variant]))
+        row["schedules_ms"] = {name: row["variants_ms"][name.split("/", 1)[0]] * statistics.median(q)
+                               for name, q in ratios.items() if len(q) == len(defaults[name.split("/", 1)[0]])}
         merged.append(row)
     return merged
 
@@ -321,7 +340,7 @@ def _merged_bench_rows(paths) -> list:
 def rows_from_bench(paths) -> list:
     """Table rows from `python -m tandem bench gemm` outputs (gemm_w1.json): per shape and kind (bf16, FP8
     tensor-wise, FP8 row-wise) with per-configuration times (variants_ms), the fastest configuration, on the SM
-    count of that run's device."""
+    count of that run's device; a shape timed more than once is merged first (_merged_bench_rows)."""
     rows = []
     for r in _merged_bench_rows(paths):
         kind = r["kind"]
