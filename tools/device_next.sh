@@ -749,28 +749,25 @@ elif [ "$part" = share ]; then
   # naive pipeline against fused at that share (the same share for both, so the comparison stays fair).
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/share; rm -rf "$W"; mkdir -p "$W/share" "$OUT"
-  for pct in 20 21 22 23 24; do
-    mkdir -p "$W/share/p$pct"
-    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
-      --shapes "" --probe-grids 24,26,28,30 --out "$W/share/p$pct" > "$W/share/p$pct/log" 2>&1
-    python3 - "$W/share/p$pct" $pct <<'PY'
+  # probe_shares WORLD GRIDS PCT...: the residency probe at each launcher share, one line a share
+  probe_shares() {
+    local w=$1 grids=$2 pct; shift 2
+    for pct in "$@"; do
+      mkdir -p "$W/share/w${w}p$pct"
+      TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n $w -- python3 tools/diag/gemm_mps.py \
+        --shapes "" --probe-grids $grids --out "$W/share/w${w}p$pct" > "$W/share/w${w}p$pct/log" 2>&1
+      python3 - "$W/share/w${w}p$pct" $w $pct $grids <<'PY'
 import json, glob, sys
-late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
-sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
-print(f"share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 24, 26, 28, 30): {late}")
+runs = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+late = [[p.get("late_blocks") for p in r["residency"]] for r in runs]
+print(f"world {sys.argv[2]}, share {sys.argv[3]} %: SMs a rank {[r['sm_count'] for r in runs]}; late CTAs per rank "
+      f"and probe (share/c1, share/c2, device/c2, {sys.argv[4]}): {late}")
 PY
-  done
-  for pct in 36 40 45; do  # world 2: at 50 % the second rank starts on 30 of its 66 SMs (96 of 132 in use)
-    mkdir -p "$W/share/w2p$pct"
-    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 2 -- python3 tools/diag/gemm_mps.py \
-      --shapes "" --probe-grids 40,44,48,52 --out "$W/share/w2p$pct" > "$W/share/w2p$pct/log" 2>&1
-    python3 - "$W/share/w2p$pct" $pct <<'PY'
-import json, glob, sys
-late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
-sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
-print(f"world 2, share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 40, 44, 48, 52): {late}")
-PY
-  done
+    done
+  }
+  probe_shares 4 24,26,28,30 20 21 22 23 24
+  # world 2: at 50 % the second rank starts on 30 of its 66 SMs (96 of 132 in use)
+  probe_shares 2 40,44,48,52 36 40 45
   tar czf "$OUT/share.tgz" -C "$W" share
   # the other way to the same end, at the default 25 %: grids of 28 of the 32 SMs (4 x 28 = 112 <= 114), which
   # GEMM+RS/AR already use at 4 ranks a GPU (tp_plan.fused_grid_sms) and AG+GEMM does not

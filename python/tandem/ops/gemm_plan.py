@@ -324,15 +324,15 @@ def _merged_bench_rows(paths) -> list:
                 if t is not None:
                     defaults.setdefault(name, []).append(float(t))
         row["variants_ms"] = {name: statistics.median(ts) for name, ts in defaults.items()}
-        ratios = {}
+        ratios = {}  # schedule name -> (its configuration, its time / that configuration's default, per row)
         for r in rs:
             base = r.get("variants_ms") or {}
             for name, t in (r.get("schedules_ms") or {}).items():
-                variant = name.split("/", 1)[0]
+                variant = name.split("/", 1)[0]  # Schedule.name(): "<variant>/s<swizzle>/<raster>"
                 if t is not None and base.get(variant):
-                    ratios.setdefault(name, []).append(float(t) / float(base[variant]))
-        row["schedules_ms"] = {name: row["variants_ms"][name.split("/", 1)[0]] * statistics.median(q)
-                               for name, q in ratios.items() if len(q) == len(defaults[name.split("/", 1)[0]])}
+                    ratios.setdefault(name, (variant, []))[1].append(float(t) / float(base[variant]))
+        row["schedules_ms"] = {name: row["variants_ms"][v] * statistics.median(q)
+                               for name, (v, q) in ratios.items() if len(q) == len(defaults[v])}
         merged.append(row)
     return merged
 
