@@ -27,6 +27,24 @@ def test_tuned_entry_wins_over_the_model(tmp_path, monkeypatch):
     assert tp_plan.lookup("gemm_rs", 4, 66, 16384, 8192, 1024) is None
 
 
+def test_an_entry_at_a_nearby_sm_count_stands_in_for_a_missing_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(tmp_path / "tune.json"))
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    shape = dict(m=16384, n=8192, k=1024)
+    tp_plan.write_table([dict(op="gemm_rs", world=4, sms=32, mode="fused", comm_blocks=8, ms=1.0, **shape),
+                         dict(op="gemm_rs", world=4, sms=40, mode="unfused", comm_blocks=0, ms=1.0, **shape),
+                         dict(op="ag_gemm", world=4, sms=26, mode="pipelined", comm_blocks=0, ms=1.0, **shape)])
+    at = lambda op, sms: tp_plan.lookup(op, 4, sms, 16384, 8192, 1024)  # noqa: E731
+    assert at("gemm_rs", 32) == ("fused", 8) and at("gemm_rs", 40) == ("unfused", 0)  # exact keys
+    assert at("gemm_rs", 26) == ("fused", 6)  # 32 is closest; 8 blocks are more than a quarter of 26 SMs
+    assert at("gemm_rs", 35) == ("fused", 8) and at("gemm_rs", 37) == ("unfused", 0)  # the closer count
+    assert at("gemm_rs", 36) == ("unfused", 0)  # a tie: the larger count
+    assert at("gemm_rs", 23) is None and at("gemm_rs", 60) is None  # beyond a third more or less: none
+    assert at("ag_gemm", 32) == ("pipelined", 0) and at("ag_gemm", 20) == ("pipelined", 0)
+    assert tp_plan.lookup("gemm_rs", 2, 32, 16384, 8192, 1024) is None  # another world never stands in
+    assert tp_plan.lookup("gemm_rs", 4, 32, 4096, 8192, 1024) is None  # nor another bucket
+
+
 def test_write_table_merges_and_replaces(tmp_path):
     path = str(tmp_path / "t.json")
     row = dict(op="ag_gemm", world=2, sms=66, m=8192, n=4096, k=8192, mode="fused", comm_blocks=4, ms=2.0)

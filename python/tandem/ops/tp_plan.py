@@ -67,9 +67,50 @@ def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
     return (op, int(world), int(sms), bucket(m), bucket(n), bucket(k))
 
 
+# A table entry measured at another SM count stands in for a missing one when the counts are within this factor
+# of each other (the closest count wins). Why: the tables are measured at the launcher's shares (32 SMs a rank at 4
+# ranks a GPU, 66 at 2, 132 alone), while a caller's sm_count or another share (TANDEM_SM_PERCENT) asks for counts
+# no sweep timed; the cost model is then the only other answer (2026-12-06, H100, world 4 at 26 SMs a rank, AG+GEMM
+# 16384x8192x4096: the model picked unfused, 7.86 ms, where the 32-SM entry's pipelined ran 7.56). Beyond a third
+# more or less SMs the choice between modes shifts (the split's cost grows as SMs shrink) and the model decides.
+NEAR_SMS_FACTOR = 4 / 3
+
+
+def _near_sms(table: dict, k: tuple):
+    """The entry of `table` with k's op, world and buckets at the SM count closest to k's (ties: the larger count),
+    within NEAR_SMS_FACTOR; a fused entry's comm_blocks is kept within the model's range at k's count. Else None."""
+    op, world, sms = k[0], k[1], k[2]
+    best = None
+    for other, value in table.items():
+        if other[:2] != (op, world) or other[3:] != k[3:] or other[2] <= 0:
+            continue
+        ratio = max(other[2], sms) / max(1, min(other[2], sms))
+        if ratio > NEAR_SMS_FACTOR:
+            continue
+        rank = (abs(other[2] - sms), -other[2])
+        if best is None or rank < best[0]:
+            best = (rank, value)
+    if best is None:
+        return None
+    mode, blocks = best[1]
+    if mode == "fused" and blocks > 0:
+        blocks = max(2, min(blocks, max(2, sms // 4)) & ~1)
+    return mode, blocks
+
+
 def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
-    """(mode, comm_blocks) from the user's table, else the shipped one, else None."""
-    return _tune_table.lookup((table_path(), _tune_table.device_table(SHIPPED)), key(op, world, sms, m, n, k), _load)
+    """(mode, comm_blocks) from the user's table, else the shipped one, else None. Exact keys first (in both tables),
+    then an entry at a nearby SM count (NEAR_SMS_FACTOR; the user's table first)."""
+    paths = (table_path(), _tune_table.device_table(SHIPPED))
+    want = key(op, world, sms, m, n, k)
+    hit = _tune_table.lookup(paths, want, _load)
+    if hit is not None:
+        return hit
+    for path in paths:
+        hit = _near_sms(_load(path), want)
+        if hit is not None:
+            return hit
+    return None
 
 
 def collective_bytes(op: str, world: int, m: int, n: int, k: int) -> float:
