@@ -153,9 +153,10 @@ struct Fp8OverlappedPromotionMainloop : Base {
 // STATUS (2026-12-06, branch fp8-split, not run): it compiles without local memory, but ptxas (nvcc 13.0) reports
 // C7514 for all six kernels ("wgmma.mma_async instructions are serialized due to non wgmma instructions reading
 // accumulator registers of a wgmma between start and end of the pipeline stage"), which Fp8OverlappedPromotionMainloop
-// does not get; a compile-time `first` flag (instead of a run-time one) did not change it. Serialized, the halves
-// cannot overlap: find what ptxas objects to (the rank-1 cute::gemm on a view of the partial is the first suspect;
-// the overlapped mainloop calls the rank-3 form on the whole partial) before timing it.
+// does not get. Neither a compile-time `first` flag (instead of a run-time one) nor the rank-3 cute::gemm on the
+// whole half partial (instead of rank-1 calls on a view) changed it. Serialized, the halves cannot overlap: find
+// what ptxas objects to (SASS of one kernel: which non-wgmma instruction reads which accumulator register between
+// a WGMMA and its wait) before timing it.
 template <class Base>
 struct Fp8SplitPromotionMainloop : Base {
   using typename Base::MainloopPipeline;
@@ -217,11 +218,12 @@ struct Fp8SplitPromotionMainloop : Base {
       warpgroup_arrive();
       CUTLASS_PRAGMA_UNROLL
       for (int k_block = 0; k_block < size<2>(descriptors_a); ++k_block) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int m = 0; m < size<1>(descriptors_a); ++m) {
-          Tensor c = partial(_, m, 0);
-          cute::gemm(half_mma, c, descriptors_a(_, m, k_block, stage), descriptors_b(_, h, k_block, stage), c);
-        }
+        // B's descriptors of half h as an (MMA, 1) tensor: the rank-3 gemm on the whole partial, as the overlapped
+        // mainloop calls it
+        Tensor b_k = descriptors_b(_, _, k_block, stage);  // (MMA, 2)
+        Tensor b_half = make_tensor(b_k.data() + b_k.layout()(0, h),
+                                    make_layout(make_shape(size<0>(b_k), _1{}), make_stride(stride<0>(b_k), _0{})));
+        cute::gemm(half_mma, descriptors_a(_, _, k_block, stage), b_half, partial);
         half_mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
