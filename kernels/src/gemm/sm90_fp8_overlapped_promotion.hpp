@@ -153,8 +153,9 @@ struct Fp8OverlappedPromotionMainloop : Base {
 // STATUS (2026-12-06, branch fp8-split, not run): it compiles without local memory, but ptxas (nvcc 13.0) reports
 // C7514 for all six kernels ("wgmma.mma_async instructions are serialized due to non wgmma instructions reading
 // accumulator registers of a wgmma between start and end of the pipeline stage"), which Fp8OverlappedPromotionMainloop
-// does not get. Neither a compile-time `first` flag (instead of a run-time one) nor the rank-3 cute::gemm on the
-// whole half partial (instead of rank-1 calls on a view) changed it. Serialized, the halves cannot overlap: find
+// does not get. Neither a compile-time `first` flag (instead of a run-time one), nor the rank-3 cute::gemm on the
+// whole half partial (instead of rank-1 calls on a view), nor fencing accum around the adds changed it (the SASS:
+// every QGMMA.64x96x32 followed by WARPGROUP.DEPBAR.LE gsb0, 0x0). Serialized, the halves cannot overlap: find
 // what ptxas objects to (SASS of one kernel: which non-wgmma instruction reads which accumulator register between
 // a WGMMA and its wait) before timing it.
 template <class Base>
@@ -236,6 +237,7 @@ struct Fp8SplitPromotionMainloop : Base {
     // and its wait made ptxas serialize the wgmmas, C7514)
     auto promote = [&](auto& partial, auto h, auto first) {
       warpgroup_fence_operand(partial);  // its reads stay after the wait
+      warpgroup_fence_operand(accum);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kHalf; ++i) {
         if constexpr (decltype(first)::value) {
@@ -244,6 +246,7 @@ struct Fp8SplitPromotionMainloop : Base {
           accum(decltype(h)::value * kHalf + i) += partial(i);
         }
       }
+      warpgroup_fence_operand(accum);
       warpgroup_fence_operand(partial);
     };
     // ... and, once both halves of a k-tile are in, its shared-memory stage goes back to the producer (every stage
