@@ -150,14 +150,17 @@ struct Fp8OverlappedPromotionMainloop : Base {
 // A wgmma accumulator fragment holds its values column group by column group (value mode (2, 2, N / 8), the
 // groups outermost), so the base's accum in flat order is the lo half's 48 values a thread, then the hi half's.
 //
-// STATUS (2026-12-06, branch fp8-split, not run): it compiles without local memory, but ptxas (nvcc 13.0) reports
-// C7514 for all six kernels ("wgmma.mma_async instructions are serialized due to non wgmma instructions reading
-// accumulator registers of a wgmma between start and end of the pipeline stage"), which Fp8OverlappedPromotionMainloop
-// does not get. Neither a compile-time `first` flag (instead of a run-time one), nor the rank-3 cute::gemm on the
-// whole half partial (instead of rank-1 calls on a view), nor fencing accum around the adds changed it (the SASS:
-// every QGMMA.64x96x32 followed by WARPGROUP.DEPBAR.LE gsb0, 0x0). Serialized, the halves cannot overlap: find
-// what ptxas objects to (SASS of one kernel: which non-wgmma instruction reads which accumulator register between
-// a WGMMA and its wait) before timing it.
+// STATUS (2026-12-06, branch fp8-split, not run on a GPU). As first written (both waits of the k-tile loop
+// wait<1>), ptxas (nvcc 13.0) reported C7514 for every kernel ("wgmma.mma_async instructions are serialized due to
+// non wgmma instructions reading accumulator registers of a wgmma between start and end of the pipeline stage") and
+// serialized every QGMMA. Bisected on one kernel (128x192 cooperative, tensor-wise; 46 s a compile, PTX scanned for
+// accumulator reads between each wgmma and its wait): the PTX is clean (every read of a half partial follows the
+// wait that retires its batch), and the warning goes away exactly when the loop's first wait, the one before
+// promote(hi), is wait<0>; with wait<1> there it stays whatever else changes: the pre-loop's identical sequence,
+// the halves swapped, a consumer wait in both halves, the loop unrolled by two, the loop rotated to start with a
+// wait, a 128x128 tile (64 accumulators a thread: not register pressure). The loop below therefore overlaps only
+// the lo half's adds (with the hi batch); the hi half's adds wait for the lo batch of the next k-tile. Why ptxas
+// accepts the same pattern in Fp8OverlappedPromotionMainloop's loop and not here is not known.
 template <class Base>
 struct Fp8SplitPromotionMainloop : Base {
   using typename Base::MainloopPipeline;
@@ -206,6 +209,13 @@ struct Fp8SplitPromotionMainloop : Base {
     }
     PipelineState smem_pipe_release = smem_pipe_read;
     int stage = 0;
+    // Both partials defined before the first wgmma: their wgmmas start from zero (ScaleOut::Zero) but name them as
+    // inputs, and without this the compiler materialized partial_hi's registers between the lo batch's wgmmas and
+    // its wait (not by itself the cause of C7514: STATUS above).
+    clear(partial_lo);
+    clear(partial_hi);
+    warpgroup_fence_operand(partial_lo);
+    warpgroup_fence_operand(partial_hi);
 
     // Half h of the current k-tile into `partial` (h = 0 first waits for the k-tile's stage), as one batch.
     auto issue = [&](auto& partial, auto h) {
@@ -276,8 +286,10 @@ struct Fp8SplitPromotionMainloop : Base {
     promote(partial_lo, Lo{}, cute::false_type{});
     CUTLASS_PRAGMA_NO_UNROLL
     for (int t = 2; t < k_tile_count; ++t) {
-      issue(partial_lo, Lo{});  // k-tile t, while k-tile t - 1's hi half runs
-      warpgroup_wait<1>();
+      issue(partial_lo, Lo{});  // k-tile t
+      // wait<0>, not wait<1>: with wait<1> here ptxas serializes every wgmma (C7514; STATUS above), so the hi
+      // half's adds do not overlap this lo batch
+      warpgroup_wait<0>();
       promote(partial_hi, Hi{}, cute::false_type{});
       release();  // k-tile t - 1 fully read
       issue(partial_hi, Hi{});  // while k-tile t's lo half runs
