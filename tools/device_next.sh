@@ -220,8 +220,34 @@
 #      shapes), then tune gemm --from-bench <bf16 sweep> <that JSON>; and tools/diag/cublas_kernels.py --fp8 at the
 #      shapes below 0.90 (which tile/cluster cuBLASLt runs where the 128x192 configurations lose).
 #   4. On an H200 if one is lent: issue 23's sweep and the GPU suite there (every number so far is from H100s).
+#   4b. branch fp8-split (the 128x192 FP8 configurations' promotion overlapped by half-tile batches): first make
+#      ptxas stop serializing its wgmmas (C7514, see the header of sm90_fp8_overlapped_promotion.hpp), then part f8s
+#      with .carry/before-f8s (main's python and module at b35971a).
 #   5. ra on branch gemm-run-at (a host-side refactor of the GEMM ops' launches; git apply tools/pending/gemm-run-at.diff
 #      on 026368a if the branch is gone): test_gemm whole and the host path; merge if green.
+# 2026-12-06 17:45 (fifteenth session; H100 GPU-4085bcaa, 16:53-17:12, after seven refused starts): ovs on main
+# (the residency probe: one rank of four starts on 18 of its 32 SMs in every launch, 1- or 2-CTA clusters alike;
+# grids above the share do not help; the core on the share 1.01-1.08x cuBLAS), agt (ag-tiles' 22 tests passed;
+# merged as an option), the FP8 sweep and the FP8 table rebuilt from it (op geomeans met, lowest not).
+# Next session, in this order:
+#   1. share on main (issue 21): the residency probe at launcher shares 20-24 % (which share fits four ranks at
+#      once), then tp_trace and bench tp (fused against naive, both at that share; SHARE_PCT=<pct> picks it):
+#        run(command="export OUT; TANDEM_COMMIT=<hash> SHARE_PCT=21 CALL_S=560 timeout 570 bash tools/device_next.sh share",
+#            carry=[".whl", ".carry/prebuilt"])     (.carry/prebuilt = main's module: SOURCES must equal
+#                                                            tools/native_sources_hash.sh; 102b35e at d4e8922)
+#      The call also runs main's changes since the 16:53 run for the first time (9e19570: every fused variant
+#      preloaded; e756288: the peer monitor counts a refusal before closing): add test_tp -k "256x128 or claims"
+#      and test_transport to it, or run the whole GPU suite when the budget allows.
+#      If a share has no late rank and fused gains, make it the launcher's default for 4 ranks a GPU
+#      (tandem/launch.py _DEFAULT_PERCENT) and rerun bench tp at worlds 4 and 2 (tp_w4/tp_w2.json).
+#   1b. fp8m on main (issue 23, ~4 min): the FP8 table from two sweeps' medians against the shipped one; ship it if
+#      its lowest shape is higher in both runs (cp docs/results/gemm_fp8_table/table_median_candidate.json
+#      python/tandem/ops/gemm_tune_h100.json, and add docs/results/gemm_fp8_overlap/sweep_partial.json to the
+#      sweeps of tests/cpu/test_gemm_plan.py::test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps...).
+#   2. rss on branch rs-staged (the GEMM+RS reduce role's loads staged through shared memory: world 2, c=2 took
+#      9.4 ms against the core's 1.74): module .carry/prebuilt-rs-staged if built (else build it there).
+#   3. fp8-split (C7514 gone since bbfae21; needs a module built from its sources): part f8s.
+#   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -230,6 +256,10 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-$PWD/_out}
 export OUT TANDEM_BENCH=0
 part=${1:-n1}
+# One branch a part: the chain below runs the first that matches, so a name used twice would silently run an older
+# part (2026-12-06: "c1" ran 2026-12-05's claims trace instead of the new part of that name).
+defined=$(grep -cE "^(el)?if .*\[ \"\\\$part\" = ${part} \]" "$0")
+[ "$defined" -eq 1 ] || { echo "device_next.sh: part '$part' is defined $defined times (must be once)"; exit 2; }
 start=$(date +%s)
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
@@ -676,6 +706,104 @@ elif [ "$part" = res ]; then
   [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
     --shapes 16384x2048x4096,16384x7168x8192,16384x8192x1024 --reps 3 --out "$W/res/w4g" 2>&1 | grep -E "^\||Error" | cut -c1-600
   tar czf "$OUT/res.tgz" -C "$W" res
+elif [ "$part" = ovs ]; then
+  # issue 21: the fused kernels and the core on grids larger than the rank's MPS share. Under MPS one rank's
+  # persistent grid is never fully resident (14 of 32 blocks late at world 4), and the core on the share ran
+  # 1.3-1.4x cuBLAS at the TP ops' rank GEMMs (tp_grid_mps.json). The fused kernels are deadlock-free with blocks
+  # that never get an SM (docs/fused-kernels.md, Residency), so a grid of the whole device's SMs is legal: the
+  # hardware then hands the GEMM role's tiles (claimed, not strided) to whichever SMs free up. First the residency
+  # probe and the core's configurations against cuBLAS under MPS (gemm_mps.py, incl. the core on all 132 SMs), then
+  # tp_trace with sm_count = the share, 66 and 132, at worlds 4 and 2.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/ovs; rm -rf "$W"; mkdir -p "$W/ovs/mps4" "$W/ovs/w4" "$W/ovs/w2" "$OUT"
+  timeout -s INT -k 10 150 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+    --shapes 16384x2048x4096,16384x8192x1024 --probe-grids 16,18,24,32 --reps 3 --out "$W/ovs/mps4" 2>&1 \
+    | grep -E "^\||residency|Error" | cut -c1-700
+  tar czf "$OUT/ovs.tgz" -C "$W" ovs
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 170 ] && t=170
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096 --ops ag_gemm,gemm_rs --comm-blocks 2,4 --sm-counts 0,66,132 --reps 5 \
+      --out "$W/ovs/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -30
+    tar czf "$OUT/ovs.tgz" -C "$W" ovs
+  done
+elif [ "$part" = agt ]; then
+  # branch ag-tiles (not run): the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles (TANDEM_TP_GEMM_TILE=
+  # 256x128; issue 21: the fused roles run the core's 128x256 only, and under MPS the core's 256x128 was faster
+  # than cuBLAS at a rank GEMM where 128x256 was not). Its tests, then tp_trace at worlds 4 and 2 with both tiles.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "256x128_tiles or tile_claims or test_ag_gemm_and_gemm_rs_match_torch or in_pieces"
+  W=/tmp/agt; rm -rf "$W"; mkdir -p "$W/agt/w4" "$W/agt/w2" "$OUT"
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,8192x8192x28672 --ops ag_gemm,gemm_rs --comm-blocks 2,6 \
+      --variants "base;TANDEM_TP_GEMM_TILE=256x128" --reps 5 --out "$W/agt/w$w" 2>&1 | grep -E "fused|late" | tail -32
+    tar czf "$OUT/agt.tgz" -C "$W" agt
+  done
+elif [ "$part" = share ]; then
+  # issue 21: a launcher share at which every rank's grid is resident at once. At 25 % (32 SMs a rank) one rank of
+  # four starts on 18 SMs in every launch (2026-12-06 16:53, 114 of 132 SMs in use; world 2: 30 of 66). The probe
+  # at smaller shares (TANDEM_SM_PERCENT), then at the first share with no late rank: tp_trace, and bench tp's
+  # naive pipeline against fused at that share (the same share for both, so the comparison stays fair).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/share; rm -rf "$W"; mkdir -p "$W/share" "$OUT"
+  for pct in 20 21 22 23 24; do
+    mkdir -p "$W/share/p$pct"
+    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+      --shapes "" --probe-grids 24,26,28,30 --out "$W/share/p$pct" > "$W/share/p$pct/log" 2>&1
+    python3 - "$W/share/p$pct" $pct <<'PY'
+import json, glob, sys
+late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+print(f"share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 24, 26, 28, 30): {late}")
+PY
+  done
+  for pct in 36 40 45; do  # world 2: at 50 % the second rank starts on 30 of its 66 SMs (96 of 132 in use)
+    mkdir -p "$W/share/w2p$pct"
+    TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 60 python3 -m tandem.launch -n 2 -- python3 tools/diag/gemm_mps.py \
+      --shapes "" --probe-grids 40,44,48,52 --out "$W/share/w2p$pct" > "$W/share/w2p$pct/log" 2>&1
+    python3 - "$W/share/w2p$pct" $pct <<'PY'
+import json, glob, sys
+late = [[p.get("late_blocks") for p in json.load(open(f))["residency"]] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+sms = [json.load(open(f))["sm_count"] for f in sorted(glob.glob(sys.argv[1] + "/*.json"))]
+print(f"world 2, share {sys.argv[2]} %: SMs a rank {sms}; late CTAs per rank and probe (share/c1, share/c2, device/c2, 40, 44, 48, 52): {late}")
+PY
+  done
+  tar czf "$OUT/share.tgz" -C "$W" share
+  # the other way to the same end, at the default 25 %: grids of 28 of the 32 SMs (4 x 28 = 112 <= 114), which
+  # GEMM+RS/AR already use at 4 ranks a GPU (tp_plan.fused_grid_sms) and AG+GEMM does not
+  timeout -s INT -k 10 120 python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py --shapes 16384x8192x4096 \
+    --ops ag_gemm,gemm_rs --comm-blocks 2,4 --sm-counts 0,28 --reps 5 --out "$W/share/grid28" 2>&1 \
+    | grep -E "^(ag_gemm|gemm_rs).*late|Error" | cut -c1-200
+  tar czf "$OUT/share.tgz" -C "$W" share
+  pct=${SHARE_PCT:-21}
+  t=$(( $(left) - 200 )); [ "$t" -gt 150 ] && t=150
+  [ "$t" -gt 40 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 \
+    tools/diag/tp_trace.py --shapes 16384x8192x4096 --ops ag_gemm,gemm_rs --comm-blocks 2,4 --reps 5 \
+    --out "$W/share/trace" 2>&1 | grep -E "fused|late|Error" | cut -c1-300 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
+  t=$(( $(left) - 10 )); [ "$t" -gt 180 ] && t=180
+  [ "$t" -gt 60 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
+  tar czf "$OUT/share.tgz" -C "$W" share
+elif [ "$part" = fp8m ]; then
+  # issue 23: the FP8 table from the median of two post-overlap sweeps (docs/results/gemm_fp8_table/
+  # table_median_candidate.json: gemm_fp8_overlap/sweep_partial.json + gemm_fp8_table/sweep_fp8.json, tune gemm's
+  # median merge) against the shipped one (one sweep), the op at all 24 shapes, twice each, alternating.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/fp8m; rm -rf "$W"; mkdir -p "$W/fp8m" "$OUT"; T=python/tandem/ops/gemm_tune_h100.json
+  cp $T "$W/shipped.json"
+  for run in 1 2; do
+    for side in shipped median; do
+      [ $side = median ] && cp docs/results/gemm_fp8_table/table_median_candidate.json $T || cp "$W/shipped.json" $T
+      t=$(( $(left) - 15 )); [ "$t" -gt 100 ] && t=100
+      [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --no-variants \
+        --reps 10 --out "$W/fp8m/${side}_$run" 2>&1 | grep -E "geometric" | sed "s/^/$side $run: /"
+      rm -f "$W"/fp8m/*/*.png; tar czf "$OUT/fp8m.tgz" -C "$W" fp8m
+    done
+  done
+  cp "$W/shipped.json" $T
 elif [ "$part" = f8s ]; then
   # branch fp8-split (not run): the FP8 128x192 / 64x192 configurations with the promotion overlapped by half-tile
   # batches (two N halves, two half partial tiles: the registers of CUTLASS's one full partial;
@@ -891,15 +1019,6 @@ elif [ "$part" = m3 ]; then
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
     --tokens 1024,4096 --out "$OUT/diag" 2>&1 | tail -6
-  tar czf "$OUT/diag.tgz" -C "$OUT" diag
-elif [ "$part" = f8 ]; then
-  # branch fp8-tiles (not run before): the FP8 GEMM's 128x192 configurations (cooperative 2x1 / 1x1, ping-pong
-  # 64x192): the every-configuration exactness test and the scaled GEMM tests, then bench gemm FP8 with every
-  # configuration (issue 23: do the wider tiles close the gap to cuBLASLt at M 16384?)
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-150} )) bash tools/device_suite.sh tests/gpu/test_gemm.py -k "scaled"
-  mkdir -p "$OUT/diag/fp8"
-  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 \
-    --dtypes fp8_tensor,fp8_row --out "$OUT/diag/fp8" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$OUT" diag
 elif [ "$part" = z1 ]; then
   # branch integ3 = main + ring-bwd-cudnn + fp8-cublaslt + moe-grad (none run before): ring attention's backward with

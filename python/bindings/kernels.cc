@@ -649,6 +649,8 @@ void bind_kernels(py::module_& m) {
         "Diagnostic: whether the last fused GEMM+RS/AR launch joined its reduction (TANDEM_RS_JOIN=1).");
   k.def("tp_last_fused_claims", &tp::last_fused_claims,
         "Diagnostic: whether the last fused TP launch took its GEMM tiles by tile claims (the default; TANDEM_TP_CLAIM=0: the static stride).");
+  k.def("tp_last_fused_gemm_tile_m", &tp::last_fused_gemm_tile_m,
+        "Diagnostic: the tile M of the last fused TP launch's GEMM role (128, or 256 with TANDEM_TP_GEMM_TILE=256x128).");
   k.def("moe_preload_kernels", [] { check_cuda(moe::preload_kernels(), "moe.preload"); });
 
   // ---- ring attention (ring_attention.h) ---------------------------------------------------------------------------

@@ -161,6 +161,50 @@ def test_a_split_configuration_is_tabled_only_where_the_tiles_fill_less_than_a_w
                    ("fp8_row", 256): "fp8_coop_128x128_c1"}
 
 
+def test_several_sweeps_are_merged_by_each_configurations_median_time(tmp_path):
+    # one sweep's single timing picks either of two configurations a few percent apart; with three sweeps of the
+    # same shape the table takes the configuration whose median time is lowest, schedules merged the same way
+    def sweep(name, pingpong, coop, sched):
+        path = tmp_path / name
+        path.write_text(json.dumps([dict(m=4096, n=4096, k=4096, dtype="float8_e4m3fn", scaling="tensor", sm_count=132,
+                                         variants_ms={"fp8_pingpong_64x128_c1": pingpong, "fp8_coop_128x128_c1": coop},
+                                         schedules_ms={"fp8_coop_128x128_c1/s2/along_m": sched}),
+                                    dict(m=512, n=4096, k=4096, dtype="bfloat16", scaling="none", sm_count=132,
+                                         variants_ms={"coop_128x256_c2": 0.2})]))
+        return str(path)
+
+    paths = [sweep("a.json", 0.95, 1.00, None), sweep("b.json", 1.20, 1.00, 0.90), sweep("c.json", 1.10, 1.05, 0.99)]
+    rows = {(r["kind"], r["m"]): r for r in gemm_plan.rows_from_bench(paths)}
+    assert len(rows) == 2  # one row a shape, not one a file
+    fp8 = rows[("fp8_tensor", 4096)]
+    # medians: ping-pong 1.10, coop 1.00; the schedule's 0.945 (the two files that timed it) beats coop by > margin
+    assert fp8["candidates"] == {"fp8_pingpong_64x128_c1": 1.10, "fp8_coop_128x128_c1": 1.00}
+    assert fp8["variant"] == "fp8_coop_128x128_c1" and fp8["raster"] == "along_m" and fp8["swizzle"] == 2
+    assert abs(fp8["ms"] - 0.945) < 1e-9
+    # a single file gives that file's times, as before
+    (only,) = [r for r in gemm_plan.rows_from_bench([paths[0]]) if r["kind"] == "fp8_tensor"]
+    assert only["variant"] == "fp8_pingpong_64x128_c1" and only["ms"] == 0.95
+
+
+def test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps_in_docs_results(tmp_path):
+    # provenance: python/tandem/ops/gemm_tune_h100.json = `tandem tune gemm --from-bench` of the bf16 sweep
+    # (docs/results/gemm_swap208) and the FP8 sweep (docs/results/gemm_fp8_table, 2026-12-06) it was made from;
+    # a hand edit, or a table rebuilt from files that are not kept, fails here
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sweeps = [os.path.join(root, "docs/results/gemm_swap208/sweep_bf16.json"),
+              os.path.join(root, "docs/results/gemm_fp8_table/sweep_fp8.json")]
+    out = str(tmp_path / "table.json")
+    gemm_plan.write_table(gemm_plan.rows_from_bench(sweeps), out)
+    with open(out) as f:
+        rebuilt = json.load(f)
+    with open(os.path.join(root, "python/tandem/ops/gemm_tune_h100.json")) as f:
+        shipped = json.load(f)
+    assert len(rebuilt) == len(shipped) == 72
+    assert rebuilt == shipped
+
+
 def test_the_planner_names_exactly_the_native_configurations():
     from tests.conftest import native_kernels
 

@@ -123,6 +123,36 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_ops_in_256x128_tiles_match_torch_and_the_128x256_kernels(run_ranks, world, late):
+    # TANDEM_TP_GEMM_TILE=256x128: the GEMM roles' tiles span 256 rows (a 2x1 cluster 512), so an AG tile straddles
+    # up to three chunks of the ragged M_local 136, and an RS chunk of 300 rows is one cluster row; N / K not
+    # multiples of the tile; GEMM+RS/AR whole and in pieces (2048 rows a chunk: 2 pieces of 2 cluster rows); with
+    # `late`, rank 1's GEMM rows from row 1 on start 3 ms late and the others claim their tiles
+    rank_env = {1: {"TANDEM_TP_LATE": "1:3000"}} if late else None
+    rs_shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
+    res = run_ranks(f"{W}:gemm_tile256", world, ag_shapes=CLAIM_AG_SHAPES, rs_shapes=rs_shapes,
+                    dtypes=["bfloat16", "float16"], repeats=2, rank_env=rank_env, timeout_s=300)
+    for r in res:
+        assert len(r["ag"]) == 2 * 2 * 2 * len(CLAIM_AG_SHAPES), len(r["ag"])
+        for c in r["ag"]:
+            assert c["tile_m"] == 256 and c["wrong"] == 0 and c["gathered_wrong"] == 0, c
+        assert len(r["rs"]) == len(r["ar"]) == 2 * 2 * 2 * len(rs_shapes)
+        for c in r["rs"] + r["ar"]:
+            assert c["tile_m"] == 256 and c["wrong"] == 0 and c["rel"] < 1e-2, c
+        for c in r["ar"]:
+            assert c["rows"] == c["shape"][0], c
+        # pieces ran where asked and the chunk has more than one piece of whole 512-row cluster rows
+        assert any(c["pieces"] > 1 for c in r["rs"] if c["asked_pieces"] == 3), [c["pieces"] for c in r["rs"]]
+        assert all(c["pieces"] <= 1 for c in r["rs"] + r["ar"] if c["asked_pieces"] == 0)
+        assert len(r["tile256_vs_128"]) == 2 * (len(CLAIM_AG_SHAPES) + 2 * len(rs_shapes))
+        for c in r["tile256_vs_128"]:
+            assert c["ran"] == [128, 256] and c["rel"] < 1e-2 and c["finite"], c
+    if late:
+        assert res[1]["late"] and all(r["late"] is None for q, r in enumerate(res) if q != 1)
+
+
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gathered_view_holds_until_this_ranks_next_launch(run_ranks, world, mode):

@@ -309,6 +309,67 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     return out
 
 
+def gemm_tile256(ag_shapes, rs_shapes, dtypes, repeats):
+    """The fused GEMM roles in 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128, tile claims). AG+GEMM: exact on
+    structured data, in place and out of place, `repeats` launches in a row; GEMM+RS and GEMM+AR (two-shot): the
+    exact fixed-order references, whole chunks and in pieces (TANDEM_RS_PIECES=3), with the pieces count and tile
+    the launch reports; each op against its 128x256 kernel on
+    random data (within bf16 rounding: both sum K in the same 64-wide steps, but nothing promises the tensor
+    core's order inside a step across tile shapes; the count of differing elements is reported). A rank whose
+    GEMM rows start late (TANDEM_TP_LATE, set by the test) gives its tiles away."""
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(ag=[], rs=[], ar=[], tile256_vs_128=[], late=os.environ.get("TANDEM_TP_LATE"))
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            _set_env(TANDEM_TP_CLAIM=1, TANDEM_TP_GEMM_TILE="256x128")
+            for _ in range(repeats):
+                for (m_local, n, k) in ag_shapes:
+                    for in_place in (False, True):
+                        out["ag"].append(_ag_case(comm, m_local, n, k, dtype, "fused", in_place))
+                        out["ag"][-1]["tile_m"] = int(K.tp_last_fused_gemm_tile_m())
+                for pieces in (0, 3):
+                    _set_env(TANDEM_RS_PIECES=pieces)
+                    for (mr, n, k) in rs_shapes:
+                        for case in (lambda: _rs_case(comm, mr, n, k, dtype, "fused"),
+                                     lambda: _ar_case(comm, mr, n, k, dtype, "fused", "two_shot")):
+                            c = case()
+                            c.update(tile_m=int(K.tp_last_fused_gemm_tile_m()), pieces=K.tp_last_fused_rs_pieces(),
+                                     asked_pieces=pieces)
+                            out["ar" if "algo" in c else "rs"].append(c)
+                _set_env(TANDEM_RS_PIECES=None)
+            random_cases = [("ag", (m_local, n, k)) for (m_local, n, k) in ag_shapes] + \
+                [(op, (mr, n, k)) for (mr, n, k) in rs_shapes for op in ("rs", "ar")]
+            for op, (rows, n, k) in random_cases:
+                b = _random((k, n), 20, dtype)
+                a = _random((rows, k), 10 + rank, dtype) if op == "ag" else _random((rows * world, k), 30 + rank, dtype)
+                run = {"ag": lambda: tp.ag_gemm(comm, a, b, mode="fused"),
+                       "rs": lambda: tp.gemm_rs(comm, a, b, mode="fused"),
+                       "ar": lambda: tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")}[op]
+                outs, ran = {}, {}
+                for tile in ("128x256", "256x128"):
+                    _set_env(TANDEM_TP_GEMM_TILE=tile)
+                    outs[tile] = run().clone()
+                    ran[tile] = int(K.tp_last_fused_gemm_tile_m())
+                torch.cuda.synchronize()
+                comm.check()
+                out["tile256_vs_128"].append(dict(
+                    op=op, shape=[rows, n, k], dtype=name, ran=[ran["128x256"], ran["256x128"]],
+                    differing=int((outs["256x128"] != outs["128x256"]).sum()),
+                    rel=float((outs["256x128"].float() - outs["128x256"].float()).norm()
+                              / outs["128x256"].float().norm()),
+                    finite=bool(torch.isfinite(outs["256x128"].float()).all())))
+    finally:
+        _set_env(TANDEM_TP_CLAIM=None, TANDEM_TP_GEMM_TILE=None, TANDEM_RS_PIECES=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
 def gathered_view_outlives_peer_launches(m_local, n, k, mode, sleep_ms=50):
     """ag_gemm(return_gathered=True)'s view stays this rank's until this rank's next launch: each rank in turn
     reads its gathered view only ~sleep_ms after its launch, while its peers launch the op again with other data

@@ -78,9 +78,9 @@ def residency(blocks, cluster, smem, spin_us=2000):
     for _, d in events:
         live += d
         peak = max(peak, live)
-    span_us = (int(t[:, 1].max()) - int(t[:, 0].min())) / 1e3
     first = int(t[:, 0].min())
-    late = [i for i in range(blocks) if (int(t[i, 0]) - first) / 1e3 > spin_us / 2]
+    span_us = (int(t[:, 1].max()) - first) / 1e3
+    late = {i for i in range(blocks) if (int(t[i, 0]) - first) / 1e3 > spin_us / 2}
     return dict(blocks=blocks, cluster=cluster, smem=smem, peak_resident=peak, distinct_sms=len(set(t[:, 2].tolist())),
                 span_us=span_us, waves=span_us / spin_us, late_blocks=len(late),
                 sms_first_wave=sorted({int(t[i, 2]) for i in range(blocks) if i not in late}),

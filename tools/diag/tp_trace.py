@@ -19,6 +19,7 @@ Writes tp_trace_r{rank}.json (summaries and the raw stamps) into --out; rank 0 p
 """
 
 import argparse
+import json
 import os
 import statistics
 
@@ -49,7 +50,7 @@ args = ap.parse_args()
 K = n.native().kernels
 SLOTS = K.tp_timeline_slots()
 KNOBS = ("TANDEM_TP_SWIZZLE", "TANDEM_TP_RASTER", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE", "TANDEM_RS_PIECES",
-         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE", "TANDEM_RS_JOIN")
+         "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE", "TANDEM_RS_JOIN", "TANDEM_TP_GEMM_TILE")
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world, sms = comm.rank, comm.world_size, comm.sm_count
 stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
@@ -197,7 +198,27 @@ for shape in args.shapes.split(","):
         tp.release_workspaces(comm)
 
 common.write_json(args.out, f"tp_trace_r{rank}.json", dict(meta=common.header("tools/diag/tp_trace.py"), rows=results))
+comm.barrier()  # every rank's file is written
 if rank == 0:
+    # Every rank, not only this one: an op takes as long as its slowest rank, and under MPS the rank whose grid
+    # starts late differs from launch to launch (rank 0's lines below hid it on 2026-12-06).
+    every = []
+    for q in range(world):
+        path = os.path.join(args.out, f"tp_trace_r{q}.json") if args.out else None
+        if path and os.path.exists(path):
+            with open(path) as fh:
+                every.append(json.load(fh)["rows"])
+    if len(every) == world:
+        print("# every rank: fused ms (min-max, slowest rank), blocks > 20 us late per rank")
+        for i, r in enumerate(results):
+            fused = [rows[i].get("fused_ms") for rows in every]
+            late = [rows[i].get("late_blocks", "-") for rows in every]
+            if None in fused:
+                continue
+            slow = max(range(world), key=lambda q: fused[q])
+            print(f"{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
+                  f"{min(fused):.3f}-{max(fused):.3f} ms (rank {slow}), late {'/'.join(str(x) for x in late)}")
+
     f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     print(f"# fused TP kernels, world {world} ({sms} SMs a rank); times in us unless ms")
     for r in results:

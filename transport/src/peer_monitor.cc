@@ -102,8 +102,12 @@ PeerMonitor::~PeerMonitor() {
 }
 
 void PeerMonitor::refuse(int fd, const std::string& why) {
+  // counted before the close: whoever sees the connection end (the refused process, a test) and then reads
+  // refused() must find it counted (CI, 2026-12-06: a report read right after the last stray saw its close
+  // missed one refusal)
+  const int refused_so_far = refused_.fetch_add(1, std::memory_order_acq_rel);
   ::close(fd);
-  log_refused("peer_monitor", rank_, why, refused_.fetch_add(1, std::memory_order_acq_rel));
+  log_refused("peer_monitor", rank_, why, refused_so_far);
 }
 
 void PeerMonitor::on_connection() {

@@ -28,6 +28,7 @@
 #include <cstdlib>
 
 #include "../gemm/sm90_config.hpp"
+#include "tp_gemm_configs.hpp"
 #include "tp_common.cuh"
 
 namespace tandem::kernels::tp {
@@ -40,6 +41,7 @@ using namespace detail;
 static_assert(cute::size<0>(gemm::detail::CooperativeConfig::ClusterShape{}) == kClusterX &&
                   cute::size<1>(gemm::detail::CooperativeConfig::ClusterShape{}) == 1,
               "the fused grid's width is the GEMM core's cluster");
+// The GEMM role may run 256x128 tiles instead (TANDEM_TP_GEMM_TILE=256x128): tp_gemm_configs.hpp.
 
 template <class GemmKernel>
 struct AgParams {
@@ -169,11 +171,14 @@ uint32_t poll_sleep_ns() {
   return kDefaultPollSleepNs;
 }
 
-template <class Element, bool kClaims = false>
+template <class Element, bool kClaims = false, class Config = gemm::detail::CooperativeConfig>
 Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, std::conditional_t<kClaims, gemm::ArrivalClaimsSchedulerTag,
-                                                                gemm::ArrivalSchedulerTag>>;
+                                                                gemm::ArrivalSchedulerTag>, Config>;
   using Kernel = typename G::Kernel;
+  constexpr int kGemmCluster = static_cast<int>(decltype(cute::size<0>(typename Config::ClusterShape{}))::value);
+  constexpr int kTileM = static_cast<int>(decltype(cute::size<0>(typename Config::TileShape{}))::value);
+  static_assert(kGemmCluster == kClusterX || kGemmCluster == 1, "GEMM clusters of kClusterX or one CTA");
   const int world = a.comm.world, rank = a.comm.rank;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   char* ws = static_cast<char*>(a.workspace);
@@ -217,18 +222,22 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
     s.chunk_rows = a.m_local;
     s.chunks = world;
     s.first_chunk = rank;
-    s.tile_m = 128;
+    s.tile_m = kTileM;
     s.source_of_chunk0 = 0;
     s.poll_sleep_ns = poll_sleep_ns();
     s.claims = p.claims;
     s.claim_call = 0;
     if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this AG+GEMM problem");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
-    // The scheduler's grid first (persistent, raster along N: (cluster M = 2, clusters)), then pin it.
+    // The scheduler's grid first (persistent, raster along N: (cluster M, clusters)), then pin it: (2, rows).
     p.gemm = Kernel::to_underlying_arguments(args, nullptr);
-    const dim3 gg = Kernel::get_grid_shape(p.gemm);
-    if (gg.x != kClusterX || gg.z != 1) return fail(why, "unexpected GEMM grid shape", Status::kInternal);
-    if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    dim3 gg = Kernel::get_grid_shape(p.gemm);
+    if (gg.x != static_cast<unsigned>(kGemmCluster) || gg.z != 1)
+      return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    if constexpr (kGemmCluster == 1) gg = dim3(kClusterX, (gg.y + kClusterX - 1) / kClusterX, 1);  // CTAs in rows
+    // claims keep one ring per cluster: gg.y clusters of two, or every CTA a cluster of its own
+    const unsigned claim_clusters = kGemmCluster == 1 ? gg.x * gg.y : gg.y;
+    if (kClaims && claim_clusters > static_cast<unsigned>(gemm::kClaimClusters))
       return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
     args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
@@ -248,7 +257,7 @@ Status run_typed(const AgGemmArgs& a, cudaStream_t stream, bool gemm_role, std::
   const int copy_smem = kStageBytes + 64;
   const int smem_launch = gemm_role && Kernel::SharedStorageSize > copy_smem ? Kernel::SharedStorageSize : copy_smem;
   const cudaError_t err = launch_clustered(ag_gemm_kernel<Kernel>, grid, Kernel::MaxThreadsPerBlock, smem_launch,
-                                           stream, p);
+                                           stream, p, gemm_role ? kGemmCluster : kClusterX);
   if (err != cudaSuccess) return fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
   return Status::kOk;
 }
@@ -266,19 +275,26 @@ SmPlan default_plan(int sm_count) {
 
 size_t gathered_offset(const AgGemmArgs&) { return kControlBytes + kClaimBytes; }
 
-template <class Tag>
+template <class Tag, class Config = gemm::detail::CooperativeConfig>
 cudaError_t preload_ag_kernels_with() {
   cudaFuncAttributes attr{};
-  const cudaError_t a =
-      cudaFuncGetAttributes(&attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::bfloat16_t, Tag>::Kernel>);
-  const cudaError_t b =
-      cudaFuncGetAttributes(&attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::half_t, Tag>::Kernel>);
+  const cudaError_t a = cudaFuncGetAttributes(
+      &attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::bfloat16_t, Tag, Config>::Kernel>);
+  const cudaError_t b = cudaFuncGetAttributes(
+      &attr, ag_gemm_kernel<typename gemm::detail::Sm90Gemm<cutlass::half_t, Tag, Config>::Kernel>);
   return a != cudaSuccess ? a : b;
 }
 
 cudaError_t preload_ag_kernels() {
-  return tile_claims_enabled() ? preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>()
-                               : preload_ag_kernels_with<gemm::ArrivalSchedulerTag>();
+  // Every variant, whatever TANDEM_TP_CLAIM / TANDEM_TP_GEMM_TILE say now: they are read at every launch, and the
+  // Python side preloads once a process, so a knob changed later must not make a launch load its kernel while a
+  // peer waits (docs/reliability.md).
+  const cudaError_t e[] = {preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag>(),
+                           preload_ag_kernels_with<gemm::ArrivalClaimsSchedulerTag, Tile256x128Config>(),
+                           preload_ag_kernels_with<gemm::ArrivalSchedulerTag>()};
+  for (cudaError_t x : e)
+    if (x != cudaSuccess) return x;
+  return cudaSuccess;
 }
 
 size_t workspace_size(const AgGemmArgs& a) {
@@ -310,6 +326,12 @@ Status run(const AgGemmArgs& a, cudaStream_t stream, std::string* why) {
   // tile still waits for its chunk's arrival flag, which the proxy sets for chunks from other nodes
   const bool claims = tile_claims_enabled();
   g_last_fused_claims = claims;
+  // 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128), with tile claims only
+  const bool tile256 = claims && FusedKnobs::from_env().gemm_tile_m == 256;
+  g_last_fused_gemm_tile_m = tile256 ? 256 : 128;
+  if (tile256)
+    return a.dtype == DType::kFP16 ? run_typed<cutlass::half_t, true, Tile256x128Config>(a, stream, true, why)
+                                   : run_typed<cutlass::bfloat16_t, true, Tile256x128Config>(a, stream, true, why);
   if (a.dtype == DType::kFP16)
     return claims ? run_typed<cutlass::half_t, true>(a, stream, true, why)
                   : run_typed<cutlass::half_t>(a, stream, true, why);

@@ -51,6 +51,7 @@
 
 #include "gemm_rs_common.cuh"
 #include "gemm_rs_reduce.cuh"
+#include "tp_gemm_configs.hpp"
 
 namespace tandem::kernels::tp {
 
@@ -220,18 +221,21 @@ struct PiecePlan {
 };
 // The swizzle CUTLASS's scheduler takes for a chunk (it lowers the asked-for size on small problems), and the N
 // tiles it pads to (it rounds N up to whole swizzle groups too).
-int effective_swizzle(const GemmRsArgs& a, int asked) {
+// tile_m x tile_n: the GEMM role's tile (128x256, the core's; or 256x128, TANDEM_TP_GEMM_TILE), 2x1 clusters.
+int effective_swizzle(const GemmRsArgs& a, int asked, int tile_m, int tile_n) {
   const int mr = a.m / a.comm.world;
-  const int ctas_m = ((mr + 127) / 128 + 1) & ~1, ctas_n = (a.n + 255) / 256;
+  const int ctas_m = ((mr + tile_m - 1) / tile_m + 1) & ~1, ctas_n = (a.n + tile_n - 1) / tile_n;
   return 1 << cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90Params::get_log_swizzle_size(ctas_m, ctas_n,
                                                                                                      asked);
 }
-PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, const FusedKnobs& knobs) {
+PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, const FusedKnobs& knobs, int tile_m,
+                     int tile_n) {
   PiecePlan pp;
   if (knobs.pieces == 0 || topology_of(a).N != 1 || one_shot || knobs.raster_m) return pp;
-  const int swz = effective_swizzle(a, knobs.swizzle);
+  const int swz = effective_swizzle(a, knobs.swizzle, tile_m, tile_n);
   const int mr = a.m / a.comm.world;
-  const int tiles_n = ((a.n + 255) / 256 + swz - 1) / swz * swz, m_clusters = ((mr + 127) / 128 + 1) / 2;
+  const int tiles_n = ((a.n + tile_n - 1) / tile_n + swz - 1) / swz * swz;
+  const int m_clusters = ((mr + tile_m - 1) / tile_m + 1) / 2;
   const int gemm_sms = plan.sm_count - plan.comm_blocks;
   // auto: at least ~4 waves a piece, at most kMaxPieces; P: as close to P pieces as whole groups allow
   const int want = knobs.pieces > 0 && knobs.pieces < kMaxPieces ? knobs.pieces : kMaxPieces;
@@ -242,7 +246,7 @@ PiecePlan piece_plan(const GemmRsArgs& a, const SmPlan& plan, bool one_shot, con
   const int pieces = (m_clusters + per - 1) / per;
   if (pieces > 1) {
     pp.pieces = pieces;
-    pp.rows = per * 256;
+    pp.rows = per * 2 * tile_m;
     pp.len = per * 2 * tiles_n;
   }
   return pp;
@@ -253,11 +257,13 @@ using RsSchedulerTag = std::conditional_t<
     kPieces, std::conditional_t<kClaims, gemm::ArrivalPiecesClaimsSchedulerTag, gemm::ArrivalPiecesSchedulerTag>,
     std::conditional_t<kClaims, gemm::ArrivalClaimsSchedulerTag, gemm::ArrivalSchedulerTag>>;
 
-template <class Element, bool kPieces = false, bool kClaims = false>
+template <class Element, bool kPieces = false, bool kClaims = false, class Config = gemm::detail::CooperativeConfig>
 Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_reduce, bool one_shot,
                  std::string* why, Stages stages = Stages::kAll) {
-  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>;
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>, Config>;
   using Kernel = typename G::Kernel;
+  constexpr int kTileM = kConfigTileM<Config>, kTileN = kConfigTileN<Config>;
+  static_assert(cute::size<0>(typename Config::ClusterShape{}) == kClusterX, "the fused RS runs 2x1 clusters");
   const int world = a.comm.world;
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
   const int mr = a.m / world;
@@ -290,7 +296,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   p.reduce_blocks = plan.comm_blocks;
   p.pieces = 1;
   p.piece_of_block = reinterpret_cast<int32_t*>(ws + kPieceTableOffset);
-  const PiecePlan pieces = kPieces ? piece_plan(a, plan, one_shot, knobs) : PiecePlan{};
+  const PiecePlan pieces = kPieces ? piece_plan(a, plan, one_shot, knobs, kTileM, kTileN) : PiecePlan{};
   if (kPieces && (!fused || pieces.pieces <= 1)) return fail(why, "no pieces for this launch", Status::kInternal);
   p.pieces = pieces.pieces;
   p.piece_rows = pieces.rows;
@@ -385,8 +391,8 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
       // tiles padded as assumed, and pieces of whole swizzle groups (each piece one contiguous index range)
       const auto& sp = p.gemm[o].scheduler;
       const int64_t tiles_n = static_cast<int64_t>(sp.divmod_cluster_blk_major_.divisor);
-      if (sp.raster_order_ != decltype(sp.raster_order_)::AlongN || pieces.len != (pieces.rows / 128) * tiles_n ||
-          (pieces.rows / 256) % (1 << sp.log_swizzle_size_) != 0)
+      if (sp.raster_order_ != decltype(sp.raster_order_)::AlongN || pieces.len != (pieces.rows / kTileM) * tiles_n ||
+          (pieces.rows / (2 * kTileM)) % (1 << sp.log_swizzle_size_) != 0)
         return fail(why, "the pieces do not match the GEMM scheduler's order", Status::kInternal);
     }
   }
@@ -401,23 +407,28 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
 }  // namespace
 
 
-template <class Element, bool kPieces, bool kClaims>
+template <class Element, bool kPieces, bool kClaims, class Config = gemm::detail::CooperativeConfig>
 cudaError_t preload_rs_kernel() {
-  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>>::Kernel;
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>, Config>::Kernel;
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
 }
 
 cudaError_t preload_rs_kernels() {
-  // The unfused path's (static) kernels always; the fused ones of the current tile-claim setting.
-  const bool claims = tile_claims_enabled();
-  const cudaError_t e[] = {
-      preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
-      preload_rs_kernel<cutlass::half_t, false, false>(),
-      claims ? preload_rs_kernel<cutlass::bfloat16_t, false, true>() : cudaSuccess,
-      claims ? preload_rs_kernel<cutlass::half_t, false, true>() : cudaSuccess,
-      claims ? preload_rs_kernel<cutlass::bfloat16_t, true, true>() : preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
-      claims ? preload_rs_kernel<cutlass::half_t, true, true>() : preload_rs_kernel<cutlass::half_t, true, false>()};
+  // Every variant, whatever TANDEM_TP_CLAIM / TANDEM_TP_GEMM_TILE say now (read at every launch; preloaded once
+  // a process: as preload_ag_kernels).
+  const cudaError_t e[] = {preload_rs_kernel<cutlass::bfloat16_t, false, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::half_t, false, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::half_t, true, true, Tile256x128Config>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, false, false>(),
+                           preload_rs_kernel<cutlass::half_t, false, false>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, false, true>(),
+                           preload_rs_kernel<cutlass::half_t, false, true>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, true>(),
+                           preload_rs_kernel<cutlass::half_t, true, true>(),
+                           preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
+                           preload_rs_kernel<cutlass::half_t, true, false>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -464,7 +475,11 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   // The fused kernel in pieces is its own instantiation (TANDEM_RS_PIECES; see piece_plan).
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
-  const int piece_count = fused ? piece_plan(a, plan, one_shot, FusedKnobs::from_env()).pieces : 0;
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  // 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128) in the fused kernel with tile claims only
+  const bool tile256 = fused && tile_claims_enabled() && knobs.gemm_tile_m == 256;
+  const int piece_count =
+      fused ? piece_plan(a, plan, one_shot, knobs, tile256 ? 256 : 128, tile256 ? 128 : 256).pieces : 0;
   const bool pieces = piece_count > 1;
   // Tile claims (default; TANDEM_TP_CLAIM=0 off) in the fused kernel only: the unfused GEMM is a kernel of its
   // own. Across nodes too: a chunk's claims are numbered by the step at which this rank computes it
@@ -473,9 +488,15 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   if (fused) {
     detail::g_last_fused_pieces = piece_count;
     detail::g_last_fused_claims = claims;
+    detail::g_last_fused_gemm_tile_m = tile256 ? 256 : 128;
   }
   const auto typed = [&](auto element) {
     using Element = decltype(element);
+    if (tile256)
+      return pieces ? run_typed<Element, true, true, Tile256x128Config>(a, stream, fused, kAllReduce, one_shot, why,
+                                                                        stages)
+                    : run_typed<Element, false, true, Tile256x128Config>(a, stream, fused, kAllReduce, one_shot, why,
+                                                                         stages);
     if (claims)
       return pieces ? run_typed<Element, true, true>(a, stream, fused, kAllReduce, one_shot, why, stages)
                     : run_typed<Element, false, true>(a, stream, fused, kAllReduce, one_shot, why, stages);

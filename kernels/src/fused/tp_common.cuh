@@ -145,10 +145,13 @@ using runtime::WorkspaceCarver;
 uint64_t* timeline_for_launch(cudaStream_t stream);  // null unless TANDEM_TP_TRACE=1
 extern int g_last_fused_pieces;   // host: the pieces of this process's last fused GEMM+RS/AR launch (1: whole chunks)
 extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
+extern int g_last_fused_gemm_tile_m;  // host: the tile M of the last fused TP launch's GEMM role (128 or 256)
 extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
 //   TANDEM_TP_CLAIM=0     the fused GEMM roles take tiles by the static persistent stride (default: tile claims)
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
+//   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
+//                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
 //                         late, as clusters that MPS made resident late do (tile claims give their tiles away)
 struct FusedKnobs {
@@ -160,6 +163,7 @@ struct FusedKnobs {
   bool common_order = false;
   bool one_pass = false;
   int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
+  int gemm_tile_m = 128;  // TANDEM_TP_GEMM_TILE=256x128: the fused GEMM roles in 256x128 tiles
   static FusedKnobs from_env();
 };
 

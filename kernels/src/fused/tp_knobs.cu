@@ -22,6 +22,7 @@ uint64_t* g_timeline = nullptr;  // host: the device buffer, made on the first t
 }  // namespace
 int g_last_fused_pieces = 0;
 bool g_last_fused_claims = false;
+int g_last_fused_gemm_tile_m = 0;
 bool g_last_fused_joined = false;
 
 bool tile_claims_enabled() { return !env_is("TANDEM_TP_CLAIM", "0"); }
@@ -50,6 +51,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.one_pass = env_is("TANDEM_RS_REDUCE", "onepass");
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
   k.join = env_is("TANDEM_RS_JOIN", "1");
+  k.gemm_tile_m = env_is("TANDEM_TP_GEMM_TILE", "256x128") ? 256 : 128;
   runtime::late_blocks_from_env("TANDEM_TP_LATE", &k.late_cluster, &k.late_us);
   return k;
 }
@@ -67,6 +69,7 @@ cudaError_t timeline_snapshot(std::vector<uint64_t>* out) {
 int timeline_slots() { return runtime::kTimelineSlots; }
 int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
 bool last_fused_claims() { return detail::g_last_fused_claims; }
+int last_fused_gemm_tile_m() { return detail::g_last_fused_gemm_tile_m; }
 bool last_fused_rs_joined() { return detail::g_last_fused_joined; }
 
 }  // namespace tandem::kernels::tp

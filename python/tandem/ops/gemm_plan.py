@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 
 from . import _tune_table
 
@@ -287,11 +288,13 @@ def write_table(rows: list, path: str | None = None) -> str:
                              defaults={"kind": "bf16"})
 
 
-def rows_from_bench(paths) -> list:
-    """Table rows from `python -m tandem bench gemm` outputs (gemm_w1.json): per shape and kind (bf16, FP8
-    tensor-wise, FP8 row-wise) with per-configuration times (variants_ms), the fastest configuration, on the SM
-    count of that run's device."""
-    rows = []
+def _merged_bench_rows(paths) -> list:
+    """The bench rows of several `bench gemm` outputs, one per (kind, SM count, M, N, K): where more than one file
+    timed a shape, each configuration's (and tile schedule's) time is the median of the files that timed it. One
+    sweep's single timing of two configurations a few percent apart picks either by chance (2026-12-06: a FP8 row
+    whose choice moved between sweeps ran 0.87 of _scaled_mm instead of 1.10); the median of several sweeps picks
+    the one that is faster more often."""
+    groups = {}
     for p in paths:
         with open(p) as f:
             data = json.load(f)
@@ -299,43 +302,66 @@ def rows_from_bench(paths) -> list:
             kind = "bf16" if r.get("dtype") == "bfloat16" else f"fp8_{r.get('scaling')}"
             if kind not in KINDS:
                 continue
-            configs = _configs(kind)
-            times = {v: t for v, t in (r.get("variants_ms") or {}).items() if t is not None and v in configs}
-            if not times:
+            key = (kind, int(r.get("sm_count") or 132), int(r["m"]), int(r["n"]), int(r["k"]))
+            groups.setdefault(key, []).append(r)
+    merged = []
+    for (kind, sms, m, n, k), rs in groups.items():
+        row = dict(kind=kind, sm_count=sms, m=m, n=n, k=k)
+        for field in ("variants_ms", "schedules_ms"):
+            timed = {}
+            for r in rs:
+                for name, t in (r.get(field) or {}).items():
+                    if t is not None:
+                        timed.setdefault(name, []).append(float(t))
+            row[field] = {name: statistics.median(ts) for name, ts in timed.items()}
+        merged.append(row)
+    return merged
+
+
+def rows_from_bench(paths) -> list:
+    """Table rows from `python -m tandem bench gemm` outputs (gemm_w1.json): per shape and kind (bf16, FP8
+    tensor-wise, FP8 row-wise) with per-configuration times (variants_ms), the fastest configuration, on the SM
+    count of that run's device."""
+    rows = []
+    for r in _merged_bench_rows(paths):
+        kind = r["kind"]
+        configs = _configs(kind)
+        times = {v: t for v, t in (r.get("variants_ms") or {}).items() if t is not None and v in configs}
+        if not times:
+            continue
+        sms = int(r.get("sm_count") or 132)
+        # Where the output tiles fill a wave or more: split-K is not taken (its workspace grows with the whole
+        # output: 1.9 GB at 16384 x 28672), and stream-K (whose partials are the grid's units, bounded by the
+        # SMs) only if it beats every unsplit configuration by more than STREAM_K_TABLE_MARGIN, since its bits
+        # differ from the unsplit ones' and a win within the bench's noise is not worth that. (Before
+        # 2026-12-06 stream-K was dropped there too: on the H100 that left 4-16 % at 7 of 72 bench rows.)
+        splits = SPLITS if kind == "bf16" else SCALED_SPLITS
+        full_wave = {v for v in times if v in splits and
+                     _tiles(configs[v][0], configs[v][1], 1, 1, int(r["m"]), int(r["n"])) >= sms}
+        unsplit = [t for v, t in times.items() if v not in splits]
+        for v in full_wave:
+            if splits[v] != "stream" or not unsplit or times[v] * (1 + STREAM_K_TABLE_MARGIN) >= min(unsplit):
+                del times[v]
+        if not times:
+            continue
+        best = min(times, key=times.get)
+        row = dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best, ms=times[best],
+                   candidates=times)
+        # other tile schedules of the configurations that could be chosen (schedules_ms, timed as the row's
+        # variants_ms are); one is taken only where it beats the default schedule's best by more than
+        # SCHEDULE_TABLE_MARGIN
+        scheduled = {}
+        for name, t in (r.get("schedules_ms") or {}).items():
+            try:
+                sch = Schedule.parse(name)
+            except ValueError:
                 continue
-            sms = int(r.get("sm_count") or 132)
-            # Where the output tiles fill a wave or more: split-K is not taken (its workspace grows with the whole
-            # output: 1.9 GB at 16384 x 28672), and stream-K (whose partials are the grid's units, bounded by the
-            # SMs) only if it beats every unsplit configuration by more than STREAM_K_TABLE_MARGIN, since its bits
-            # differ from the unsplit ones' and a win within the bench's noise is not worth that. (Before
-            # 2026-12-06 stream-K was dropped there too: on the H100 that left 4-16 % at 7 of 72 bench rows.)
-            splits = SPLITS if kind == "bf16" else SCALED_SPLITS
-            full_wave = {v for v in times if v in splits and
-                         _tiles(configs[v][0], configs[v][1], 1, 1, int(r["m"]), int(r["n"])) >= sms}
-            unsplit = [t for v, t in times.items() if v not in splits]
-            for v in full_wave:
-                if splits[v] != "stream" or not unsplit or times[v] * (1 + STREAM_K_TABLE_MARGIN) >= min(unsplit):
-                    del times[v]
-            if not times:
-                continue
-            best = min(times, key=times.get)
-            row = dict(kind=kind, sms=sms, m=int(r["m"]), n=int(r["n"]), k=int(r["k"]), variant=best, ms=times[best],
-                       candidates=times)
-            # other tile schedules of the configurations that could be chosen (schedules_ms, timed as the row's
-            # variants_ms are); one is taken only where it beats the default schedule's best by more than
-            # SCHEDULE_TABLE_MARGIN
-            scheduled = {}
-            for name, t in (r.get("schedules_ms") or {}).items():
-                try:
-                    sch = Schedule.parse(name)
-                except ValueError:
-                    continue
-                if t is not None and sch.valid(kind) and sch.variant in times:
-                    scheduled[sch] = t
-            if scheduled:
-                sch = min(scheduled, key=scheduled.get)
-                row["schedules"] = {x.name(): t for x, t in scheduled.items()}
-                if scheduled[sch] * (1 + SCHEDULE_TABLE_MARGIN) < times[best]:
-                    row.update(variant=sch.variant, swizzle=sch.swizzle, raster=sch.raster, ms=scheduled[sch])
-            rows.append(row)
+            if t is not None and sch.valid(kind) and sch.variant in times:
+                scheduled[sch] = t
+        if scheduled:
+            sch = min(scheduled, key=scheduled.get)
+            row["schedules"] = {x.name(): t for x, t in scheduled.items()}
+            if scheduled[sch] * (1 + SCHEDULE_TABLE_MARGIN) < times[best]:
+                row.update(variant=sch.variant, swizzle=sch.swizzle, raster=sch.raster, ms=scheduled[sch])
+        rows.append(row)
     return rows

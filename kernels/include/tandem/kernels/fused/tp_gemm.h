@@ -106,6 +106,9 @@ int last_fused_rs_pieces();
 // Diagnostic: whether this process's last fused TP launch (AG+GEMM, GEMM+RS or GEMM+AR) took its GEMM tiles by
 // tile claims (TANDEM_TP_CLAIM=1) rather than the static persistent stride.
 bool last_fused_claims();
+// The tile M of the last fused TP launch's GEMM role in this process (AG+GEMM, GEMM+RS/AR): 128 (the core's
+// 128x256), or 256 (TANDEM_TP_GEMM_TILE=256x128).
+int last_fused_gemm_tile_m();
 // Diagnostic: whether the last fused GEMM+RS/AR launch ran the joined reduction (TANDEM_RS_JOIN=1; pieces with
 // tile claims).
 bool last_fused_rs_joined();

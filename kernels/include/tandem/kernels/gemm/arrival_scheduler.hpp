@@ -46,9 +46,13 @@ static_assert(CUTLASS_MAJOR == 4 && CUTLASS_MINOR == 2,
 
 namespace cutlass::gemm::kernel::detail {
 
-template <bool kPieces, bool kClaims = false>
+// kClusterM: the GEMM's cluster extent along M (its ClusterShape's first mode), 2 for the core's 2x1 clusters or 1
+// for single-CTA clusters (measured for the fused AG+GEMM on 2026-12-06 and not kept: tools/pending/ag-cluster1.diff).
+// The pinned fused grid stays two blocks wide either way.
+template <bool kPieces, bool kClaims = false, int kClusterM = 2>
 class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   using Base = PersistentTileSchedulerSm90;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
 
  public:
   using WorkTileInfo = typename Base::WorkTileInfo;
@@ -89,7 +93,8 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     const uint64_t gy = arrival_->gemm_grid_y > 0 ? uint64_t(arrival_->gemm_grid_y) : uint64_t(gridDim.y);
     const uint64_t by = uint64_t(blockIdx.y) - uint64_t(arrival_->gemm_block_y0);
     // A pinned grid (the fused kernels: (2, clusters) below the role rows) is numbered cluster-minor first in
-    // either raster order: the base takes the low bit of the index as the block's place in its 2x1 cluster.
+    // either raster order: with 2x1 clusters the base takes the low bit of the index as the block's place in its
+    // cluster; with clusters of one CTA every index is a CTA of its own.
     if (p.raster_order_ == RasterOrder::AlongN || arrival_->gemm_grid_x > 0) {
       linear_ = uint64_t(blockIdx.x) + by * gx;
     } else {
@@ -109,14 +114,16 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
       epoch_ = tandem::kernels::runtime::epoch_after(arrival_->epoch_counter);
     }
     if constexpr (kClaims) {
-      // A 2x1 cluster is a row of the pinned GEMM grid (gemm_grid_x == 2, checked by the host). linear_ keeps
-      // the call's first index (pieces) plus the block's place in its cluster; claim v is the cluster tile at
-      // linear_ + 2 v. seq_ numbers this thread's work tiles.
-      cluster_ = int32_t(by);
+      // A cluster is kClusterM consecutive blocks of the pinned GEMM grid (a row of it for 2x1 clusters:
+      // gemm_grid_x == 2, checked by the host). linear_ keeps the call's first index (pieces) plus the block's
+      // place in its cluster; claim v is the cluster tile at linear_ + kClusterM v. seq_ numbers this thread's
+      // work tiles.
+      block_ = int32_t(by * gx + blockIdx.x);
+      cluster_ = block_ / kClusterM;
       call_ = arrival_->claim_call + piece * arrival_->claim_stride;
-      linear_ -= by * gx;
+      linear_ -= uint64_t(cluster_) * kClusterM;
       tag0_ = (epoch_ << 26) | (uint64_t(call_ & 63) << 20);
-      if (threadIdx.x == 0) arrival_->claims->tiles_of_block[by * gx + blockIdx.x] = 0u;
+      if (threadIdx.x == 0) arrival_->claims->tiles_of_block[block_] = 0u;
     }
 #endif
   }
@@ -130,10 +137,10 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     if constexpr (kClaims) {
       const uint32_t v = claimed(seq_);
       if (v == kNoTile) return WorkTileInfo::invalid_work_tile();
-      WorkTileInfo w = work_for(linear_ + 2u * uint64_t(v), /*wait=*/true);
+      WorkTileInfo w = work_for(linear_ + uint64_t(kClusterM) * uint64_t(v), /*wait=*/true);
       if (threadIdx.x == 0 && seq_ >= counted_) {  // the producer thread sees each tile once
         counted_ = seq_ + 1;
-        if (w.is_valid()) arrival_->claims->tiles_of_block[cluster_ * 2 + int32_t(blockIdx.x)] += 1u;
+        if (w.is_valid()) arrival_->claims->tiles_of_block[block_] += 1u;
       }
       return w;
     } else {
@@ -185,11 +192,11 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     tandem::kernels::gemm::TileClaims::Slot* slot =
         &arrival_->claims->ring[cluster_][seq % tandem::kernels::gemm::kClaimRingSlots];
     const uint64_t tag = tag0_ | (seq & 0xfffffu);
-    if (blockIdx.x == 0 && threadIdx.x == 0 && seq >= published_) {
+    if (block_ % kClusterM == 0 && threadIdx.x == 0 && seq >= published_) {
       published_ = seq + 1;
       const uint32_t v = atomicAdd(&arrival_->claims->next[call_ & 63], 1u);
-      const bool valid = linear_ + 2u * uint64_t(v) < end_ &&
-                         Base::get_current_work_for_linear_idx(linear_ + 2u * uint64_t(v)).is_valid();
+      const uint64_t at = linear_ + uint64_t(kClusterM) * uint64_t(v);
+      const bool valid = at < end_ && Base::get_current_work_for_linear_idx(at).is_valid();
       const uint32_t value = valid ? v : kNoTile;
       tandem::device::local_store(&slot->value, uint64_t(value));
       tandem::device::local_publish(&slot->tag, tag);
@@ -200,8 +207,8 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   }
 
   // The base maps a linear index to (M, N) with its raster order and swizzle; the M block is then rotated so
-  // that the block holding the first row of chunk `first_chunk` comes first, rounded down to an even block so
-  // that the clusters (2 M blocks) stay whole, and the tile is handed out once every chunk it reads has landed.
+  // that the block holding the first row of chunk `first_chunk` comes first, rounded down to a whole cluster so
+  // that the clusters (kClusterM M blocks) stay whole, and the tile is handed out once every chunk it reads has landed.
   // Chunks need not be tile multiples (any chunk_rows a multiple of 8): a tile whose rows straddle chunks waits
   // for each of them, and the M blocks past the last row (padding up to the cluster) wait for none.
   CUTLASS_DEVICE WorkTileInfo work_for(uint64_t linear, bool wait) const {
@@ -211,11 +218,11 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
     const int64_t rows = int64_t(arrival_->chunk_rows) * arrival_->chunks;
     const int32_t tm = arrival_->tile_m;
     const int32_t m_tiles = int32_t((rows + tm - 1) / tm);
-    const int32_t m_blocks = (m_tiles + 1) & ~1;  // the base rounds M up to whole clusters
+    const int32_t m_blocks = (m_tiles + kClusterM - 1) / kClusterM * kClusterM;  // the base rounds M up to clusters
     // With a swizzle the base pads M further (to whole swizzle groups): such M blocks lie past the last row (no
     // rotation, no wait; the kernel's bounds make them write nothing).
     if (w.M_idx >= m_blocks) return w;
-    const int32_t first = int32_t(int64_t(arrival_->first_chunk) * arrival_->chunk_rows / tm) & ~1;
+    const int32_t first = int32_t(int64_t(arrival_->first_chunk) * arrival_->chunk_rows / tm) / kClusterM * kClusterM;
     const int32_t rotated = int32_t((int64_t(w.M_idx) + first) % m_blocks);
     w.M_idx = rotated;
     if (wait && rotated < m_tiles) {
@@ -255,7 +262,8 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   uint64_t stride_ = 1;
   uint64_t end_ = ~uint64_t(0);  // the end of this call's piece (pieces), else unbounded
   // Claims only:
-  int32_t cluster_ = 0;       // this cluster's row of the GEMM grid (its ring)
+  int32_t cluster_ = 0;       // this cluster's index in the GEMM grid (its ring)
+  int32_t block_ = 0;         // this block's index in the GEMM grid
   int32_t call_ = 0;          // this call's counter
   uint64_t tag0_ = 0;         // (epoch << 26) | (call << 20): the ring tags of this call
   uint64_t seq_ = 0;          // this thread's current work tile number
@@ -263,25 +271,29 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
   uint64_t counted_ = 0;      // thread 0: tiles counted into tiles_of_block
 };
 
+// The cluster extent along M of the GEMM that instantiates the scheduler.
+template <class ClusterShape>
+inline constexpr int kArrivalClusterM = static_cast<int>(decltype(cute::size<0>(ClusterShape{}))::value);
+
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler<false>;
+  using Scheduler = TandemArrivalScheduler<false, false, kArrivalClusterM<ClusterShape>>;
 };
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler<true>;
+  using Scheduler = TandemArrivalScheduler<true, false, kArrivalClusterM<ClusterShape>>;
 };
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalClaimsSchedulerTag, ArchTag, TileShape, ClusterShape,
                              SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler<false, true>;
+  using Scheduler = TandemArrivalScheduler<false, true, kArrivalClusterM<ClusterShape>>;
 };
 template <class ArchTag, class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
 struct TileSchedulerSelector<tandem::kernels::gemm::ArrivalPiecesClaimsSchedulerTag, ArchTag, TileShape,
                              ClusterShape, SchedulerPipelineStageCount> {
-  using Scheduler = TandemArrivalScheduler<true, true>;
+  using Scheduler = TandemArrivalScheduler<true, true, kArrivalClusterM<ClusterShape>>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail

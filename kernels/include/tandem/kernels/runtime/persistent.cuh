@@ -220,14 +220,15 @@ __device__ __forceinline__ bool block_ok(Status s) { return __syncthreads_and(s 
 // wide, so their comm roles are whole rows of kClusterX blocks.
 constexpr int kClusterX = 2;
 
-// Launch `kernel` on grid (gx, gy) with kClusterX x 1 x 1 clusters (the GEMM core's cluster shape).
+// Launch `kernel` on grid (gx, gy) with cluster_x x 1 x 1 clusters: kClusterX, the GEMM core's cluster shape, or 1
+// (a fused GEMM role in clusters of one CTA; the grid keeps its kClusterX-wide rows).
 template <class Params, class Kernel>
 cudaError_t launch_clustered(Kernel kernel, dim3 grid, int threads, int smem, cudaStream_t stream,
-                             const Params& params) {
+                             const Params& params, int cluster_x = kClusterX) {
   // once per kernel and device (launch_cache.hpp), not per launch
   cudaError_t e = ensure_dynamic_smem(kernel, smem);
   if (e != cudaSuccess) return e;
-  const ClusterLaunch launch(grid, dim3(threads, 1, 1), smem, stream, dim3(kClusterX, 1, 1));
+  const ClusterLaunch launch(grid, dim3(threads, 1, 1), smem, stream, dim3(cluster_x, 1, 1));
   return cudaLaunchKernelEx(&launch.config, kernel, params);
 }
 
