@@ -53,8 +53,10 @@ struct ScaledShape {
   using MainloopSchedule = Mainloop_;
   using EpilogueSchedule = Epilogue_;
   using Scheduler = Scheduler_;
-  // a third fp32 tile of registers (the overlapped promotion's) fits beside 128-wide tiles' 64 a thread, not 192's 96
+  // a third fp32 tile of registers (the overlapped promotion's) fits beside 128-wide tiles' 64 a thread, not 192's 96:
+  // those overlap half-tile batches instead (two half partials, sm90_fp8_overlapped_promotion.hpp)
   static constexpr bool kOverlappedPromotion = TANDEM_FP8_OVERLAPPED_PROMOTION && kTileN == 128;
+  static constexpr bool kSplitPromotion = TANDEM_FP8_OVERLAPPED_PROMOTION && kTileN == 192;
 };
 using Coop128C2 = ScaledShape<128, 128, 2, 1, Coop, CoopEpi>;
 using Coop128C1 = ScaledShape<128, 128, 1, 1, Coop, CoopEpi>;
@@ -107,8 +109,9 @@ struct Sm90ScaledGemm {
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  using Mainloop = std::conditional_t<Config::kOverlappedPromotion,
-                                      detail::Fp8OverlappedPromotionMainloop<BuiltMainloop>, BuiltMainloop>;
+  using Mainloop = std::conditional_t<
+      Config::kOverlappedPromotion, detail::Fp8OverlappedPromotionMainloop<BuiltMainloop>,
+      std::conditional_t<Config::kSplitPromotion, detail::Fp8SplitPromotionMainloop<BuiltMainloop>, BuiltMainloop>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
                                                       typename Config::Scheduler>;
