@@ -249,6 +249,26 @@
 #   3. fp8-split (C7514 gone since bbfae21; main merged in at 620c705): part f8s, with .carry/prebuilt-fp8-split as
 #      .carry/prebuilt and .carry/before-f8s = main at 967ea83 (python + module); carry both (60 MB with .whl).
 #   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
+# 2026-12-06 19:55 (sixteenth session; H100s GPU-5d621938 18:49 and GPU-6cfb2a94 19:02-19:12; the budget went on
+# three refused starts and the calls below): share (22 % is the share with every rank resident; a smaller share
+# does not change fused/naive), rss (rs-staged's 25 tests passed; faster at world 2 where the reduction leads,
+# slower with 4 ranks a GPU), fp8m (median table not shipped), f8s (fp8-split's 13 tests passed; FP8 op 1.118 /
+# 1.042 of _scaled_mm, lowest 0.923 / 0.927: merged). Next session, in this order:
+#   1. ring on branch rs-ring (issue 21; not run: the fused GEMM+RS with its reduction in the GEMM epilogues, no
+#      reduce role; docs/fused-kernels.md): module .carry/prebuilt-rs-ring (SOURCES = tools/native_sources_hash.sh
+#      there; else build it: git checkout rs-ring && bash tools/prebuild_device_module.sh in a worktree):
+#        git checkout rs-ring && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-rs-ring .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh ring",
+#            carry=[".whl", ".carry/prebuilt"])
+#      Test green and the ring faster than the default fused GEMM+RS: merge (the knob's default per the numbers),
+#      then the ring for GEMM+AR (an all-gather of the reduced chunks after the last step) and pieces.
+#      Branch gone: git checkout -b rs-ring e1c6750 && git apply tools/pending/rs-ring.diff.
+#   2. tps on branch rs-staged (its counter fix 318e854 is not run; module .carry/prebuilt-rs-staged, SOURCES
+#      428488b): the staged test and bench tp. Merge if green (default per the numbers: slower with 4 ranks a GPU).
+#   3. The whole GPU suite on main (fp8-split merged since the last whole run; test_transport has not run since
+#      e756288), and on an H200 if one is lent: issue 23's sweep (the FP8 table with fp8-split: its sweep covered
+#      14 of 24 shapes, docs/results/fp8_split/sweep_partial.json).
+#   4. ra on gemm-run-at.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
