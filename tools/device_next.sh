@@ -254,9 +254,9 @@
 # does not change fused/naive), rss (rs-staged's 25 tests passed; faster at world 2 where the reduction leads,
 # slower with 4 ranks a GPU), fp8m (median table not shipped), f8s (fp8-split's 13 tests passed; FP8 op 1.118 /
 # 1.042 of _scaled_mm, lowest 0.923 / 0.927: merged). Next session, in this order:
-#   1. ring on branch rs-ring (issue 21; not run: the fused GEMM+RS with its reduction in the GEMM epilogues, no
-#      reduce role; docs/fused-kernels.md): module .carry/prebuilt-rs-ring (SOURCES = tools/native_sources_hash.sh
-#      there; else build it: git checkout rs-ring && bash tools/prebuild_device_module.sh in a worktree):
+#   1. ring on branch rs-ring (issue 21; not run: the fused GEMM+RS and two-shot GEMM+AR with the reduction in the
+#      GEMM epilogues, no reduce role; docs/fused-kernels.md): module .carry/prebuilt-rs-ring (SOURCES caa0332 =
+#      tools/native_sources_hash.sh there; else build it: bash tools/prebuild_device_module.sh in a worktree):
 #        git checkout rs-ring && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-rs-ring .carry/prebuilt
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh ring",
 #            carry=[".whl", ".carry/prebuilt"])
