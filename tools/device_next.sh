@@ -822,45 +822,6 @@ elif [ "$part" = fp8m ]; then
     done
   done
   cp "$W/shipped.json" $T
-elif [ "$part" = f8s ]; then
-  # branch fp8-split (not run): the FP8 128x192 / 64x192 configurations with the promotion overlapped by half-tile
-  # batches (two N halves, two half partial tiles: the registers of CUTLASS's one full partial;
-  # sm90_fp8_overlapped_promotion.hpp, Fp8SplitPromotionMainloop; the same bits predicted). Its tests (every FP8
-  # configuration exact on structured data and bit-identical to the default where unsplit, the C++ op path, the
-  # FP8 TP ops), then the op before (main's module and python: .carry/before-f8s) and after in this call, then
-  # every FP8 configuration after (for the table). Prediction: the 128x192 rows (8 of the 10 FP8 shapes below 0.90
-  # of _scaled_mm on 2026-12-06) 5-7 % faster, as the 128-wide ones were with fp8-overlap.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py -k "scaled or cpp_dispatcher or fp8"
-  bash tools/build_torch_ops.sh .carry/before-f8s/python/tandem > /dev/null 2>&1 || echo "before: no torch ops library"
-  W=/tmp/f8s; rm -rf "$W"; mkdir -p "$W/f8s" "$OUT"
-  for s in before after; do
-    BEFORE_DIR=.carry/before-f8s bench_side $s 100 "$W/f8s" gemm --reps 10 --no-variants --dtypes fp8_tensor,fp8_row
-    tar czf "$OUT/f8s.tgz" -C "$W" f8s
-  done
-  t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
-  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes fp8_tensor,fp8_row \
-    --schedules 2 --out "$W/f8s/sweep" 2>&1 | grep -E "geometric|best|Error"
-  rm -f "$W"/f8s/*/*.png; tar czf "$OUT/f8s.tgz" -C "$W" f8s
-elif [ "$part" = f8 ]; then
-  # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
-  # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
-  # FP8 configuration exact on structured data and bit-identical to the default where unsplit, the op's C++ path,
-  # the FP8 TP ops), then the op before (main's module and python: .carry/before-f8) and after in this call, then
-  # every FP8 configuration after (for the table). Prediction: tensor-wise rows at M >= 1024 with N or K >= 14336
-  # from 0.81-0.90 of _scaled_mm toward 1.0; 128x192 rows unchanged (their mainloop is CUTLASS's still).
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py -k "scaled or cpp_dispatcher or fp8"
-  bash tools/build_torch_ops.sh .carry/before-f8/python/tandem > /dev/null 2>&1 || echo "before: no torch ops library"
-  W=/tmp/f8; rm -rf "$W"; mkdir -p "$W/f8" "$OUT"
-  for s in before after; do
-    BEFORE_DIR=.carry/before-f8 bench_side $s 100 "$W/f8" gemm --reps 10 --no-variants --dtypes fp8_tensor,fp8_row
-    tar czf "$OUT/f8.tgz" -C "$W" f8
-  done
-  t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
-  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes fp8_tensor,fp8_row \
-    --schedules 2 --out "$W/f8/sweep" 2>&1 | grep -E "geometric|best|Error"
-  rm -f "$W"/f8/*/*.png; tar czf "$OUT/f8.tgz" -C "$W" f8
 elif [ "$part" = tf ]; then
   # branch torch-ops-fixes (not run; a review's findings): the C++ kernels take a's device before the planner, intern
   # the configuration names (no string copy a call), decode a launch error's reason with replacement, refuse a miss
