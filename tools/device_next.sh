@@ -273,14 +273,15 @@
 # device time, the rest "none asked" waits); nothing ran. A fourth review of rs-ring found a stall (the ring with the
 # static stride: finished blocks wait on their SMs for blocks of the same grid under MPS) and a flag that could go
 # back (one ring_step word for every step): fixed on rs-ring (13b13a4, not run), module .carry/prebuilt-rs-ring2
-# (SOURCES 3f69c27; .carry/prebuilt-rs-ring is the old one, stale). Next session, in this order:
+# (SOURCES 974713f at e90ecde, main merged in; .carry/prebuilt-rs-ring is the old one, stale). Next session, in this order:
 #   1. ring (or rings, the same cut to ~300 s) on branch rs-ring, module .carry/prebuilt-rs-ring2:
 #        git checkout --detach rs-ring && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-rs-ring2 .carry/prebuilt
 #        bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES      # equal?
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh ring",
 #            carry=[".whl", ".carry/prebuilt"])
-#      rs-ring merges into main without conflicts and the merged tree's native sources are rs-ring's (the module
-#      stays valid): green and faster -> merge, the knob's default per the numbers.
+#      rs-ring has main merged in (e90ecde; main's later commits touch tools/ only), so the merge is clean and
+#      its native sources stay rs-ring's (the module stays valid). Green and faster: merge, the knob's default per
+#      the numbers.
 #   2-4 as in the 19:55 entry above (tps, the whole GPU suite on main, ra).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
