@@ -123,6 +123,26 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_gemm_rs_as_a_ring_matches_its_summation_order_and_torch(run_ranks, world):
+    # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
+    # source C from the peer's heap). Ragged rows (300 a chunk: one cluster row and a part), N not a multiple of
+    # the 256-wide tile (520: a ragged C tile), K not a multiple of 64; three launches in a row each.
+    shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
+    res = run_ranks(f"{W}:rs_ring", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
+                    timeout_s=300)
+    for r in res:
+        assert len(r["exact"]) == 2 * len(shapes) * 3 and len(r["random"]) == 2 * len(shapes)
+        for c in r["exact"]:
+            assert c["ring"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
+        for c in r["random"]:
+            # bf16 / fp16 rounding after each of W - 1 adds: well within 2 % of the fp32 sum's norm
+            assert c["ring"] and not c["default_ring"] and c["finite"] and c["ar_rows_ok"], c
+            assert c["rel_ring"] < 2e-2 and c["rel_default"] < 1e-2 and c["rel_ring_vs_default"] < 2e-2, c
+        assert not any(r["ar_ring"])  # GEMM+AR keeps its reduce role
+        assert r["off_ring"] == dict(ring=False, wrong=0), r["off_ring"]
+
+
 @pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_ops_in_256x128_tiles_match_torch_and_the_128x256_kernels(run_ranks, world, late):

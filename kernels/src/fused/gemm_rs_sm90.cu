@@ -12,6 +12,18 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
+// Ring (TANDEM_RS_RING=1; RS, one node, whole chunks; not run on a GPU yet): no reduce role, every SM computes.
+// At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
+// same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
+// beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
+// its partial buffer, or at s = W-1 (o = r) into out. Flags: the last GEMM block past step s < W-1 sets
+// ring_step = ring_flag(e, s) on the left neighbour (r-1), whose step s+1 waits for it; before step 0 every
+// block waits ready[r-1] >= e - 1 (r-1 finished reading r's slots of e - 1). The reduction's adds sit in the
+// epilogues, spread over every SM, where the reduce role had a few blocks (2026-12-06: 15-37 GB/s a reduce block
+// under the GEMM's traffic). Sum order for chunk o: p[o-1], + p[o-2], ..., + p[o], rounded after every add (the
+// pipelined mode's order and rounding: cuBLAS with beta = 1; a ring reduce-scatter that sums in the element type,
+// as NCCL's does for bf16), so deterministic and the pipelined mode's bits, not the fp32-sum path's.
+//
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
 // block waits until every owner has read r's partial.
@@ -59,9 +71,40 @@ namespace {
 
 using namespace detail;
 
+// The ring's steps (protocol at the top of this file): every block of the grid is a GEMM block.
+template <class GemmKernel>
+__device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, char* smem, uint64_t e) {
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const int left = (rank + world - 1) % world, right = (rank + 1) % world;
+  Status st = Status::kOk;
+  // r-1 reads r's slots during its steps: they are free once r-1 finished the previous launch
+  if (threadIdx.x == 0) st = wait_until_backoff(comm, &ctl->ready[left], Cmp::kGe, e - 1, kRolePollNs, left);
+  for (int s = 0; s < world; ++s) {
+    // the right neighbour's sum of step s - 1 is stored (its stores completed before its release)
+    if (s > 0 && threadIdx.x == 0 && st == Status::kOk)
+      st = wait_until_backoff(comm, &ctl->ring_step, Cmp::kGe, ring_flag(e, s - 1), kRolePollNs, right);
+    // A failed wait leaves the abort flag up; the step is still computed so that every block stays in step.
+    __syncthreads();
+    // the epilogue's TMA loads of that sum go through the async proxy (whichever warp issues them)
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    p.timeline.stamp(1 + 3 * s);
+    GemmKernel op;
+    op(p.gemm[s], smem);
+    p.timeline.stamp(2 + 3 * s);
+    complete_bulk_stores();
+    __syncthreads();
+    p.timeline.stamp(3 + 3 * s);
+    if (s + 1 < world && threadIdx.x == 0 && last_of(&ctl->local_count[s], p.gemm_blocks))
+      (void)signal(comm, &ctl->ring_step, ring_flag(e, s), SignalOp::kSet, left);
+  }
+}
+
 // kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
 // whole-chunk kernel's registers stay as they were.
-template <class Element, class GemmKernel, bool kPieces>
+template <class Element, class GemmKernel, bool kPieces, bool kRing = false>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
@@ -77,6 +120,14 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       Status st = Status::kOk;
       for (int o = 0; o < world && st == Status::kOk; ++o) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
     }
+    return;
+  }
+  if constexpr (kRing) {
+    run_ring_steps(p, smem, e);
+    p.timeline.stamp(kSlotEnd);
+    finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+      for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
+    });
     return;
   }
   const Topology t = Topology::of(rank, world, p.ranks_per_node);
@@ -404,6 +455,82 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   return launch(dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1), Kernel::SharedStorageSize);
 }
 
+// The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
+// epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
+// mapping: TMA descriptors on peer memory, one node only).
+template <class Element>
+Status run_ring(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, false>>;
+  using Kernel = typename G::Kernel;
+  const int world = a.comm.world, rank = a.comm.rank;
+  const int right = (rank + 1) % world;
+  const int mr = a.m / world;
+  const size_t chunk_bytes = static_cast<size_t>(mr) * a.n * sizeof(Element);
+  char* ws = static_cast<char*>(a.workspace);
+  // the right neighbour's partial buffer in this process's address space (the same heap offset on every rank)
+  const uint64_t right_heap = a.comm.peer_heap_inline[right];
+  if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
+  const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
+  RsParams<Kernel> p{};
+  p.comm = a.comm;
+  p.ctl = reinterpret_cast<Control*>(ws);
+  p.partial = ws + kPartialOffset;
+  p.out = static_cast<char*>(a.out);
+  p.ranks_per_node = world;
+  p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.chunk_rows = mr;
+  p.pieces = 1;
+  p.mode = RsMode::kFused;
+  p.timeline.stamps = timeline_for_launch(stream);
+  dim3 gg{};
+  for (int s = 0; s < world; ++s) {
+    const int o = (rank + 1 + s) % world;  // step W-1: o = rank
+    gemm::GemmArgs g;
+    g.m = mr;
+    g.n = a.n;
+    g.k = a.k;
+    g.dtype = a.dtype;
+    g.a = static_cast<const char*>(a.a) + static_cast<size_t>(o) * mr * a.lda * sizeof(Element);
+    g.lda = a.lda;
+    g.b = a.b;
+    g.ldb = a.ldb;
+    g.d = s + 1 < world ? const_cast<char*>(p.partial) + static_cast<size_t>(s) * chunk_bytes : p.out;
+    g.ldd = a.n;
+    g.sm_count = a.plan.sm_count;  // 0: every SM of the device
+    if (s > 0) {  // D_s = A[o] @ B + D_{s-1} of the right neighbour (slot s - 1 of its partial buffer)
+      g.c = right_partial + static_cast<size_t>(s - 1) * chunk_bytes;
+      g.ldc = a.n;
+      g.beta = 1.0f;
+    }
+    auto args = G::arguments(g);
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = Raster::AlongN;
+    args.scheduler.arrival.chunks = 1;  // no arrival waits: the step's wait is before the GEMM (run_ring_steps)
+    args.scheduler.arrival.chunk_rows = mr;
+    args.scheduler.arrival.comm = a.comm;
+    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ring step");
+    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+    if (s == 0) {
+      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
+      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
+        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
+    }
+    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    args.scheduler.arrival.gemm_block_y0 = 0;
+    p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
+  }
+  p.reduce_rows_y = 0;
+  p.reduce_blocks = 0;
+  p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  detail::g_last_fused_ring = true;
+  const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel, false, true>, gg, Kernel::MaxThreadsPerBlock,
+                                           Kernel::SharedStorageSize, stream, p);
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
 }  // namespace
 
 
@@ -412,6 +539,13 @@ cudaError_t preload_rs_kernel() {
   using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>, Config>::Kernel;
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
+}
+
+template <class Element>
+cudaError_t preload_rs_ring_kernel() {
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, false>>::Kernel;
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, false, true>);
 }
 
 cudaError_t preload_rs_kernels() {
@@ -428,7 +562,9 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::bfloat16_t, true, true>(),
                            preload_rs_kernel<cutlass::half_t, true, true>(),
                            preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
-                           preload_rs_kernel<cutlass::half_t, true, false>()};
+                           preload_rs_kernel<cutlass::half_t, true, false>(),
+                           preload_rs_ring_kernel<cutlass::bfloat16_t>(),
+                           preload_rs_ring_kernel<cutlass::half_t>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -485,11 +621,21 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // own. Across nodes too: a chunk's claims are numbered by the step at which this rank computes it
   // (rs_chunk_at of the node topology), so the ring tags still grow call by call.
   const bool claims = fused && tile_claims_enabled();
+  // The ring (TANDEM_RS_RING=1): GEMM+RS (not AR), one node, 2-16 ranks (the peers' heaps in DeviceComm), the
+  // whole launch; its steps are the core's 128x256 GEMM over every SM of the plan.
+  const bool ring = fused && !kAllReduce && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
+                    a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
+                    stages == Stages::kAll;
   if (fused) {
-    detail::g_last_fused_pieces = piece_count;
-    detail::g_last_fused_claims = claims;
-    detail::g_last_fused_gemm_tile_m = tile256 ? 256 : 128;
+    detail::g_last_fused_ring = false;
+    detail::g_last_fused_pieces = ring ? 1 : piece_count;
+    detail::g_last_fused_claims = ring ? false : claims;
+    detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
+    detail::g_last_fused_joined = false;
   }
+  if (ring)
+    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t>(a, stream, why)
+                                   : run_ring<cutlass::bfloat16_t>(a, stream, why);
   const auto typed = [&](auto element) {
     using Element = decltype(element);
     if (tile256)
