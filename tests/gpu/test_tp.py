@@ -139,6 +139,7 @@ def test_fused_gemm_rs_as_a_ring_matches_its_summation_order_and_torch(run_ranks
             # bf16 / fp16 rounding after each of W - 1 adds: well within 2 % of the fp32 sum's norm
             assert c["ring"] and not c["default_ring"] and c["finite"] and c["ar_rows_ok"], c
             assert c["rel_ring"] < 2e-2 and c["rel_default"] < 1e-2 and c["rel_ring_vs_default"] < 2e-2, c
+            assert c["ring_again_wrong"] == 0 and c["default_again_differs"] == 0, c
         assert not any(r["ar_ring"])  # GEMM+AR keeps its reduce role
         assert r["off_ring"] == dict(ring=False, wrong=0), r["off_ring"]
 

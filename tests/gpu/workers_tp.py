@@ -328,12 +328,14 @@ def rs_ring(rs_shapes, dtypes, repeats):
             dtype = getattr(torch, name)
             for (mr, n, k) in rs_shapes:
                 m = mr * world
-                parts = _rs_partials(world, m, n, k, dtype)
-                a, b = parts[rank]
-                ref = _ring_reference(rank, world, parts, mr, dtype)
-                exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
                 _set_env(TANDEM_RS_RING=1)
                 for rep in range(repeats):
+                    # new values every launch (A scaled by rep + 1: still exact), so that a slot read before its
+                    # step was stored, or left from the previous launch, shows as wrong elements
+                    parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
+                    a, b = parts[rank]
+                    ref = _ring_reference(rank, world, parts, mr, dtype)
+                    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
                     got = tp.gemm_rs(comm, a, b, mode="fused")
                     torch.cuda.synchronize()
                     comm.check()
@@ -342,12 +344,17 @@ def rs_ring(rs_shapes, dtypes, repeats):
                         wrong=int((got != ref).sum()),
                         rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
                 # random data: the ring against the fp32 sum and against the default kernel (reduce role)
+                # default, ring, default again on the one workspace (the switches' buffer hand-over both ways)
                 ra = _random((m, k), 40 + rank, dtype)
                 rb = _random((k, n), 50, dtype)
+                _set_env(TANDEM_RS_RING=None)
+                default_first = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                _set_env(TANDEM_RS_RING=1)
                 ring = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
                 ran = bool(K.tp_last_fused_rs_ring())
                 ar = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
                 out["ar_ring"].append(bool(K.tp_last_fused_rs_ring()))
+                ring_again = tp.gemm_rs(comm, ra * 2, rb, mode="fused").clone()  # ring after AR, new values
                 _set_env(TANDEM_RS_RING=None)
                 default = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
                 off = bool(K.tp_last_fused_rs_ring())
@@ -362,6 +369,9 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     rel_ring=float((ring.float() - full).norm() / norm),
                     rel_default=float((default.float() - full).norm() / norm),
                     rel_ring_vs_default=float((ring.float() - default.float()).norm() / norm),
+                    # x 2 is exact in every rounding step: the same bits doubled
+                    ring_again_wrong=int((ring_again != ring * 2).sum()),
+                    default_again_differs=int((default != default_first).sum()),
                     ar_rows_ok=bool(torch.isfinite(ar.float()).all()), finite=bool(torch.isfinite(ring.float()).all())))
         _set_env(TANDEM_RS_RING=None)
         mr, n, k = rs_shapes[0]

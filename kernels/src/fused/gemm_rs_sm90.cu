@@ -18,7 +18,9 @@
 // beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
 // its partial buffer, or at s = W-1 (o = r) into out. Flags: the last GEMM block past step s < W-1 sets
 // ring_step = ring_flag(e, s) on the left neighbour (r-1), whose step s+1 waits for it; before step 0 every
-// block waits ready[r-1] >= e - 1 (r-1 finished reading r's slots of e - 1). The reduction's adds sit in the
+// block waits ready[q] >= e - 1 from every q (r-1 finished reading r's slots of e - 1, and so did the owners if
+// the previous launch was the default kernel), and the launch's last block waits ready[q] >= e from every q (a
+// default launch next waits only for each chunk's owner, not for r-1). The reduction's adds sit in the
 // epilogues, spread over every SM, where the reduce role had a few blocks (2026-12-06: 15-37 GB/s a reduce block
 // under the GEMM's traffic). Sum order for chunk o: p[o-1], + p[o-2], ..., + p[o], rounded after every add (the
 // pipelined mode's order and rounding: cuBLAS with beta = 1; a ring reduce-scatter that sums in the element type,
@@ -80,8 +82,11 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
   const int rank = comm.rank, world = comm.world;
   const int left = (rank + world - 1) % world, right = (rank + 1) % world;
   Status st = Status::kOk;
-  // r-1 reads r's slots during its steps: they are free once r-1 finished the previous launch
-  if (threadIdx.x == 0) st = wait_until_backoff(comm, &ctl->ready[left], Cmp::kGe, e - 1, kRolePollNs, left);
+  // r-1 reads r's slots during its steps: they are free once r-1 finished the previous launch. Every rank, not only
+  // r-1: the previous launch on this workspace may have been the default kernel, whose owners read r's chunks
+  // (slot s is chunk s's bytes).
+  for (int q = 0; q < world && threadIdx.x == 0 && st == Status::kOk; ++q)
+    st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
   for (int s = 0; s < world; ++s) {
     // the right neighbour's sum of step s - 1 is stored (its stores completed before its release)
     if (s > 0 && threadIdx.x == 0 && st == Status::kOk)
@@ -127,6 +132,10 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     p.timeline.stamp(kSlotEnd);
     finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
       for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
+      // the next launch on this workspace may be the default kernel, which waits only for the owner of each chunk
+      // it overwrites, while r-1 read r's slots here: the launch ends when every rank is done (as kReduceOnly's)
+      Status st = Status::kOk;
+      for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e, q);
     });
     return;
   }
@@ -468,7 +477,8 @@ Status run_ring(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
   const size_t chunk_bytes = static_cast<size_t>(mr) * a.n * sizeof(Element);
   char* ws = static_cast<char*>(a.workspace);
   // the right neighbour's partial buffer in this process's address space (the same heap offset on every rank)
-  const uint64_t right_heap = a.comm.peer_heap_inline[right];
+  // (bit 0 of an entry marks a peer on this GPU: not part of the address)
+  const uint64_t right_heap = a.comm.peer_heap_inline[right] & ~tandem::kPeerSameDeviceBit;
   if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
   const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
   RsParams<Kernel> p{};
