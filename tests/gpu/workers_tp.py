@@ -314,7 +314,8 @@ def rs_ring(rs_shapes, dtypes, repeats):
     neighbour's running sum): structured data bit-exact against the ring's summation order (the pipelined mode's,
     _ring_reference), `repeats` launches in a row (the step flags of consecutive epochs), the host's record that
     the ring ran; random data against the fp32 sum and against the default kernel (within bf16 rounding: the ring
-    rounds after every add); the default path back once the knob is gone; GEMM+AR keeps its reduce role."""
+    rounds after every add); two-shot GEMM+AR through the ring (every chunk its owner's ring sum, the same bytes on
+    every rank); the default path back once the knob is gone."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     from tandem._native import native
@@ -339,9 +340,16 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     got = tp.gemm_rs(comm, a, b, mode="fused")
                     torch.cuda.synchronize()
                     comm.check()
+                    ran = bool(K.tp_last_fused_rs_ring())
+                    # two-shot AR: every chunk is its owner's ring sum, on every rank
+                    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    ref_ar = torch.cat([_ring_reference(q, world, parts, mr, dtype) for q in range(world)])
                     out["exact"].append(dict(
-                        shape=[m, n, k], dtype=name, rep=rep, ring=bool(K.tp_last_fused_rs_ring()),
-                        wrong=int((got != ref).sum()),
+                        shape=[m, n, k], dtype=name, rep=rep, ring=ran, ar_ring=bool(K.tp_last_fused_rs_ring()),
+                        wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
+                        ar_digest=_digest(got_ar),
                         rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
                 # random data: the ring against the fp32 sum and against the default kernel (reduce role)
                 # default, ring, default again on the one workspace (the switches' buffer hand-over both ways)
@@ -361,8 +369,8 @@ def rs_ring(rs_shapes, dtypes, repeats):
                 torch.cuda.synchronize()
                 comm.check()
                 # the fp32 sum of every rank's partial (each rank's A from its own seed, as the ranks made them)
-                full = sum(_random((m, k), 40 + q, dtype).float() @ rb.float() for q in range(world))
-                full = full[rank * mr:(rank + 1) * mr]
+                full_all = sum(_random((m, k), 40 + q, dtype).float() @ rb.float() for q in range(world))
+                full = full_all[rank * mr:(rank + 1) * mr]
                 norm = full.norm().clamp_min(1e-6)
                 out["random"].append(dict(
                     shape=[m, n, k], dtype=name, ring=ran, default_ring=off,
@@ -372,6 +380,7 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     # x 2 is exact in every rounding step: the same bits doubled
                     ring_again_wrong=int((ring_again != ring * 2).sum()),
                     default_again_differs=int((default != default_first).sum()),
+                    rel_ar=float((ar.float() - full_all).norm() / full_all.norm().clamp_min(1e-6)),
                     ar_rows_ok=bool(torch.isfinite(ar.float()).all()), finite=bool(torch.isfinite(ring.float()).all())))
         _set_env(TANDEM_RS_RING=None)
         mr, n, k = rs_shapes[0]

@@ -12,7 +12,8 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
-// Ring (TANDEM_RS_RING=1; RS, one node, whole chunks; not run on a GPU yet): no reduce role, every SM computes.
+// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks; not run on a GPU yet): no reduce role, every
+// SM computes.
 // At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
 // same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
 // beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
@@ -25,6 +26,8 @@
 // under the GEMM's traffic). Sum order for chunk o: p[o-1], + p[o-2], ..., + p[o], rounded after every add (the
 // pipelined mode's order and rounding: cuBLAS with beta = 1; a ring reduce-scatter that sums in the element type,
 // as NCCL's does for bf16), so deterministic and the pipelined mode's bits, not the fp32-sum path's.
+// AR: the last step stores into slot W-1 (no ring slot) and its last block sets reduced[r] = e on every rank; then
+// every block copies its slice of each rank's slot W-1 (own first) into out rows of that chunk.
 //
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
@@ -74,7 +77,7 @@ namespace {
 using namespace detail;
 
 // The ring's steps (protocol at the top of this file): every block of the grid is a GEMM block.
-template <class GemmKernel>
+template <class Element, class GemmKernel>
 __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, char* smem, uint64_t e) {
   using namespace tandem::device;
   Control* ctl = p.ctl;
@@ -102,9 +105,36 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
     complete_bulk_stores();
     __syncthreads();
     p.timeline.stamp(3 + 3 * s);
-    if (s + 1 < world && threadIdx.x == 0 && last_of(&ctl->local_count[s], p.gemm_blocks))
-      (void)signal(comm, &ctl->ring_step, ring_flag(e, s), SignalOp::kSet, left);
+    const bool all_reduce = p.gather_out != nullptr;
+    if ((s + 1 < world || all_reduce) && threadIdx.x == 0 && last_of(&ctl->local_count[s], p.gemm_blocks)) {
+      if (s + 1 < world) {
+        (void)signal(comm, &ctl->ring_step, ring_flag(e, s), SignalOp::kSet, left);
+      } else {  // AR: this rank's reduced rows (slot W-1 of its partial buffer) are complete, for every rank
+        for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, q);
+      }
+    }
   }
+  if (p.gather_out == nullptr) return;
+  // AR: every block copies its slice of every rank's reduced rows (slot W-1 of rank q's partial buffer, through
+  // the peer mapping; this rank's own first) into out rows of chunk q. The stores that made them were TMA stores
+  // completed and proxy-fenced before their release; these are plain loads after the acquire.
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const int64_t nvec = static_cast<int64_t>(chunk_bytes / 16);
+  const int64_t b = blockIdx.x + static_cast<int64_t>(blockIdx.y) * gridDim.x, nb = gridDim.x * gridDim.y;
+  const int64_t lo = nvec * b / nb, hi = nvec * (b + 1) / nb;
+  p.timeline.stamp(kSlotGatherStart);
+  for (int d = 0; d < world; ++d) {
+    const int q = (rank + d) % world;
+    if (threadIdx.x == 0 && st == Status::kOk)
+      st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, q);
+    if (!block_ok(st)) return;
+    const uint4* src = reinterpret_cast<const uint4*>(
+        peer_ptr(comm, p.partial + static_cast<size_t>(world - 1) * chunk_bytes, q));
+    if (src == nullptr) return;
+    copy_slice(reinterpret_cast<uint4*>(p.gather_out + static_cast<size_t>(q) * chunk_bytes), src, lo, hi);
+  }
+  __syncthreads();
+  p.timeline.stamp(kSlotGatherEnd);
 }
 
 // kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
@@ -128,7 +158,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     return;
   }
   if constexpr (kRing) {
-    run_ring_steps(p, smem, e);
+    run_ring_steps<Element>(p, smem, e);
     p.timeline.stamp(kSlotEnd);
     finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
       for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
@@ -468,7 +498,7 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
 // epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
 // mapping: TMA descriptors on peer memory, one node only).
 template <class Element>
-Status run_ring(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
+Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, false>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world, rank = a.comm.rank;
@@ -492,6 +522,10 @@ Status run_ring(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
   p.pieces = 1;
   p.mode = RsMode::kFused;
   p.timeline.stamps = timeline_for_launch(stream);
+  // AR: the last step stores this rank's reduced rows into slot W-1 (never a ring slot), where every rank reads
+  // them for its all-gather into out (M x N)
+  if (all_reduce) p.gather_out = static_cast<char*>(a.out);
+  char* last = all_reduce ? const_cast<char*>(p.partial) + static_cast<size_t>(world - 1) * chunk_bytes : p.out;
   dim3 gg{};
   for (int s = 0; s < world; ++s) {
     const int o = (rank + 1 + s) % world;  // step W-1: o = rank
@@ -504,7 +538,7 @@ Status run_ring(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
     g.lda = a.lda;
     g.b = a.b;
     g.ldb = a.ldb;
-    g.d = s + 1 < world ? const_cast<char*>(p.partial) + static_cast<size_t>(s) * chunk_bytes : p.out;
+    g.d = s + 1 < world ? const_cast<char*>(p.partial) + static_cast<size_t>(s) * chunk_bytes : last;
     g.ldd = a.n;
     g.sm_count = a.plan.sm_count;  // 0: every SM of the device
     if (s > 0) {  // D_s = A[o] @ B + D_{s-1} of the right neighbour (slot s - 1 of its partial buffer)
@@ -631,9 +665,9 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // own. Across nodes too: a chunk's claims are numbered by the step at which this rank computes it
   // (rs_chunk_at of the node topology), so the ring tags still grow call by call.
   const bool claims = fused && tile_claims_enabled();
-  // The ring (TANDEM_RS_RING=1): GEMM+RS (not AR), one node, 2-16 ranks (the peers' heaps in DeviceComm), the
-  // whole launch; its steps are the core's 128x256 GEMM over every SM of the plan.
-  const bool ring = fused && !kAllReduce && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
+  // The ring (TANDEM_RS_RING=1): GEMM+RS and two-shot GEMM+AR, one node, 2-8 ranks (the peers' heaps in
+  // DeviceComm), the whole launch; its steps are the core's 128x256 GEMM over every SM of the plan.
+  const bool ring = fused && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
                     a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
                     stages == Stages::kAll;
   if (fused) {
@@ -644,8 +678,8 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     detail::g_last_fused_joined = false;
   }
   if (ring)
-    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t>(a, stream, why)
-                                   : run_ring<cutlass::bfloat16_t>(a, stream, why);
+    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t>(a, kAllReduce, stream, why)
+                                   : run_ring<cutlass::bfloat16_t>(a, kAllReduce, stream, why);
   const auto typed = [&](auto element) {
     using Element = decltype(element);
     if (tile256)
