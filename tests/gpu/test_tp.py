@@ -126,8 +126,9 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world):
     # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
-    # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk: one cluster row and a part), N not a multiple of
-    # the 256-wide tile (520: a ragged C tile), K not a multiple of 64; three launches in a row each.
+    # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk:
+    # one cluster row and a part), N not a multiple of the 256-wide tile (520: a ragged C tile), K not a multiple
+    # of 64; three launches in a row each; the default kernels before and after the ring on the same workspaces.
     shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
     res = run_ranks(f"{W}:rs_ring", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
                     timeout_s=300)
@@ -141,10 +142,11 @@ def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(ru
             assert c["ring"] and not c["default_ring"] and c["finite"] and c["ar_rows_ok"], c
             assert c["rel_ring"] < 2e-2 and c["rel_default"] < 1e-2 and c["rel_ring_vs_default"] < 2e-2, c
             assert c["ring_again_wrong"] == 0 and c["default_again_differs"] == 0 and c["rel_ar"] < 2e-2, c
+            assert c["ar_default_ring"] == [False, False] and c["ar_default_again_differs"] == 0, c
         assert all(r["ar_ring"])  # two-shot GEMM+AR runs the ring too
+        assert r["off_ring"] == dict(ring=False, wrong=0), r["off_ring"]
     for i in range(len(res[0]["exact"])):
         assert len({r["exact"][i]["ar_digest"] for r in res}) == 1, i  # AR: the same bytes on every rank
-        assert r["off_ring"] == dict(ring=False, wrong=0), r["off_ring"]
 
 
 @pytest.mark.parametrize("late", [False, True])

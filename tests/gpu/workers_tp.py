@@ -352,20 +352,26 @@ def rs_ring(rs_shapes, dtypes, repeats):
                         ar_digest=_digest(got_ar),
                         rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
                 # random data: the ring against the fp32 sum and against the default kernel (reduce role)
-                # default, ring, default again on the one workspace (the switches' buffer hand-over both ways)
+                # default, ring, ring (new values), default again on the RS workspace, and default, ring,
+                # default two-shot AR on the AR workspace (the ops keep a workspace each): the buffer hand-over
+                # between the kernels both ways
                 ra = _random((m, k), 40 + rank, dtype)
                 rb = _random((k, n), 50, dtype)
                 _set_env(TANDEM_RS_RING=None)
                 default_first = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                ar_default_first = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                ar_default_ring = [bool(K.tp_last_fused_rs_ring())]
                 _set_env(TANDEM_RS_RING=1)
                 ring = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
                 ran = bool(K.tp_last_fused_rs_ring())
                 ar = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
                 out["ar_ring"].append(bool(K.tp_last_fused_rs_ring()))
-                ring_again = tp.gemm_rs(comm, ra * 2, rb, mode="fused").clone()  # ring after AR, new values
+                ring_again = tp.gemm_rs(comm, ra * 2, rb, mode="fused").clone()  # the next ring launch, new values
                 _set_env(TANDEM_RS_RING=None)
                 default = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
                 off = bool(K.tp_last_fused_rs_ring())
+                ar_default = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                ar_default_ring.append(bool(K.tp_last_fused_rs_ring()))
                 torch.cuda.synchronize()
                 comm.check()
                 # the fp32 sum of every rank's partial (each rank's A from its own seed, as the ranks made them)
@@ -380,6 +386,7 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     # x 2 is exact in every rounding step: the same bits doubled
                     ring_again_wrong=int((ring_again != ring * 2).sum()),
                     default_again_differs=int((default != default_first).sum()),
+                    ar_default_ring=ar_default_ring, ar_default_again_differs=int((ar_default != ar_default_first).sum()),
                     rel_ar=float((ar.float() - full_all).norm() / full_all.norm().clamp_min(1e-6)),
                     ar_rows_ok=bool(torch.isfinite(ar.float()).all()), finite=bool(torch.isfinite(ring.float()).all())))
         _set_env(TANDEM_RS_RING=None)

@@ -510,6 +510,9 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   // (bit 0 of an entry marks a peer on this GPU: not part of the address)
   const uint64_t right_heap = a.comm.peer_heap_inline[right] & ~tandem::kPeerSameDeviceBit;
   if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
+  for (int q = 0; all_reduce && q < world && q < tandem::kInlinePeerHeaps; ++q)  // AR gathers from every rank
+    if (q != rank && a.comm.peer_heap_inline[q] == 0)
+      return fail(why, "the ring's all-gather needs every rank's heap mapped (one node)");
   const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
   RsParams<Kernel> p{};
   p.comm = a.comm;
