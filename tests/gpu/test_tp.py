@@ -128,7 +128,8 @@ def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(ru
     # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
     # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk:
     # one cluster row and a part), N not a multiple of the 256-wide tile (520: a ragged C tile), K not a multiple
-    # of 64; three launches in a row each; the default kernels before and after the ring on the same workspaces.
+    # of 64; three launches in a row each (the second with the static stride, the others with tile claims); the
+    # default kernels before and after the ring on the same workspaces.
     shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
     res = run_ranks(f"{W}:rs_ring", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
                     timeout_s=300)
@@ -137,6 +138,7 @@ def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(ru
         for c in r["exact"]:
             assert c["ring"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
             assert c["ar_ring"] and c["ar_wrong"] == 0, c
+            assert c["claims"] == c["ar_claims"] == (c["rep"] != 1), c  # tile claims but at the second repeat
         for c in r["random"]:
             # bf16 / fp16 rounding after each of W - 1 adds: well within 2 % of the fp32 sum's norm
             assert c["ring"] and not c["default_ring"] and c["finite"] and c["ar_rows_ok"], c

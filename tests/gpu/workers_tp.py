@@ -329,8 +329,9 @@ def rs_ring(rs_shapes, dtypes, repeats):
             dtype = getattr(torch, name)
             for (mr, n, k) in rs_shapes:
                 m = mr * world
-                _set_env(TANDEM_RS_RING=1)
                 for rep in range(repeats):
+                    # tile claims (the default) except at the second repeat: the static persistent stride
+                    _set_env(TANDEM_RS_RING=1, TANDEM_TP_CLAIM=0 if rep == 1 else None)
                     # new values every launch (A scaled by rep + 1: still exact), so that a slot read before its
                     # step was stored, or left from the previous launch, shows as wrong elements
                     parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
@@ -341,6 +342,7 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     torch.cuda.synchronize()
                     comm.check()
                     ran = bool(K.tp_last_fused_rs_ring())
+                    claimed = bool(K.tp_last_fused_claims())
                     # two-shot AR: every chunk is its owner's ring sum, on every rank
                     got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
                     torch.cuda.synchronize()
@@ -348,10 +350,12 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     ref_ar = torch.cat([_ring_reference(q, world, parts, mr, dtype) for q in range(world)])
                     out["exact"].append(dict(
                         shape=[m, n, k], dtype=name, rep=rep, ring=ran, ar_ring=bool(K.tp_last_fused_rs_ring()),
+                        claims=claimed, ar_claims=bool(K.tp_last_fused_claims()),
                         wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
                         ar_digest=_digest(got_ar),
                         rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
                 # random data: the ring against the fp32 sum and against the default kernel (reduce role)
+                _set_env(TANDEM_TP_CLAIM=None)
                 # default, ring, ring (new values), default again on the RS workspace, and default, ring,
                 # default two-shot AR on the AR workspace (the ops keep a workspace each): the buffer hand-over
                 # between the kernels both ways
@@ -397,7 +401,7 @@ def rs_ring(rs_shapes, dtypes, repeats):
         out["off_ring"] = dict(ring=bool(K.tp_last_fused_rs_ring()),
                                wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
     finally:
-        _set_env(TANDEM_RS_RING=None)
+        _set_env(TANDEM_RS_RING=None, TANDEM_TP_CLAIM=None)
     tp.release_workspaces(comm)
     comm.destroy()
     return out

@@ -106,7 +106,17 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
     __syncthreads();
     p.timeline.stamp(3 + 3 * s);
     const bool all_reduce = p.gather_out != nullptr;
-    if ((s + 1 < world || all_reduce) && threadIdx.x == 0 && last_of(&ctl->local_count[s], p.gemm_blocks)) {
+    // whose stores complete the step: the last GEMM block past it, or with tile claims the block whose tiles bring
+    // the step's count to its total (a block that got none takes no part)
+    const auto completes = [&] {
+      if constexpr (!GemmKernel::TileScheduler::kTileClaims) {
+        return last_of(&ctl->local_count[s], p.gemm_blocks);
+      } else {
+        const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + blockIdx.y * gridDim.x];
+        return last_of_units(&ctl->local_count[s], mine, static_cast<uint64_t>(p.chunk_tiles));
+      }
+    };
+    if ((s + 1 < world || all_reduce) && threadIdx.x == 0 && completes()) {
       if (s + 1 < world) {
         (void)signal(comm, &ctl->ring_step, ring_flag(e, s), SignalOp::kSet, left);
       } else {  // AR: this rank's reduced rows (slot W-1 of its partial buffer) are complete, for every rank
@@ -161,6 +171,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     run_ring_steps<Element>(p, smem, e);
     p.timeline.stamp(kSlotEnd);
     finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+      if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
       for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
       // the next launch on this workspace may be the default kernel, which waits only for the owner of each chunk
       // it overwrites, while r-1 read r's slots here: the launch ends when every rank is done (as kReduceOnly's)
@@ -497,9 +508,9 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
 // The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
 // epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
 // mapping: TMA descriptors on peer memory, one node only).
-template <class Element>
+template <class Element, bool kClaims>
 Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
-  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, false>>;
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, kClaims>>;
   using Kernel = typename G::Kernel;
   const int world = a.comm.world, rank = a.comm.rank;
   const int right = (rank + 1) % world;
@@ -525,6 +536,9 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   p.pieces = 1;
   p.mode = RsMode::kFused;
   p.timeline.stamps = timeline_for_launch(stream);
+  // Tile claims (TANDEM_TP_CLAIM, on by default, as in the default kernel): the clusters claim each step's tiles,
+  // so clusters that MPS made resident late leave their tiles to the others instead of delaying every step
+  p.claims = kClaims ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
   // AR: the last step stores this rank's reduced rows into slot W-1 (never a ring slot), where every rank reads
   // them for its all-gather into out (M x N)
   if (all_reduce) p.gather_out = static_cast<char*>(a.out);
@@ -555,6 +569,10 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
     args.scheduler.arrival.chunks = 1;  // no arrival waits: the step's wait is before the GEMM (run_ring_steps)
     args.scheduler.arrival.chunk_rows = mr;
     args.scheduler.arrival.comm = a.comm;
+    // claims: one counter a step, numbered by the step (later calls have larger numbers: the ring tags' order)
+    args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.claim_call = s;
+    args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
     if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ring step");
     if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
     if (s == 0) {
@@ -567,11 +585,15 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
     args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
     args.scheduler.arrival.gemm_block_y0 = 0;
     p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
+    p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
   }
+  if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
   p.reduce_rows_y = 0;
   p.reduce_blocks = 0;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
   detail::g_last_fused_ring = true;
+  detail::g_last_fused_claims = kClaims;
   const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel, false, true>, gg, Kernel::MaxThreadsPerBlock,
                                            Kernel::SharedStorageSize, stream, p);
   return err == cudaSuccess ? Status::kOk
@@ -588,9 +610,9 @@ cudaError_t preload_rs_kernel() {
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
 }
 
-template <class Element>
+template <class Element, bool kClaims>
 cudaError_t preload_rs_ring_kernel() {
-  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, false>>::Kernel;
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, kClaims>>::Kernel;
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, false, true>);
 }
@@ -610,8 +632,10 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::half_t, true, true>(),
                            preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
                            preload_rs_kernel<cutlass::half_t, true, false>(),
-                           preload_rs_ring_kernel<cutlass::bfloat16_t>(),
-                           preload_rs_ring_kernel<cutlass::half_t>()};
+                           preload_rs_ring_kernel<cutlass::bfloat16_t, false>(),
+                           preload_rs_ring_kernel<cutlass::half_t, false>(),
+                           preload_rs_ring_kernel<cutlass::bfloat16_t, true>(),
+                           preload_rs_ring_kernel<cutlass::half_t, true>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -676,13 +700,17 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   if (fused) {
     detail::g_last_fused_ring = false;
     detail::g_last_fused_pieces = ring ? 1 : piece_count;
-    detail::g_last_fused_claims = ring ? false : claims;
+    detail::g_last_fused_claims = claims;
     detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
     detail::g_last_fused_joined = false;
   }
-  if (ring)
-    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t>(a, kAllReduce, stream, why)
-                                   : run_ring<cutlass::bfloat16_t>(a, kAllReduce, stream, why);
+  if (ring) {
+    if (claims)
+      return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)
+                                     : run_ring<cutlass::bfloat16_t, true>(a, kAllReduce, stream, why);
+    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, false>(a, kAllReduce, stream, why)
+                                   : run_ring<cutlass::bfloat16_t, false>(a, kAllReduce, stream, why);
+  }
   const auto typed = [&](auto element) {
     using Element = decltype(element);
     if (tile256)
