@@ -123,16 +123,20 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
+@pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world):
+def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world, late):
     # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
     # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk:
     # one cluster row and a part), N not a multiple of the 256-wide tile (520: a ragged C tile), K not a multiple
     # of 64; three launches in a row each (the second with the static stride, the others with tile claims); the
     # default kernels before and after the ring on the same workspaces.
-    shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256)]
+    # 4096 x 4096 a chunk: 512 tiles, several a cluster at any share. With `late`, rank 1's clusters from grid row 1
+    # on start 3 ms late (TANDEM_TP_LATE): with tile claims the resident cluster takes their tiles.
+    shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256), (4096, 4096, 256)]
+    rank_env = {1: {"TANDEM_TP_LATE": "1:3000"}} if late else None
     res = run_ranks(f"{W}:rs_ring", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
-                    timeout_s=300)
+                    rank_env=rank_env, timeout_s=300)
     for r in res:
         assert len(r["exact"]) == 2 * len(shapes) * 3 and len(r["random"]) == 2 * len(shapes)
         for c in r["exact"]:

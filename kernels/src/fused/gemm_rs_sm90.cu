@@ -12,12 +12,13 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
-// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks; not run on a GPU yet): no reduce role, every
-// SM computes.
+// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks; not run on a GPU as of 2026-12-06): no reduce
+// role, every SM computes.
 // At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
 // same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
 // beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
-// its partial buffer, or at s = W-1 (o = r) into out. Flags: the last GEMM block past step s < W-1 sets
+// its partial buffer, or at s = W-1 (o = r) into out. Flags: the block whose stores complete step s < W-1 (the
+// last past it, or with tile claims the one whose tiles bring the step's count to its total) sets
 // ring_step = ring_flag(e, s) on the left neighbour (r-1), whose step s+1 waits for it; before step 0 every
 // block waits ready[q] >= e - 1 from every q (r-1 finished reading r's slots of e - 1, and so did the owners if
 // the previous launch was the default kernel), and the launch's last block waits ready[q] >= e from every q (a
@@ -26,7 +27,7 @@
 // under the GEMM's traffic). Sum order for chunk o: p[o-1], + p[o-2], ..., + p[o], rounded after every add (the
 // pipelined mode's order and rounding: cuBLAS with beta = 1; a ring reduce-scatter that sums in the element type,
 // as NCCL's does for bf16), so deterministic and the pipelined mode's bits, not the fp32-sum path's.
-// AR: the last step stores into slot W-1 (no ring slot) and its last block sets reduced[r] = e on every rank; then
+// AR: the last step stores into slot W-1 (no ring slot) and the block completing it sets reduced[r] = e on every rank; then
 // every block copies its slice of each rank's slot W-1 (own first) into out rows of that chunk.
 //
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
@@ -90,6 +91,8 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
   // (slot s is chunk s's bytes).
   for (int q = 0; q < world && threadIdx.x == 0 && st == Status::kOk; ++q)
     st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+  // (tests, TANDEM_TP_LATE: clusters from grid row late_cluster start late_us late, as clusters MPS made resident late)
+  if (p.late_us != 0 && static_cast<int>(blockIdx.y) >= p.late_cluster) runtime::hold_block_us(p.late_us);
   for (int s = 0; s < world; ++s) {
     // the right neighbour's sum of step s - 1 is stored (its stores completed before its release)
     if (s > 0 && threadIdx.x == 0 && st == Status::kOk)
@@ -539,6 +542,9 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   // Tile claims (TANDEM_TP_CLAIM, on by default, as in the default kernel): the clusters claim each step's tiles,
   // so clusters that MPS made resident late leave their tiles to the others instead of delaying every step
   p.claims = kClaims ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = knobs.late_us;
   // AR: the last step stores this rank's reduced rows into slot W-1 (never a ring slot), where every rank reads
   // them for its all-gather into out (M x N)
   if (all_reduce) p.gather_out = static_cast<char*>(a.out);
