@@ -786,7 +786,7 @@ PY
     --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
   tar czf "$OUT/share.tgz" -C "$W" share
 elif [ "$part" = ring ]; then
-  # branch rs-ring (not run): the fused GEMM+RS as a ring, the reduction in the GEMM's epilogues (TANDEM_RS_RING=1,
+  # branch rs-ring (not run): the fused GEMM+RS / two-shot AR as a ring, the reduction in the GEMM's epilogues (TANDEM_RS_RING=1,
   # docs/fused-kernels.md). Its test (worlds 2-4) and the RS tests beside it, then tp_trace with and without it at
   # worlds 2 and 4 (the ring's outputs differ from the default's in the last bits: rounding after every add), then
   # bench tp's fused column with it. Prediction: world 2, 16384x8192x4096 within 10-20 % of cuBLAS alone (1.37 ms)
@@ -797,14 +797,14 @@ elif [ "$part" = ring ]; then
   for w in 2 4; do
     t=$(( ($(left) - 130) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
     [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs --comm-blocks 4 \
+      --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
       --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/ring/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -20
     tar czf "$OUT/ring.tgz" -C "$W" ring
   done
   for w in 2 4; do
     t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) )); [ "$t" -gt 100 ] && t=100
     [ "$t" -gt 40 ] && TANDEM_RS_RING=1 timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 \
-      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs" | cut -c1-200
+      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-200
     rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
   done
 elif [ "$part" = fp8m ]; then
