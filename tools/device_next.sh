@@ -792,7 +792,7 @@ elif [ "$part" = ring ]; then
   # bench tp's fused column with it. Prediction: world 2, 16384x8192x4096 within 10-20 % of cuBLAS alone (1.37 ms)
   # against 4.4 ms fused today.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    -k "ring or test_ag_gemm_and_gemm_rs_match_torch or tile_claims_match"
+    -k "ring or test_ag_gemm_and_gemm_rs_match_torch or tile_claims_match or in_pieces_match"
   W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
   for w in 2 4; do
     t=$(( ($(left) - 130) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
