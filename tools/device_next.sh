@@ -803,8 +803,8 @@ elif [ "$part" = ring ]; then
   done
   for w in 2 4; do
     t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) )); [ "$t" -gt 100 ] && t=100
-    [ "$t" -gt 40 ] && TANDEM_RS_RING=1 timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 \
-      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-200
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
+      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-260
     rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
   done
 elif [ "$part" = fp8m ]; then
