@@ -789,10 +789,11 @@ elif [ "$part" = ring ]; then
   # branch rs-ring (not run): the fused GEMM+RS / two-shot AR as a ring, the reduction in the GEMM's epilogues (TANDEM_RS_RING=1,
   # docs/fused-kernels.md). Its test (worlds 2-4) and the RS tests beside it, then tp_trace with and without it at
   # worlds 2 and 4 (the ring's outputs differ from the default's in the last bits: rounding after every add), then
-  # bench tp's fused column with it. Prediction: world 2, 16384x8192x4096 within 10-20 % of cuBLAS alone (1.37 ms)
+  # bench tp's fused column with it (in_pieces_match / test_ag_gemm_and_gemm_rs_match_torch left for the whole
+  # suite after a merge: the call's time goes to the ring's own test and its measurements). Prediction: world 2, 16384x8192x4096 within 10-20 % of cuBLAS alone (1.37 ms)
   # against 4.4 ms fused today.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    -k "ring or test_ag_gemm_and_gemm_rs_match_torch or tile_claims_match or in_pieces_match"
+    -k "ring or tile_claims_match"
   W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
   for w in 2 4; do
     t=$(( ($(left) - 130) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
