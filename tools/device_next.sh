@@ -787,25 +787,26 @@ PY
   tar czf "$OUT/share.tgz" -C "$W" share
 elif [ "$part" = ring ]; then
   # branch rs-ring (not run): the fused GEMM+RS / two-shot AR as a ring, the reduction in the GEMM's epilogues (TANDEM_RS_RING=1,
-  # docs/fused-kernels.md). Its test (worlds 2-4) and the RS tests beside it, then tp_trace with and without it at
-  # worlds 2 and 4 (the ring's outputs differ from the default's in the last bits: rounding after every add), then
-  # bench tp's fused column with it (in_pieces_match / test_ag_gemm_and_gemm_rs_match_torch left for the whole
-  # suite after a merge: the call's time goes to the ring's own test and its measurements). Prediction: world 2, 16384x8192x4096 within 10-20 % of cuBLAS alone (1.37 ms)
-  # against 4.4 ms fused today.
+  # docs/fused-kernels.md). Its test (worlds 2-4) and the RS tests beside it, then bench tp's fused column with it
+  # (the same-run ratios against naive: first, so a short call still gets them), then tp_trace with and without it at
+  # worlds 2 and 4 (the ring's outputs differ from the default's in the last bits: rounding after every add)
+  # (in_pieces_match / test_ag_gemm_and_gemm_rs_match_torch left for the whole suite after a merge: the call's time
+  # goes to the ring's own test and its measurements). Prediction: world 2, 16384x8192x4096 within 10-20 % of
+  # cuBLAS alone (1.37 ms) against 4.4 ms fused today.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
     -k "ring or tile_claims_match"
   W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
   for w in 2 4; do
-    t=$(( ($(left) - 130) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
+    t=$(( ($(left) - 60) / (w == 2 ? 2 : 1) )); [ "$t" -gt 100 ] && t=100
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
+      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-260
+    rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
+  done
+  for w in 2 4; do
+    t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
     [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
       --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
       --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/ring/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -20
-    tar czf "$OUT/ring.tgz" -C "$W" ring
-  done
-  for w in 2 4; do
-    t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) )); [ "$t" -gt 100 ] && t=100
-    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
-      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-260
     rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
   done
 elif [ "$part" = fp8m ]; then
