@@ -315,7 +315,8 @@ def rs_ring(rs_shapes, dtypes, repeats):
     _ring_reference), `repeats` launches in a row (the step flags of consecutive epochs), the host's record that
     the ring ran; random data against the fp32 sum and against the default kernel (within bf16 rounding: the ring
     rounds after every add); two-shot GEMM+AR through the ring (every chunk its owner's ring sum, the same bytes on
-    every rank); the default path back once the knob is gone."""
+    every rank); the default path back once the knob is gone, and with the knob but without tile claims
+    (TANDEM_TP_CLAIM=0: the ring runs with claims only)."""
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     from tandem._native import native
@@ -323,15 +324,14 @@ def rs_ring(rs_shapes, dtypes, repeats):
     K = native().kernels
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
-    out = dict(exact=[], random=[], ar_ring=[], off_ring=None)
+    out = dict(exact=[], random=[], ar_ring=[], off_ring=None, no_claims=None)
     try:
         for name in dtypes:
             dtype = getattr(torch, name)
             for (mr, n, k) in rs_shapes:
                 m = mr * world
                 for rep in range(repeats):
-                    # tile claims (the default) except at the second repeat: the static persistent stride
-                    _set_env(TANDEM_RS_RING=1, TANDEM_TP_CLAIM=0 if rep == 1 else None)
+                    _set_env(TANDEM_RS_RING=1)
                     # new values every launch (A scaled by rep + 1: still exact), so that a slot read before its
                     # step was stored, or left from the previous launch, shows as wrong elements
                     parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
@@ -400,6 +400,13 @@ def rs_ring(rs_shapes, dtypes, repeats):
         torch.cuda.synchronize()
         out["off_ring"] = dict(ring=bool(K.tp_last_fused_rs_ring()),
                                wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
+        # the knob without tile claims: the default kernel (static stride), its own summation order
+        _set_env(TANDEM_RS_RING=1, TANDEM_TP_CLAIM=0)
+        got = tp.gemm_rs(comm, parts[rank][0], parts[rank][1], mode="fused")
+        torch.cuda.synchronize()
+        comm.check()
+        out["no_claims"] = dict(ring=bool(K.tp_last_fused_rs_ring()), claims=bool(K.tp_last_fused_claims()),
+                                wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
     finally:
         _set_env(TANDEM_RS_RING=None, TANDEM_TP_CLAIM=None)
     tp.release_workspaces(comm)

@@ -12,14 +12,14 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
-// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks; not run on a GPU as of 2026-12-06): no reduce
-// role, every SM computes.
+// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks, tile claims only; not run on a GPU as of
+// 2026-12-06): no reduce role, every SM computes.
 // At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
 // same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
 // beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
 // its partial buffer, or at s = W-1 (o = r) into out. Flags: the block whose stores complete step s < W-1 (the
-// last past it, or with tile claims the one whose tiles bring the step's count to its total) sets
-// ring_step = ring_flag(e, s) on the left neighbour (r-1), whose step s+1 waits for it; before step 0 every
+// block whose claimed tiles bring the step's count to its total) sets ring_step[s] = e on the left neighbour
+// (r-1), whose step s+1 waits for it; before step 0 every
 // block waits ready[q] >= e - 1 from every q (r-1 finished reading r's slots of e - 1, and so did the owners if
 // the previous launch was the default kernel), and the launch's last block waits ready[q] >= e from every q (a
 // default launch next waits only for each chunk's owner, not for r-1). The reduction's adds sit in the
@@ -29,6 +29,10 @@
 // as NCCL's does for bf16), so deterministic and the pipelined mode's bits, not the fp32-sum path's.
 // AR: the last step stores into slot W-1 (no ring slot) and the block completing it sets reduced[r] = e on every rank; then
 // every block copies its slice of each rank's slot W-1 (own first) into out rows of that chunk.
+// Tile claims only (TANDEM_TP_CLAIM=0 falls back to the default kernel): with the static persistent stride a step
+// completes only when every block of the grid has run it, and blocks that finished wait (for the neighbour's next
+// step, for reduced[]) on their SMs; under MPS a rank's grid is often not resident at once, its late blocks would
+// need those SMs, and the ring would stall until the timeout. With claims the resident clusters take every tile.
 //
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
@@ -96,7 +100,7 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
   for (int s = 0; s < world; ++s) {
     // the right neighbour's sum of step s - 1 is stored (its stores completed before its release)
     if (s > 0 && threadIdx.x == 0 && st == Status::kOk)
-      st = wait_until_backoff(comm, &ctl->ring_step, Cmp::kGe, ring_flag(e, s - 1), kRolePollNs, right);
+      st = wait_until_backoff(comm, &ctl->ring_step[s - 1], Cmp::kGe, e, kRolePollNs, right);
     // A failed wait leaves the abort flag up; the step is still computed so that every block stays in step.
     __syncthreads();
     // the epilogue's TMA loads of that sum go through the async proxy (whichever warp issues them)
@@ -109,19 +113,16 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
     __syncthreads();
     p.timeline.stamp(3 + 3 * s);
     const bool all_reduce = p.gather_out != nullptr;
-    // whose stores complete the step: the last GEMM block past it, or with tile claims the block whose tiles bring
-    // the step's count to its total (a block that got none takes no part)
+    // whose stores complete the step: the block whose claimed tiles bring the step's count to its total (a block
+    // that got none takes no part; the ring runs with tile claims only: the top of this file)
+    static_assert(GemmKernel::TileScheduler::kTileClaims, "the ring takes its tiles by claims");
     const auto completes = [&] {
-      if constexpr (!GemmKernel::TileScheduler::kTileClaims) {
-        return last_of(&ctl->local_count[s], p.gemm_blocks);
-      } else {
-        const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + blockIdx.y * gridDim.x];
-        return last_of_units(&ctl->local_count[s], mine, static_cast<uint64_t>(p.chunk_tiles));
-      }
+      const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + blockIdx.y * gridDim.x];
+      return last_of_units(&ctl->local_count[s], mine, static_cast<uint64_t>(p.chunk_tiles));
     };
     if ((s + 1 < world || all_reduce) && threadIdx.x == 0 && completes()) {
       if (s + 1 < world) {
-        (void)signal(comm, &ctl->ring_step, ring_flag(e, s), SignalOp::kSet, left);
+        (void)signal(comm, &ctl->ring_step[s], e, SignalOp::kSet, left);
       } else {  // AR: this rank's reduced rows (slot W-1 of its partial buffer) are complete, for every rank
         for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, q);
       }
@@ -638,8 +639,6 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::half_t, true, true>(),
                            preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
                            preload_rs_kernel<cutlass::half_t, true, false>(),
-                           preload_rs_ring_kernel<cutlass::bfloat16_t, false>(),
-                           preload_rs_ring_kernel<cutlass::half_t, false>(),
                            preload_rs_ring_kernel<cutlass::bfloat16_t, true>(),
                            preload_rs_ring_kernel<cutlass::half_t, true>()};
   for (cudaError_t x : e)
@@ -699,8 +698,9 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // (rs_chunk_at of the node topology), so the ring tags still grow call by call.
   const bool claims = fused && tile_claims_enabled();
   // The ring (TANDEM_RS_RING=1): GEMM+RS and two-shot GEMM+AR, one node, 2-8 ranks (the peers' heaps in
-  // DeviceComm), the whole launch; its steps are the core's 128x256 GEMM over every SM of the plan.
-  const bool ring = fused && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
+  // DeviceComm), the whole launch, tile claims only (the top of this file: without claims, the default kernel);
+  // its steps are the core's 128x256 GEMM over every SM of the plan.
+  const bool ring = fused && claims && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
                     a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
                     stages == Stages::kAll;
   if (fused) {
@@ -710,13 +710,9 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
     detail::g_last_fused_joined = false;
   }
-  if (ring) {
-    if (claims)
-      return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)
-                                     : run_ring<cutlass::bfloat16_t, true>(a, kAllReduce, stream, why);
-    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, false>(a, kAllReduce, stream, why)
-                                   : run_ring<cutlass::bfloat16_t, false>(a, kAllReduce, stream, why);
-  }
+  if (ring)
+    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)
+                                   : run_ring<cutlass::bfloat16_t, true>(a, kAllReduce, stream, why);
   const auto typed = [&](auto element) {
     using Element = decltype(element);
     if (tile256)

@@ -37,8 +37,11 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t reduce_claim;           // local: the joined reduction's next unclaimed item (reset by the last block)
   uint64_t reduce_items_done;      // local: the joined reduction's items done (last_of_units)
   uint64_t one_shot_tiles;         // local, tile claims: AR one-shot tiles stored, every chunk (last_of_units)
-  uint64_t ring_step;              // RS ring: ring_flag(e, s) = the right neighbour's running sum of step s is stored
-  uint64_t pad1[11];
+  uint64_t ring_step[8];           // RS ring, one word a step (kMaxFusedRsWorld): ring_step[s] = e when the right
+                                   // neighbour's running sum of step s is stored. A word a step, not one word for
+                                   // every step: with tile claims the block completing step s may signal after the
+                                   // one completing s + 1, and one word would go back to step s
+  uint64_t pad1[4];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -67,9 +70,6 @@ constexpr size_t kControlBytes = 4096;
 // into pieces: an owner that cut its rows otherwise (another TANDEM_RS_PIECES, another SM count) waits for the
 // rows it reads, never for a piece number.
 constexpr int kMaxPieces = 8;
-// Ring flags (the RS ring, gemm_rs_sm90.cu): epoch e, step s done. Monotonic within a launch (s grows) and across
-// launches (e dominates; s < 256).
-__host__ __device__ constexpr uint64_t ring_flag(uint64_t e, int s) { return (e << 8) | static_cast<uint64_t>(s + 1); }
 __host__ __device__ constexpr uint64_t rows_flag(uint64_t e, int64_t rows) {
   return (e << 32) | static_cast<uint64_t>(rows);
 }
