@@ -809,6 +809,17 @@ elif [ "$part" = ring ]; then
       --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/ring/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -20
     rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
   done
+elif [ "$part" = rings ]; then
+  # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
+  # shape, worlds 2 and 4 (fused, ring and naive in the same run)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-120} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "ring"
+  W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
+  for w in 2 4; do
+    t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
+      --shapes 16384x8192x4096 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-260
+    rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
+  done
 elif [ "$part" = fp8m ]; then
   # issue 23: the FP8 table from the median of two post-overlap sweeps (docs/results/gemm_fp8_table/
   # table_median_candidate.json: gemm_fp8_overlap/sweep_partial.json + gemm_fp8_table/sweep_fp8.json, tune gemm's
