@@ -249,6 +249,39 @@
 #   3. fp8-split (C7514 gone since bbfae21; main merged in at 620c705): part f8s, with .carry/prebuilt-fp8-split as
 #      .carry/prebuilt and .carry/before-f8s = main at 967ea83 (python + module); carry both (60 MB with .whl).
 #   4. ra on gemm-run-at; an H200 if one is lent (issue 23's sweep and the GPU suite).
+# 2026-12-06 19:55 (sixteenth session; H100s GPU-5d621938 18:49 and GPU-6cfb2a94 19:02-19:12; the budget went on
+# three refused starts and the calls below): share (22 % is the share with every rank resident; a smaller share
+# does not change fused/naive), rss (rs-staged's 25 tests passed; faster at world 2 where the reduction leads,
+# slower with 4 ranks a GPU), fp8m (median table not shipped), f8s (fp8-split's 13 tests passed; FP8 op 1.118 /
+# 1.042 of _scaled_mm, lowest 0.923 / 0.927: merged). Next session, in this order:
+#   1. ring on branch rs-ring (issue 21; not run: the fused GEMM+RS and two-shot GEMM+AR with the reduction in the
+#      GEMM epilogues, no reduce role; docs/fused-kernels.md): module .carry/prebuilt-rs-ring (SOURCES caa0332 =
+#      tools/native_sources_hash.sh there; else build it: bash tools/prebuild_device_module.sh in a worktree):
+#        git checkout rs-ring && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-rs-ring .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh ring",
+#            carry=[".whl", ".carry/prebuilt"])
+#      Test green and the ring faster than the default fused GEMM+RS: merge (the knob's default per the numbers),
+#      then the ring for GEMM+AR (an all-gather of the reduced chunks after the last step) and pieces.
+#      Branch gone: git checkout -b rs-ring e1c6750 && git apply tools/pending/rs-ring.diff.
+#   2. tps on branch rs-staged (its counter fix 318e854 is not run; module .carry/prebuilt-rs-staged, SOURCES
+#      428488b): the staged test and bench tp. Merge if green (default per the numbers: slower with 4 ranks a GPU).
+#   3. The whole GPU suite on main (fp8-split merged since the last whole run; test_transport has not run since
+#      e756288), and on an H200 if one is lent: issue 23's sweep (the FP8 table with fp8-split: its sweep covered
+#      14 of 24 shapes, docs/results/fp8_split/sweep_partial.json).
+#   4. ra on gemm-run-at.
+# 2026-12-06 23:10 (seventeenth session, 21:10-00:10): no machine started in 14 tries (every refusal cost 90 s of
+# device time, the rest "none asked" waits); nothing ran. A fourth review of rs-ring found a stall (the ring with the
+# static stride: finished blocks wait on their SMs for blocks of the same grid under MPS) and a flag that could go
+# back (one ring_step word for every step): fixed on rs-ring (13b13a4, not run), module .carry/prebuilt-rs-ring2
+# (SOURCES 3f69c27; .carry/prebuilt-rs-ring is the old one, stale). Next session, in this order:
+#   1. ring (or rings, the same cut to ~300 s) on branch rs-ring, module .carry/prebuilt-rs-ring2:
+#        git checkout --detach rs-ring && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-rs-ring2 .carry/prebuilt
+#        bash tools/native_sources_hash.sh; cat .carry/prebuilt/SOURCES      # equal?
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh ring",
+#            carry=[".whl", ".carry/prebuilt"])
+#      rs-ring merges into main without conflicts and the merged tree's native sources are rs-ring's (the module
+#      stays valid): green and faster -> merge, the knob's default per the numbers.
+#   2-4 as in the 19:55 entry above (tps, the whole GPU suite on main, ra).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -837,45 +870,6 @@ elif [ "$part" = fp8m ]; then
     done
   done
   cp "$W/shipped.json" $T
-elif [ "$part" = f8s ]; then
-  # branch fp8-split (not run): the FP8 128x192 / 64x192 configurations with the promotion overlapped by half-tile
-  # batches (two N halves, two half partial tiles: the registers of CUTLASS's one full partial;
-  # sm90_fp8_overlapped_promotion.hpp, Fp8SplitPromotionMainloop; the same bits predicted). Its tests (every FP8
-  # configuration exact on structured data and bit-identical to the default where unsplit, the C++ op path, the
-  # FP8 TP ops), then the op before (main's module and python: .carry/before-f8s) and after in this call, then
-  # every FP8 configuration after (for the table). Prediction: the 128x192 rows (8 of the 10 FP8 shapes below 0.90
-  # of _scaled_mm on 2026-12-06) 5-7 % faster, as the 128-wide ones were with fp8-overlap.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py -k "scaled or cpp_dispatcher or fp8"
-  bash tools/build_torch_ops.sh .carry/before-f8s/python/tandem > /dev/null 2>&1 || echo "before: no torch ops library"
-  W=/tmp/f8s; rm -rf "$W"; mkdir -p "$W/f8s" "$OUT"
-  for s in before after; do
-    BEFORE_DIR=.carry/before-f8s bench_side $s 100 "$W/f8s" gemm --reps 10 --no-variants --dtypes fp8_tensor,fp8_row
-    tar czf "$OUT/f8s.tgz" -C "$W" f8s
-  done
-  t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
-  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes fp8_tensor,fp8_row \
-    --schedules 2 --out "$W/f8s/sweep" 2>&1 | grep -E "geometric|best|Error"
-  rm -f "$W"/f8s/*/*.png; tar czf "$OUT/f8s.tgz" -C "$W" f8s
-elif [ "$part" = f8 ]; then
-  # branch fp8-overlap (not run): the FP8 GEMM's 128-wide configurations with the promotion overlapped (two partial
-  # register tiles; kernels/src/gemm/sm90_fp8_overlapped_promotion.hpp; the same bits predicted). Its tests (every
-  # FP8 configuration exact on structured data and bit-identical to the default where unsplit, the op's C++ path,
-  # the FP8 TP ops), then the op before (main's module and python: .carry/before-f8) and after in this call, then
-  # every FP8 configuration after (for the table). Prediction: tensor-wise rows at M >= 1024 with N or K >= 14336
-  # from 0.81-0.90 of _scaled_mm toward 1.0; 128x192 rows unchanged (their mainloop is CUTLASS's still).
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_gemm.py \
-    tests/gpu/test_tp.py -k "scaled or cpp_dispatcher or fp8"
-  bash tools/build_torch_ops.sh .carry/before-f8/python/tandem > /dev/null 2>&1 || echo "before: no torch ops library"
-  W=/tmp/f8; rm -rf "$W"; mkdir -p "$W/f8" "$OUT"
-  for s in before after; do
-    BEFORE_DIR=.carry/before-f8 bench_side $s 100 "$W/f8" gemm --reps 10 --no-variants --dtypes fp8_tensor,fp8_row
-    tar czf "$OUT/f8.tgz" -C "$W" f8
-  done
-  t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
-  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --dtypes fp8_tensor,fp8_row \
-    --schedules 2 --out "$W/f8/sweep" 2>&1 | grep -E "geometric|best|Error"
-  rm -f "$W"/f8/*/*.png; tar czf "$OUT/f8.tgz" -C "$W" f8
 elif [ "$part" = tf ]; then
   # branch torch-ops-fixes (not run; a review's findings): the C++ kernels take a's device before the planner, intern
   # the configuration names (no string copy a call), decode a launch error's reason with replacement, refuse a miss
