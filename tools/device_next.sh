@@ -819,6 +819,41 @@ PY
   [ "$t" -gt 60 ] && TANDEM_SM_PERCENT=$pct timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 \
     --shapes 16384x8192x4096,8192x4096x8192 --out "$W/share/tp" 2>&1 | tail -12
   tar czf "$OUT/share.tgz" -C "$W" share
+elif [ "$part" = ring ]; then
+  # branch rs-ring (not run): the fused GEMM+RS / two-shot AR as a ring, the reduction in the GEMM's epilogues (TANDEM_RS_RING=1,
+  # docs/fused-kernels.md). Its test (worlds 2-4) and the RS tests beside it, then bench tp's fused column with it
+  # (the same-run ratios against naive: first, so a short call still gets them), then tp_trace with and without it at
+  # worlds 2 and 4 (the ring's outputs differ from the default's in the last bits: rounding after every add)
+  # (in_pieces_match / test_ag_gemm_and_gemm_rs_match_torch left for the whole suite after a merge: the call's time
+  # goes to the ring's own test and its measurements). Prediction: world 2, 16384x8192x4096 within 10-20 % of
+  # cuBLAS alone (1.37 ms) against 4.4 ms fused today.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "ring or tile_claims_match"
+  W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
+  for w in 2 4; do
+    t=$(( ($(left) - 60) / (w == 2 ? 2 : 1) )); [ "$t" -gt 100 ] && t=100
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
+      --shapes 16384x8192x4096,8192x4096x8192 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar" | cut -c1-260
+    rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
+  done
+  for w in 2 4; do
+    t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) )); [ "$t" -gt 120 ] && t=120
+    [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 \
+      --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/ring/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -20
+    rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
+  done
+elif [ "$part" = rings ]; then
+  # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
+  # shape, worlds 2 and 4 (fused, ring and naive in the same run)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-120} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "ring"
+  W=/tmp/ring; rm -rf "$W"; mkdir -p "$W/ring" "$OUT"
+  for w in 2 4; do
+    t=$(( ($(left) - 10) / (w == 2 ? 2 : 1) ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ring \
+      --shapes 16384x8192x4096 --out "$W/ring/bench_w$w" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-260
+    rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
+  done
 elif [ "$part" = fp8m ]; then
   # issue 23: the FP8 table from the median of two post-overlap sweeps (docs/results/gemm_fp8_table/
   # table_median_candidate.json: gemm_fp8_overlap/sweep_partial.json + gemm_fp8_table/sweep_fp8.json, tune gemm's

@@ -647,6 +647,9 @@ void bind_kernels(py::module_& m) {
         "Diagnostic: pieces a chunk took in the last fused GEMM+RS/AR launch (1: whole chunks; TANDEM_RS_PIECES).");
   k.def("tp_last_fused_rs_joined", &tp::last_fused_rs_joined,
         "Diagnostic: whether the last fused GEMM+RS/AR launch joined its reduction (TANDEM_RS_JOIN=1).");
+  k.def("tp_last_fused_rs_ring", &tp::last_fused_rs_ring,
+        "Whether this process's last fused GEMM+RS / two-shot GEMM+AR launch was the ring (TANDEM_RS_RING=1: the "
+        "reduction in the GEMM epilogues, no reduce role).");
   k.def("tp_last_fused_claims", &tp::last_fused_claims,
         "Diagnostic: whether the last fused TP launch took its GEMM tiles by tile claims (the default; TANDEM_TP_CLAIM=0: the static stride).");
   k.def("tp_last_fused_gemm_tile_m", &tp::last_fused_gemm_tile_m,

@@ -18,3 +18,9 @@ def test_plot_takes_each_series_from_its_named_column(monkeypatch, tmp_path):
     assert set(seen) == {"fused", "unfused", "pipelined", "auto", "naive", "cuBLAS alone"}
     for name, values in seen.items():
         assert values == [float(tp.COLUMNS.index(f"{name} ms"))], name
+
+
+
+def test_ring_columns_are_their_own():
+    # --ring appends its columns after the table's own (and --fp8's): none may reuse a name the plot looks up
+    assert len(set(tp.RING_COLUMNS)) == 3 and not set(tp.RING_COLUMNS) & set(tp.COLUMNS)

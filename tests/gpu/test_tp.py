@@ -125,6 +125,40 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
 
 @pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world, late):
+    # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
+    # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk:
+    # one cluster row and a part), N not a multiple of the 256-wide tile (520: a ragged C tile), K not a multiple
+    # of 64; three launches in a row each (tile claims: the ring runs with claims only, and the knob with
+    # TANDEM_TP_CLAIM=0 runs the default kernel); the default kernels before and after the ring on the same
+    # workspaces.
+    # 4096 x 4096 a chunk: 512 tiles, several a cluster at any share. With `late`, rank 1's clusters from grid row 1
+    # on start 3 ms late (TANDEM_TP_LATE): with tile claims the resident cluster takes their tiles.
+    shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256), (4096, 4096, 256)]
+    rank_env = {1: {"TANDEM_TP_LATE": "1:3000"}} if late else None
+    res = run_ranks(f"{W}:rs_ring", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
+                    rank_env=rank_env, timeout_s=300)
+    for r in res:
+        assert len(r["exact"]) == 2 * len(shapes) * 3 and len(r["random"]) == 2 * len(shapes)
+        for c in r["exact"]:
+            assert c["ring"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
+            assert c["ar_ring"] and c["ar_wrong"] == 0, c
+            assert c["claims"] and c["ar_claims"], c  # the ring takes its tiles by claims only
+        for c in r["random"]:
+            # bf16 / fp16 rounding after each of W - 1 adds: well within 2 % of the fp32 sum's norm
+            assert c["ring"] and not c["default_ring"] and c["finite"] and c["ar_rows_ok"], c
+            assert c["rel_ring"] < 2e-2 and c["rel_default"] < 1e-2 and c["rel_ring_vs_default"] < 2e-2, c
+            assert c["ring_again_wrong"] == 0 and c["default_again_differs"] == 0 and c["rel_ar"] < 2e-2, c
+            assert c["ar_default_ring"] == [False, False] and c["ar_default_again_differs"] == 0, c
+        assert all(r["ar_ring"])  # two-shot GEMM+AR runs the ring too
+        assert r["off_ring"] == dict(ring=False, wrong=0), r["off_ring"]
+        assert r["no_claims"] == dict(ring=False, claims=False, wrong=0), r["no_claims"]
+    for i in range(len(res[0]["exact"])):
+        assert len({r["exact"][i]["ar_digest"] for r in res}) == 1, i  # AR: the same bytes on every rank
+
+
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_ops_in_256x128_tiles_match_torch_and_the_128x256_kernels(run_ranks, world, late):
     # TANDEM_TP_GEMM_TILE=256x128: the GEMM roles' tiles span 256 rows (a 2x1 cluster 512), so an AG tile straddles
     # up to three chunks of the ragged M_local 136, and an RS chunk of 300 rows is one cluster row; N / K not

@@ -309,6 +309,111 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     return out
 
 
+def rs_ring(rs_shapes, dtypes, repeats):
+    """The fused GEMM+RS as a ring (TANDEM_RS_RING=1: no reduce role; each step's GEMM epilogue adds the right
+    neighbour's running sum): structured data bit-exact against the ring's summation order (the pipelined mode's,
+    _ring_reference), `repeats` launches in a row (the step flags of consecutive epochs), the host's record that
+    the ring ran; random data against the fp32 sum and against the default kernel (within bf16 rounding: the ring
+    rounds after every add); two-shot GEMM+AR through the ring (every chunk its owner's ring sum, the same bytes on
+    every rank); the default path back once the knob is gone, and with the knob but without tile claims
+    (TANDEM_TP_CLAIM=0: the ring runs with claims only)."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(exact=[], random=[], ar_ring=[], off_ring=None, no_claims=None)
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for (mr, n, k) in rs_shapes:
+                m = mr * world
+                for rep in range(repeats):
+                    _set_env(TANDEM_RS_RING=1)
+                    # new values every launch (A scaled by rep + 1: still exact), so that a slot read before its
+                    # step was stored, or left from the previous launch, shows as wrong elements
+                    parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
+                    a, b = parts[rank]
+                    ref = _ring_reference(rank, world, parts, mr, dtype)
+                    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
+                    got = tp.gemm_rs(comm, a, b, mode="fused")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    ran = bool(K.tp_last_fused_rs_ring())
+                    claimed = bool(K.tp_last_fused_claims())
+                    # two-shot AR: every chunk is its owner's ring sum, on every rank
+                    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    ref_ar = torch.cat([_ring_reference(q, world, parts, mr, dtype) for q in range(world)])
+                    out["exact"].append(dict(
+                        shape=[m, n, k], dtype=name, rep=rep, ring=ran, ar_ring=bool(K.tp_last_fused_rs_ring()),
+                        claims=claimed, ar_claims=bool(K.tp_last_fused_claims()),
+                        wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
+                        ar_digest=_digest(got_ar),
+                        rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
+                # random data: the ring against the fp32 sum and against the default kernel (reduce role)
+                _set_env(TANDEM_TP_CLAIM=None)
+                # default, ring, ring (new values), default again on the RS workspace, and default, ring,
+                # default two-shot AR on the AR workspace (the ops keep a workspace each): the buffer hand-over
+                # between the kernels both ways
+                ra = _random((m, k), 40 + rank, dtype)
+                rb = _random((k, n), 50, dtype)
+                _set_env(TANDEM_RS_RING=None)
+                default_first = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                ar_default_first = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                ar_default_ring = [bool(K.tp_last_fused_rs_ring())]
+                _set_env(TANDEM_RS_RING=1)
+                ring = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                ran = bool(K.tp_last_fused_rs_ring())
+                ar = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                out["ar_ring"].append(bool(K.tp_last_fused_rs_ring()))
+                ring_again = tp.gemm_rs(comm, ra * 2, rb, mode="fused").clone()  # the next ring launch, new values
+                _set_env(TANDEM_RS_RING=None)
+                default = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                off = bool(K.tp_last_fused_rs_ring())
+                ar_default = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                ar_default_ring.append(bool(K.tp_last_fused_rs_ring()))
+                torch.cuda.synchronize()
+                comm.check()
+                # the fp32 sum of every rank's partial (each rank's A from its own seed, as the ranks made them)
+                full_all = sum(_random((m, k), 40 + q, dtype).float() @ rb.float() for q in range(world))
+                full = full_all[rank * mr:(rank + 1) * mr]
+                norm = full.norm().clamp_min(1e-6)
+                out["random"].append(dict(
+                    shape=[m, n, k], dtype=name, ring=ran, default_ring=off,
+                    rel_ring=float((ring.float() - full).norm() / norm),
+                    rel_default=float((default.float() - full).norm() / norm),
+                    rel_ring_vs_default=float((ring.float() - default.float()).norm() / norm),
+                    # x 2 is exact in every rounding step: the same bits doubled
+                    ring_again_wrong=int((ring_again != ring * 2).sum()),
+                    default_again_differs=int((default != default_first).sum()),
+                    ar_default_ring=ar_default_ring, ar_default_again_differs=int((ar_default != ar_default_first).sum()),
+                    rel_ar=float((ar.float() - full_all).norm() / full_all.norm().clamp_min(1e-6)),
+                    ar_rows_ok=bool(torch.isfinite(ar.float()).all()), finite=bool(torch.isfinite(ring.float()).all())))
+        _set_env(TANDEM_RS_RING=None)
+        mr, n, k = rs_shapes[0]
+        parts = _rs_partials(world, mr * world, n, k, torch.bfloat16)
+        got = tp.gemm_rs(comm, parts[rank][0], parts[rank][1], mode="fused")
+        torch.cuda.synchronize()
+        out["off_ring"] = dict(ring=bool(K.tp_last_fused_rs_ring()),
+                               wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
+        # the knob without tile claims: the default kernel (static stride), its own summation order
+        _set_env(TANDEM_RS_RING=1, TANDEM_TP_CLAIM=0)
+        got = tp.gemm_rs(comm, parts[rank][0], parts[rank][1], mode="fused")
+        torch.cuda.synchronize()
+        comm.check()
+        out["no_claims"] = dict(ring=bool(K.tp_last_fused_rs_ring()), claims=bool(K.tp_last_fused_claims()),
+                                wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
+    finally:
+        _set_env(TANDEM_RS_RING=None, TANDEM_TP_CLAIM=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
 def gemm_tile256(ag_shapes, rs_shapes, dtypes, repeats):
     """The fused GEMM roles in 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128, tile claims). AG+GEMM: exact on
     structured data, in place and out of place, `repeats` launches in a row; GEMM+RS and GEMM+AR (two-shot): the

@@ -188,8 +188,10 @@ for shape in args.shapes.split(","):
                     r["fused_ms"] = timed(call)
                     r["claims"] = bool(K.tp_last_fused_claims())
                     r["pieces"] = K.tp_last_fused_rs_pieces() if op != "ag_gemm" else 1
+                    # the GEMM+RS/AR ring (TANDEM_RS_RING=1) has no comm role: every block is a GEMM block
+                    r["ring"] = op != "ag_gemm" and hasattr(K, "tp_last_fused_rs_ring") and bool(K.tp_last_fused_rs_ring())
                     rows = timeline(call)
-                    r.update(summarize(op, rows, c, r["pieces"]))
+                    r.update(summarize(op, rows, 0 if r["ring"] else c, r["pieces"]))
                     r["raw"] = {str(blk): [sm, {str(s): t for s, t in st.items()}] for blk, (sm, st) in rows.items()}
                 except Exception as e:  # noqa: BLE001 - report, go on
                     r["error"] = str(e).splitlines()[0][:200]
@@ -226,8 +228,8 @@ if rank == 0:
     f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     print(f"# fused TP kernels, world {world} ({sms} SMs a rank); times in us unless ms")
     for r in results:
-        print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]: "
-              f"fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
+        print(f"\n{r['op']} {r['m']}x{r['n']}x{r['k']} c={r['comm_blocks']} SMs={r['sm_count']} [{r['variant']}]"
+              f"{' (ring: no comm blocks)' if r.get('ring') else ''}: fused {r.get('fused_ms', 0):.3f} ms, core on {r['sm_count'] - r['comm_blocks']} SMs {r['core_ms']:.3f} ms, "
               f"cuBLAS {r['cublas_ms']:.3f} ms"
               + (f", core into the heap {r['core_heap_ms']:.3f} ms, core in {r['world']} chunk launches "
                  f"{r['core_chunks_ms']:.3f} ms, core with swizzle 2/4/8 {r['core_swizzle2_ms']:.3f} / "

@@ -12,6 +12,28 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
+// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks, tile claims only; not run on a GPU as of
+// 2026-12-06): no reduce role, every SM computes.
+// At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
+// same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
+// beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of
+// its partial buffer, or at s = W-1 (o = r) into out. Flags: the block whose stores complete step s < W-1 (the
+// block whose claimed tiles bring the step's count to its total) sets ring_step[s] = e on the left neighbour
+// (r-1), whose step s+1 waits for it; before step 0 every
+// block waits ready[q] >= e - 1 from every q (r-1 finished reading r's slots of e - 1, and so did the owners if
+// the previous launch was the default kernel), and the launch's last block waits ready[q] >= e from every q (a
+// default launch next waits only for each chunk's owner, not for r-1). The reduction's adds sit in the
+// epilogues, spread over every SM, where the reduce role had a few blocks (2026-12-06: 15-37 GB/s a reduce block
+// under the GEMM's traffic). Sum order for chunk o: p[o-1], + p[o-2], ..., + p[o], rounded after every add (the
+// pipelined mode's order and rounding: cuBLAS with beta = 1; a ring reduce-scatter that sums in the element type,
+// as NCCL's does for bf16), so deterministic and the pipelined mode's bits, not the fp32-sum path's.
+// AR: the last step stores into slot W-1 (no ring slot) and the block completing it sets reduced[r] = e on every rank; then
+// every block copies its slice of each rank's slot W-1 (own first) into out rows of that chunk.
+// Tile claims only (TANDEM_TP_CLAIM=0 falls back to the default kernel): with the static persistent stride a step
+// completes only when every block of the grid has run it, and blocks that finished wait (for the neighbour's next
+// step, for reduced[]) on their SMs; under MPS a rank's grid is often not resident at once, its late blocks would
+// need those SMs, and the ring would stall until the timeout. With claims the resident clusters take every tile.
+//
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
 // block waits until every owner has read r's partial.
@@ -59,9 +81,79 @@ namespace {
 
 using namespace detail;
 
+// The ring's steps (protocol at the top of this file): every block of the grid is a GEMM block.
+template <class Element, class GemmKernel>
+__device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, char* smem, uint64_t e) {
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const int left = (rank + world - 1) % world, right = (rank + 1) % world;
+  Status st = Status::kOk;
+  // r-1 reads r's slots during its steps: they are free once r-1 finished the previous launch. Every rank, not only
+  // r-1: the previous launch on this workspace may have been the default kernel, whose owners read r's chunks
+  // (slot s is chunk s's bytes).
+  for (int q = 0; q < world && threadIdx.x == 0 && st == Status::kOk; ++q)
+    st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+  // (tests, TANDEM_TP_LATE: clusters from grid row late_cluster start late_us late, as clusters MPS made resident late)
+  if (p.late_us != 0 && static_cast<int>(blockIdx.y) >= p.late_cluster) runtime::hold_block_us(p.late_us);
+  for (int s = 0; s < world; ++s) {
+    // the right neighbour's sum of step s - 1 is stored (its stores completed before its release)
+    if (s > 0 && threadIdx.x == 0 && st == Status::kOk)
+      st = wait_until_backoff(comm, &ctl->ring_step[s - 1], Cmp::kGe, e, kRolePollNs, right);
+    // A failed wait leaves the abort flag up; the step is still computed so that every block stays in step.
+    __syncthreads();
+    // the epilogue's TMA loads of that sum go through the async proxy (whichever warp issues them)
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    p.timeline.stamp(1 + 3 * s);
+    GemmKernel op;
+    op(p.gemm[s], smem);
+    p.timeline.stamp(2 + 3 * s);
+    complete_bulk_stores();
+    __syncthreads();
+    p.timeline.stamp(3 + 3 * s);
+    const bool all_reduce = p.gather_out != nullptr;
+    // whose stores complete the step: the block whose claimed tiles bring the step's count to its total (a block
+    // that got none takes no part; the ring runs with tile claims only: the top of this file)
+    static_assert(GemmKernel::TileScheduler::kTileClaims, "the ring takes its tiles by claims");
+    const auto completes = [&] {
+      const uint32_t mine = p.claims->tiles_of_block[blockIdx.x + blockIdx.y * gridDim.x];
+      return last_of_units(&ctl->local_count[s], mine, static_cast<uint64_t>(p.chunk_tiles));
+    };
+    if ((s + 1 < world || all_reduce) && threadIdx.x == 0 && completes()) {
+      if (s + 1 < world) {
+        (void)signal(comm, &ctl->ring_step[s], e, SignalOp::kSet, left);
+      } else {  // AR: this rank's reduced rows (slot W-1 of its partial buffer) are complete, for every rank
+        for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->reduced[rank], e, SignalOp::kSet, q);
+      }
+    }
+  }
+  if (p.gather_out == nullptr) return;
+  // AR: every block copies its slice of every rank's reduced rows (slot W-1 of rank q's partial buffer, through
+  // the peer mapping; this rank's own first) into out rows of chunk q. The stores that made them were TMA stores
+  // completed and proxy-fenced before their release; these are plain loads after the acquire.
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const int64_t nvec = static_cast<int64_t>(chunk_bytes / 16);
+  const int64_t b = blockIdx.x + static_cast<int64_t>(blockIdx.y) * gridDim.x, nb = gridDim.x * gridDim.y;
+  const int64_t lo = nvec * b / nb, hi = nvec * (b + 1) / nb;
+  p.timeline.stamp(kSlotGatherStart);
+  for (int d = 0; d < world; ++d) {
+    const int q = (rank + d) % world;
+    if (threadIdx.x == 0 && st == Status::kOk)
+      st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, q);
+    if (!block_ok(st)) return;
+    const uint4* src = reinterpret_cast<const uint4*>(
+        peer_ptr(comm, p.partial + static_cast<size_t>(world - 1) * chunk_bytes, q));
+    if (src == nullptr) return;
+    copy_slice(reinterpret_cast<uint4*>(p.gather_out + static_cast<size_t>(q) * chunk_bytes), src, lo, hi);
+  }
+  __syncthreads();
+  p.timeline.stamp(kSlotGatherEnd);
+}
+
 // kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
 // whole-chunk kernel's registers stay as they were.
-template <class Element, class GemmKernel, bool kPieces>
+template <class Element, class GemmKernel, bool kPieces, bool kRing = false>
 __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     gemm_rs_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
   extern __shared__ __align__(128) char smem[];
@@ -77,6 +169,19 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       Status st = Status::kOk;
       for (int o = 0; o < world && st == Status::kOk; ++o) st = wait_until(comm, &ctl->ready[o], Cmp::kGe, e - 1, o);
     }
+    return;
+  }
+  if constexpr (kRing) {
+    run_ring_steps<Element>(p, smem, e);
+    p.timeline.stamp(kSlotEnd);
+    finish_block(ctl, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, [&] {
+      if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
+      for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
+      // the next launch on this workspace may be the default kernel, which waits only for the owner of each chunk
+      // it overwrites, while r-1 read r's slots here: the launch ends when every rank is done (as kReduceOnly's)
+      Status st = Status::kOk;
+      for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until(comm, &ctl->ready[q], Cmp::kGe, e, q);
+    });
     return;
   }
   const Topology t = Topology::of(rank, world, p.ranks_per_node);
@@ -404,6 +509,104 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   return launch(dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1), Kernel::SharedStorageSize);
 }
 
+// The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
+// epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
+// mapping: TMA descriptors on peer memory, one node only).
+template <class Element, bool kClaims>
+Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
+  using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, kClaims>>;
+  using Kernel = typename G::Kernel;
+  const int world = a.comm.world, rank = a.comm.rank;
+  const int right = (rank + 1) % world;
+  const int mr = a.m / world;
+  const size_t chunk_bytes = static_cast<size_t>(mr) * a.n * sizeof(Element);
+  char* ws = static_cast<char*>(a.workspace);
+  // the right neighbour's partial buffer in this process's address space (the same heap offset on every rank)
+  // (bit 0 of an entry marks a peer on this GPU: not part of the address)
+  const uint64_t right_heap = a.comm.peer_heap_inline[right] & ~tandem::kPeerSameDeviceBit;
+  if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
+  for (int q = 0; all_reduce && q < world && q < tandem::kInlinePeerHeaps; ++q)  // AR gathers from every rank
+    if (q != rank && a.comm.peer_heap_inline[q] == 0)
+      return fail(why, "the ring's all-gather needs every rank's heap mapped (one node)");
+  const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
+  RsParams<Kernel> p{};
+  p.comm = a.comm;
+  p.ctl = reinterpret_cast<Control*>(ws);
+  p.partial = ws + kPartialOffset;
+  p.out = static_cast<char*>(a.out);
+  p.ranks_per_node = world;
+  p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.chunk_rows = mr;
+  p.pieces = 1;
+  p.mode = RsMode::kFused;
+  p.timeline.stamps = timeline_for_launch(stream);
+  // Tile claims (TANDEM_TP_CLAIM, on by default, as in the default kernel): the clusters claim each step's tiles,
+  // so clusters that MPS made resident late leave their tiles to the others instead of delaying every step
+  p.claims = kClaims ? reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset) : nullptr;
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = knobs.late_us;
+  // AR: the last step stores this rank's reduced rows into slot W-1 (never a ring slot), where every rank reads
+  // them for its all-gather into out (M x N)
+  if (all_reduce) p.gather_out = static_cast<char*>(a.out);
+  char* last = all_reduce ? const_cast<char*>(p.partial) + static_cast<size_t>(world - 1) * chunk_bytes : p.out;
+  dim3 gg{};
+  for (int s = 0; s < world; ++s) {
+    const int o = (rank + 1 + s) % world;  // step W-1: o = rank
+    gemm::GemmArgs g;
+    g.m = mr;
+    g.n = a.n;
+    g.k = a.k;
+    g.dtype = a.dtype;
+    g.a = static_cast<const char*>(a.a) + static_cast<size_t>(o) * mr * a.lda * sizeof(Element);
+    g.lda = a.lda;
+    g.b = a.b;
+    g.ldb = a.ldb;
+    g.d = s + 1 < world ? const_cast<char*>(p.partial) + static_cast<size_t>(s) * chunk_bytes : last;
+    g.ldd = a.n;
+    g.sm_count = a.plan.sm_count;  // 0: every SM of the device
+    if (s > 0) {  // D_s = A[o] @ B + D_{s-1} of the right neighbour (slot s - 1 of its partial buffer)
+      g.c = right_partial + static_cast<size_t>(s - 1) * chunk_bytes;
+      g.ldc = a.n;
+      g.beta = 1.0f;
+    }
+    auto args = G::arguments(g);
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = Raster::AlongN;
+    args.scheduler.arrival.chunks = 1;  // no arrival waits: the step's wait is before the GEMM (run_ring_steps)
+    args.scheduler.arrival.chunk_rows = mr;
+    args.scheduler.arrival.comm = a.comm;
+    // claims: one counter a step, numbered by the step (later calls have larger numbers: the ring tags' order)
+    args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.claim_call = s;
+    args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
+    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ring step");
+    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+    if (s == 0) {
+      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
+      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
+        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
+    }
+    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    args.scheduler.arrival.gemm_block_y0 = 0;
+    p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
+    p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+  }
+  if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
+  p.reduce_rows_y = 0;
+  p.reduce_blocks = 0;
+  p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  detail::g_last_fused_ring = true;
+  detail::g_last_fused_claims = kClaims;
+  const cudaError_t err = launch_clustered(gemm_rs_kernel<Element, Kernel, false, true>, gg, Kernel::MaxThreadsPerBlock,
+                                           Kernel::SharedStorageSize, stream, p);
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
 }  // namespace
 
 
@@ -412,6 +615,13 @@ cudaError_t preload_rs_kernel() {
   using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>, Config>::Kernel;
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
+}
+
+template <class Element, bool kClaims>
+cudaError_t preload_rs_ring_kernel() {
+  using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, kClaims>>::Kernel;
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, false, true>);
 }
 
 cudaError_t preload_rs_kernels() {
@@ -428,7 +638,9 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::bfloat16_t, true, true>(),
                            preload_rs_kernel<cutlass::half_t, true, true>(),
                            preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
-                           preload_rs_kernel<cutlass::half_t, true, false>()};
+                           preload_rs_kernel<cutlass::half_t, true, false>(),
+                           preload_rs_ring_kernel<cutlass::bfloat16_t, true>(),
+                           preload_rs_ring_kernel<cutlass::half_t, true>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -485,11 +697,22 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // own. Across nodes too: a chunk's claims are numbered by the step at which this rank computes it
   // (rs_chunk_at of the node topology), so the ring tags still grow call by call.
   const bool claims = fused && tile_claims_enabled();
+  // The ring (TANDEM_RS_RING=1): GEMM+RS and two-shot GEMM+AR, one node, 2-8 ranks (the peers' heaps in
+  // DeviceComm), the whole launch, tile claims only (the top of this file: without claims, the default kernel);
+  // its steps are the core's 128x256 GEMM over every SM of the plan.
+  const bool ring = fused && claims && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
+                    a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
+                    stages == Stages::kAll;
   if (fused) {
-    detail::g_last_fused_pieces = piece_count;
+    detail::g_last_fused_ring = false;
+    detail::g_last_fused_pieces = ring ? 1 : piece_count;
     detail::g_last_fused_claims = claims;
-    detail::g_last_fused_gemm_tile_m = tile256 ? 256 : 128;
+    detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
+    detail::g_last_fused_joined = false;
   }
+  if (ring)
+    return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)
+                                   : run_ring<cutlass::bfloat16_t, true>(a, kAllReduce, stream, why);
   const auto typed = [&](auto element) {
     using Element = decltype(element);
     if (tile256)

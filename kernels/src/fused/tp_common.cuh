@@ -37,7 +37,11 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t reduce_claim;           // local: the joined reduction's next unclaimed item (reset by the last block)
   uint64_t reduce_items_done;      // local: the joined reduction's items done (last_of_units)
   uint64_t one_shot_tiles;         // local, tile claims: AR one-shot tiles stored, every chunk (last_of_units)
-  uint64_t pad1[12];
+  uint64_t ring_step[8];           // RS ring, one word a step (kMaxFusedRsWorld): ring_step[s] = e when the right
+                                   // neighbour's running sum of step s is stored. A word a step, not one word for
+                                   // every step: with tile claims the block completing step s may signal after the
+                                   // one completing s + 1, and one word would go back to step s
+  uint64_t pad1[4];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -147,9 +151,12 @@ extern int g_last_fused_pieces;   // host: the pieces of this process's last fus
 extern bool g_last_fused_claims;  // host: the last fused TP launch took tile claims
 extern int g_last_fused_gemm_tile_m;  // host: the tile M of the last fused TP launch's GEMM role (128 or 256)
 extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
+extern bool g_last_fused_ring;    // host: ... was the ring (the reduction in the GEMM's epilogues)
 //   TANDEM_TP_CLAIM=0     the fused GEMM roles take tiles by the static persistent stride (default: tile claims)
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
+//   TANDEM_RS_RING=1      the fused GEMM+RS and two-shot GEMM+AR (one node) as a ring: no reduce role, each step's GEMM
+//                         epilogue adds the right neighbour's running sum (gemm_rs_sm90.cu); not run on a GPU yet
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
@@ -164,6 +171,7 @@ struct FusedKnobs {
   bool one_pass = false;
   int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
   int gemm_tile_m = 128;  // TANDEM_TP_GEMM_TILE=256x128: the fused GEMM roles in 256x128 tiles
+  bool ring = false;      // TANDEM_RS_RING=1: the fused GEMM+RS as a ring, its adds in the GEMM epilogues
   static FusedKnobs from_env();
 };
 

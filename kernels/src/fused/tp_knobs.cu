@@ -24,6 +24,7 @@ int g_last_fused_pieces = 0;
 bool g_last_fused_claims = false;
 int g_last_fused_gemm_tile_m = 0;
 bool g_last_fused_joined = false;
+bool g_last_fused_ring = false;
 
 bool tile_claims_enabled() { return !env_is("TANDEM_TP_CLAIM", "0"); }
 
@@ -52,6 +53,7 @@ FusedKnobs FusedKnobs::from_env() {
   if (const char* v = std::getenv("TANDEM_RS_PIECES")) k.pieces = std::strcmp(v, "auto") == 0 ? -1 : std::atoi(v);
   k.join = env_is("TANDEM_RS_JOIN", "1");
   k.gemm_tile_m = env_is("TANDEM_TP_GEMM_TILE", "256x128") ? 256 : 128;
+  k.ring = env_is("TANDEM_RS_RING", "1");
   runtime::late_blocks_from_env("TANDEM_TP_LATE", &k.late_cluster, &k.late_us);
   return k;
 }
@@ -71,5 +73,6 @@ int last_fused_rs_pieces() { return detail::g_last_fused_pieces; }
 bool last_fused_claims() { return detail::g_last_fused_claims; }
 int last_fused_gemm_tile_m() { return detail::g_last_fused_gemm_tile_m; }
 bool last_fused_rs_joined() { return detail::g_last_fused_joined; }
+bool last_fused_rs_ring() { return detail::g_last_fused_ring; }
 
 }  // namespace tandem::kernels::tp

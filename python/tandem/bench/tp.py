@@ -43,6 +43,8 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
            "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "naive synced ms",
            "fused/naive", "fused/max(GEMM, coll)", "auto/naive", "auto/naive synced"]
+# bench tp --ring: the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1), beside the default fused kernel
+RING_COLUMNS = ["fused ring ms", "ring/naive", "ring/max(GEMM, coll)"]
 
 
 def cases(world: int, shapes=None) -> list:
@@ -196,7 +198,7 @@ def _nccl_collective(comm, op, m, n, k):
     return (lambda: dist.all_reduce(partial)), partial
 
 
-def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False):
+def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False, ring=False):
     import torch
 
     from .. import ops  # noqa: F401
@@ -207,7 +209,11 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     comm = Communicator(heap_bytes=12 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
-    columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else [])
+    columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else []) + (RING_COLUMNS if ring else [])
+    if ring:
+        from .._native import native
+
+        K_ring = native().kernels.tp_last_fused_rs_ring  # noqa: N806 - the kernels' diagnostic: the ring ran
 
     def timed(fn):
         return common.time_ranks_ms(comm, fn, warmup=3, reps=reps)
@@ -227,6 +233,15 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
         r["fused_comm_blocks"] = comm_blocks or tp.fused_split(comm, op, m, n, k_rank, 0)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
+        if ring and op != "ag_gemm":
+            # the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1, read by the kernels' host side at every
+            # launch; every rank sets it for the same calls), in the same run as the default fused kernel
+            os.environ["TANDEM_RS_RING"] = "1"
+            try:
+                r["ring_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
+                r["ring_ran"] = bool(K_ring())
+            finally:
+                os.environ.pop("TANDEM_RS_RING", None)
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
         r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
@@ -256,6 +271,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             r["fp8_over_bf16_auto"] = r["fp8_ms"] / r["auto_ms"] if r["fp8_ms"] and r["auto_ms"] else None
             del fa, fb, fsa, fsb
         bar = max(r["gemm_alone_ms"], r["collective_alone_ms"])
+        if r.get("ring_ms"):
+            r["ring_over_naive"] = r["ring_ms"] / r["naive_ms"]
+            r["ring_over_bar"] = r["ring_ms"] / bar
         r["fused_over_naive"] = r["fused_ms"] / r["naive_ms"] if r["fused_ms"] else None
         r["fused_over_bar"] = r["fused_ms"] / bar if r["fused_ms"] else None
         r["auto_over_naive"] = r["auto_ms"] / r["naive_ms"] if r["auto_ms"] else None
@@ -272,7 +290,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
                      f(r["naive_ms"]), f(r["naive_synced_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]),
                      g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])]
-                    + ([f(r["fp8_ms"]), g(r["fp8_over_bf16_auto"])] if fp8 else []))
+                    + ([f(r["fp8_ms"]), g(r["fp8_over_bf16_auto"])] if fp8 else [])
+                    + ([f(r.get("ring_ms")), g(r.get("ring_over_naive")), g(r.get("ring_over_bar"))] if ring else []))
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
             # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
@@ -312,6 +331,9 @@ def main(argv=None) -> int:
     ap.add_argument("--comm-blocks", type=int, default=0, help="fused SM split (0: the op's plan)")
     ap.add_argument("--sweep", action="store_true", help="also time fused at comm_blocks 2 .. SMs/4")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 op (row-wise scales) at each case")
+    ap.add_argument("--ring", action="store_true",
+                    help="also time the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1: the reduction in the "
+                         "GEMM epilogues)")
     ap.add_argument("--naive", choices=("peer-view", "nccl"), default="peer-view",
                     help="the naive baseline's collective: torch over peer views (one GPU, MPS) or NCCL (one GPU a "
                          "rank)")
@@ -322,5 +344,5 @@ def main(argv=None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive,
-        fp8=a.fp8)
+        fp8=a.fp8, ring=a.ring)
     return 0

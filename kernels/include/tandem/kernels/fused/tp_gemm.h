@@ -112,6 +112,9 @@ int last_fused_gemm_tile_m();
 // Diagnostic: whether the last fused GEMM+RS/AR launch ran the joined reduction (TANDEM_RS_JOIN=1; pieces with
 // tile claims).
 bool last_fused_rs_joined();
+// Diagnostic: whether the last fused GEMM+RS / two-shot GEMM+AR launch ran the ring (TANDEM_RS_RING=1: the
+// reduction in the GEMM's epilogues, no reduce role; one node, whole chunks).
+bool last_fused_rs_ring();
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 
