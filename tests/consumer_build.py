@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -15,9 +16,14 @@ def build_consumer(build_dir: str) -> str:
     cmake = shutil.which("cmake")
     if cmake is None:
         raise RuntimeError("cmake not on PATH")
+    prefix = tandem.cmake_prefix_path()
+    if not glob.glob(os.path.join(prefix, "*", "cmake", "tandem", "tandemConfig.cmake")):  # lib/ or lib64/
+        # a module copied next to the sources (tools/device_suite.sh's prebuilt path) has no CMake package
+        raise RuntimeError(f"no tandemConfig.cmake under {prefix}: the worked examples build against the installed "
+                           "package (pip install .), not a module copied into python/tandem")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     cfg = [cmake, "-S", os.path.join(HERE, "consumer"), "-B", build_dir, *gen,
-           f"-DCMAKE_PREFIX_PATH={tandem.cmake_prefix_path()}", "-DCMAKE_BUILD_TYPE=Release"]
+           f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=Release"]
     for cmd in (cfg, [cmake, "--build", build_dir, "-j", str(os.cpu_count() or 2)]):
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if r.returncode != 0:

@@ -25,6 +25,22 @@ t0=$(date +%s)
 # asked for, no editable install is there already (its finder would win over PYTHONPATH), and it imports here.
 # Tests that need the installed package (tests/gpu/test_consumer.py) need the usual build: TANDEM_PREBUILT=0.
 prebuilt=.carry/prebuilt/_C.cpython-312-x86_64-linux-gnu.so
+# test_consumer builds the worked examples against the installed CMake package, which the prebuilt module path has
+# not got (2026-12-07: `tests/gpu --ignore=...test_tp.py` ran it without, 6 errors at setup): a selection that may
+# include it (the file, or a folder holding it, not --ignore'd) takes the usual build.
+consumer_selected=0
+for a in "$@"; do
+  case "$a" in --ignore=*test_consumer*) consumer_selected=-1 ;; esac
+done
+if [ "$consumer_selected" = 0 ]; then
+  for a in "$@"; do
+    case "$a" in -*) ;; *test_consumer*|tests/gpu|tests/gpu/|tests|tests/) consumer_selected=1 ;; esac
+  done
+fi
+if [ "$consumer_selected" = 1 ] && [ "${TANDEM_PREBUILT:-1}" = 1 ]; then
+  echo "build: the selection includes tests/gpu/test_consumer.py (needs the installed CMake package): no prebuilt module"
+  TANDEM_PREBUILT=0
+fi
 if [ "${TANDEM_PREBUILT:-1}" = 1 ] && [ -f "$prebuilt" ] && [ -z "${TANDEM_PIP_DEFS:-}" ] \
     && [ "$(cat .carry/prebuilt/SOURCES 2>/dev/null)" = "$(bash tools/native_sources_hash.sh)" ] \
     && ! python3 -m pip show -q tandem > /dev/null 2>&1; then
