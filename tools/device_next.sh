@@ -283,6 +283,19 @@
 #      its native sources stay rs-ring's (the module stays valid). Green and faster: merge, the knob's default per
 #      the numbers.
 #   2-4 as in the 19:55 entry above (tps, the whole GPU suite on main, ra).
+# 2026-12-07 01:20 (eighteenth session, 23:59-): after 4 refused starts an H100 came at 00:18 (nvidia-h100-x1 named).
+# ring ran on rs-ring e90ecde: test_tp whole 55 passed; the rest of the suite 70 passed (test_consumer 6 errors: run
+# on the prebuilt module, which has no CMake package -- device_suite.sh now takes the usual build when the selection
+# may include test_consumer; test_transport cut after 2 cases); bench tp --ring at worlds 2, 3, 4: ring/fused
+# 0.66-0.90 at worlds 3-4, 1.01-1.97 at world 2, ring/unfused 0.99-1.54 (docs/results.md). rs-ring merged into main,
+# knob off by default; main's module is .carry/prebuilt-main (SOURCES 974713f). Next session, in this order:
+#   1. tc on main (test_transport whole, not run since e756288; test_consumer with the usual build, ~160 s):
+#        git checkout main && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-main .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh tc",
+#            carry=[".whl", ".carry/prebuilt"])
+#   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
+#      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
+#   3. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -843,6 +856,26 @@ elif [ "$part" = ring ]; then
       --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/ring/w$w" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -20
     rm -f "$W"/ring/*/*.png; tar czf "$OUT/ring.tgz" -C "$W" ring
   done
+elif [ "$part" = tc ]; then
+  # the GPU suite's remainder on main: test_transport whole (not run since e756288: 2026-12-07's call was cut after
+  # its first 2 cases) and test_consumer (needs the installed CMake package: device_suite.sh builds, ~160 s)
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_transport.py \
+    tests/gpu/test_consumer.py --durations=10
+elif [ "$part" = rt ]; then
+  # the GEMM+RS/AR ring traced on the grid the op uses at world 4 (tp_plan.fused_grid_sms: 28 of 32 SMs, every
+  # rank resident) and on the whole share, against the default fused kernel: per-step wait and compute per rank
+  # (trace_summaries in docs/results/rs_ring are from the whole share, where one rank had 14 late blocks)
+  W=/tmp/rt; rm -rf "$W"; mkdir -p "$W/rt" "$OUT"
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  t=$(( ($(left) - 20) / 2 )); [ "$t" -gt 240 ] && t=240
+  timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096,8192x8192x28672 --ops gemm_rs,gemm_ar --comm-blocks 4 --sm-counts 28,0 \
+    --variants "base;TANDEM_RS_RING=1" --reps 5 --out "$W/rt/w4" 2>&1 | grep -E "fused|late|Error" | cut -c1-240 | tail -24
+  tar czf "$OUT/rt.tgz" -C "$W" rt
+  t=$(( $(left) - 10 )); [ "$t" -gt 150 ] && t=150
+  [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --ring \
+    --shapes 16384x8192x4096,8192x8192x28672 --out "$W/rt/bench_w4" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-260
+  rm -f "$W"/rt/*/*.png; tar czf "$OUT/rt.tgz" -C "$W" rt
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
