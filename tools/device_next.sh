@@ -295,7 +295,9 @@
 #            carry=[".whl", ".carry/prebuilt"])
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
-#   3. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
+#   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
+#      ceiling naive / compute-only, to show whether 1.15 is reachable here at cuBLAS's GEMM speed.
+#   4. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -876,6 +878,17 @@ elif [ "$part" = rt ]; then
   [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n 4 --reps 5 --ring \
     --shapes 16384x8192x4096,8192x8192x28672 --out "$W/rt/bench_w4" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-260
   rm -f "$W"/rt/*/*.png; tar czf "$OUT/rt.tgz" -C "$W" rt
+elif [ "$part" = trc ]; then
+  # issue 24: bench train at worlds 4 and 2 with the new column "naive compute only" (naive's GEMMs and elementwise
+  # work without its exchanges): naive / it is the most any overlap can gain at cuBLAS's GEMM speed (the target
+  # asks 1.15 at world 4, 16384 tokens)
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/trc; rm -rf "$W"; mkdir -p "$W/trc" "$OUT"
+  for w in 4 2; do
+    t=$(( ($(left) - 10) / (w == 4 ? 2 : 1) )); [ "$t" -gt 280 ] && t=280
+    [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $w --reps 5 --out "$W/trc/w$w" 2>&1 | tail -6
+    rm -f "$W"/trc/*/*.png; tar czf "$OUT/trc.tgz" -C "$W" trc
+  done
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

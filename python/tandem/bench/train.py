@@ -11,6 +11,11 @@
   naive    cuBLAS GEMMs and torch collectives over peer views with the same math, autograd by hand, and
            tandem's stream barrier around every exchange (a correct program: a rank reads a peer's buffer only
            after the peer wrote it, and overwrites its own only after every peer read it)
+  naive compute only   naive's GEMMs and elementwise work with its exchanges left out (no copy, no sum, no
+           barrier; the results are wrong, the time is what no communication costs). naive / this is the most any
+           overlap of naive's communication can gain while the GEMMs run at cuBLAS's speed: "overlap ceiling".
+           Where it is below 1.15, the target can only be met by GEMMs faster than cuBLAS's (on one GPU under
+           MPS the "network" is the GPU's own memory, so communication is a small part of the step).
 
 Target (issue 24): fused >= 1.15x naive at world 4, tokens 16384, and never slower than unfused.
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import os
 
 COLUMNS = ["tokens", "hidden", "ffn", "fused ms", "unfused ms", "auto ms", "auto serial wgrad ms", "naive ms",
-           "naive/fused", "unfused/fused", "naive/auto"]
+           "naive compute only ms", "naive/fused", "unfused/fused", "naive/auto", "overlap ceiling"]
 
 
 def naive_block(x, dy, w_gu, w_down, ffn_local, all_gather, write_partial, reduce_scatter):
@@ -53,8 +58,10 @@ def naive_block(x, dy, w_gu, w_down, ffn_local, all_gather, write_partial, reduc
     return y, dx, dw_gu, dw_down
 
 
-def _naive_step(comm, tl, hidden, ffn_local, w_gu, w_down, barrier):
-    """fn(x, dy) -> naive_block's outputs, its exchanges over peer views between tandem's stream barriers."""
+def _naive_step(comm, tl, hidden, ffn_local, w_gu, w_down, barrier, compute_only=False):
+    """fn(x, dy) -> naive_block's outputs, its exchanges over peer views between tandem's stream barriers.
+    compute_only: the exchanges left out (all_gather returns the gathered buffer as it is, reduce_scatter this
+    rank's rows of its own partial, no barrier): the same GEMMs and elementwise work, wrong results, for timing."""
     import torch
 
     world, rank = comm.world_size, comm.rank
@@ -67,6 +74,8 @@ def _naive_step(comm, tl, hidden, ffn_local, w_gu, w_down, barrier):
     gathered = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
 
     def all_gather(t, which):
+        if compute_only:
+            return gathered
         syms[which].copy_(t)
         barrier()  # every rank wrote its rows
         for q in range(world):
@@ -78,6 +87,8 @@ def _naive_step(comm, tl, hidden, ffn_local, w_gu, w_down, barrier):
         fn(part)
 
     def reduce_scatter():
+        if compute_only:
+            return part[rows].clone()
         barrier()  # every rank wrote its partial
         acc = part_views[0].float()
         for q in range(1, world):
@@ -143,6 +154,13 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
             del col, row
         naive, _bufs = _naive_step(comm, tl, hidden, ffn_local, w_gu.detach(), w_down.detach(), barrier)
         r["naive_ms"] = timed(lambda: naive(x.detach(), dy))
+        del naive, _bufs
+        compute, _bufs = _naive_step(comm, tl, hidden, ffn_local, w_gu.detach(), w_down.detach(), barrier,
+                                     compute_only=True)
+        r["naive_compute_only_ms"] = timed(lambda: compute(x.detach(), dy))
+        del compute, _bufs
+        c = r["naive_compute_only_ms"]
+        r["overlap_ceiling"] = r["naive_ms"] / c if c and r["naive_ms"] else None
         f = r["fused_ms"]
         r["naive_over_fused"] = r["naive_ms"] / f if f and r["naive_ms"] else None
         r["unfused_over_fused"] = r["unfused_ms"] / f if f and r["unfused_ms"] else None
@@ -152,8 +170,9 @@ def run(tokens_list, hidden, ffn, reps, out_dir, command):
         fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
         g = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         rows.append([str(tokens), str(hidden), str(ffn), fmt(r["fused_ms"]), fmt(r["unfused_ms"]), fmt(r["auto_ms"]),
-                     fmt(r["auto_serial_wgrad_ms"]), fmt(r["naive_ms"]), g(r["naive_over_fused"]),
-                     g(r["unfused_over_fused"]), g(r["naive_over_auto"])])
+                     fmt(r["auto_serial_wgrad_ms"]), fmt(r["naive_ms"]), fmt(r["naive_compute_only_ms"]),
+                     g(r["naive_over_fused"]), g(r["unfused_over_fused"]), g(r["naive_over_auto"]),
+                     g(r["overlap_ceiling"])])
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
             part_meta = dict(common.header(command), partial=f"{len(data)} of {len(tokens_list)} cases")
