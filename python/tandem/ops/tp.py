@@ -79,7 +79,7 @@ def fused_knobs(mode: str, plan) -> dict:
     non-fused calls leave the key as it was)."""
     if mode not in ("fused", "auto") or (mode == "auto" and (plan is None or plan[0] != "fused")):
         return {}
-    set_ = tuple((name, os.environ[name]) for name in FUSED_PROTOCOL_KNOBS if os.environ.get(name, "") != "")
+    set_ = tuple((name, v) for name, v in zip(FUSED_PROTOCOL_KNOBS, fused_knob_values()) if v)
     return {"knobs": set_} if set_ else {}
 
 
