@@ -317,7 +317,7 @@
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
 #      ceiling naive / compute-only, to show whether 1.15 is reachable here at cuBLAS's GEMM speed.
 #   4. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
-# 2026-12-07 05:15 (nineteenth session, 02:45-05:45): no device call ran -- 12 starts refused (90 s each) while other
+# 2026-12-07 05:15 (nineteenth session, 02:45-05:45): no device call ran -- 13 starts refused (90 s each) while other
 # sessions held every machine. Built, not run: branch rs-ticket (issue 21: GEMM+RS / two-shot GEMM+AR by tickets,
 # TANDEM_RS_TICKET=1, off; each tile's last rank to finish it adds every rank's partial in the tile scheduler's
 # fixup, no waits in the GEMM; tools/pending/rs-ticket.diff), and integ-tk = rs-ticket + bwd-gqa (native sources
