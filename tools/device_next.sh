@@ -321,7 +321,7 @@
 # sessions held every machine. Built, not run: branch rs-ticket (issue 21: GEMM+RS / two-shot GEMM+AR by tickets,
 # TANDEM_RS_TICKET=1, off; each tile's last rank to finish it adds every rank's partial in the tile scheduler's
 # fixup, no waits in the GEMM; tools/pending/rs-ticket.diff), and integ-tk = rs-ticket + bwd-gqa (native sources
-# = rs-ticket's: one module, .carry/prebuilt-rs-ticket, SOURCES 511bdd0, serves both). Next session, in this order:
+# = rs-ticket's: one module, .carry/prebuilt-rs-ticket, SOURCES 35e2b3d, serves both). Next session, in this order:
 #   1. tk on integ-tk (git checkout --detach integ-tk; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket
 #      .carry/prebuilt): the ticket test at worlds 2-4 (late clusters, the same bits whichever rank is late), bench
 #      tp --ticket at worlds 4, 2, 3, a trace. Green and faster than unfused: merge rs-ticket, then make it the fused
