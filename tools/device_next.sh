@@ -889,6 +889,25 @@ elif [ "$part" = trc ]; then
     [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $w --reps 5 --out "$W/trc/w$w" 2>&1 | tail -6
     rm -f "$W"/trc/*/*.png; tar czf "$OUT/trc.tgz" -C "$W" trc
   done
+elif [ "$part" = gq ]; then
+  # branch bwd-gqa (not run): ring attention's backward hands GQA/MQA K/V to cuDNN with their own heads (native
+  # GQA) instead of repeating them to q's heads. Its gradient test (worlds 1-4: native, repeated, flash, the
+  # deterministic mode), then bench attention at world 1 on the three GQA/MQA shapes of issue 25's table, native and
+  # TANDEM_RING_BWD_GQA=repeat in the same call (SDPA cuDNN and flash timed in each)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    -k "gradients"
+  W=/tmp/gq; rm -rf "$W"; mkdir -p "$W/gq" "$OUT"
+  for cfg in "8 32 8 2048" "2 32 8 8192" "1 8 1 16384"; do
+    set -- $cfg
+    for mode in native repeat; do
+      t=$(( $(left) - 10 )); [ "$t" -gt 45 ] && t=45
+      [ "$t" -gt 20 ] && TANDEM_RING_BWD_GQA=$mode timeout -s INT -k 5 $t python3 -m tandem bench attention -n 1 \
+        --reps 5 --seqs $4 --causal yes --batch $1 --heads $2 --heads-kv $3 --out "$W/gq/${mode}_b$1_s$4" 2>&1 \
+        | grep -E "^\| [0-9]" | sed "s/^/$mode /" | cut -c1-200
+    done
+    tar czf "$OUT/gq.tgz" -C "$W" gq
+  done
+  tar czf "$OUT/gq.tgz" -C "$W" gq
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

@@ -243,6 +243,7 @@ def gradients(cases, seed=11):
             return res, {k: bwd.block_kernel_counts[k] - before[k] for k in before}
 
         refused_before = set(bwd.cudnn_refused)
+        gqa_refused_before = set(bwd.cudnn_gqa_refused)
         saved = os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
         try:
             eager, eager_blocks = counted(lambda: grads(step))
@@ -258,7 +259,19 @@ def gradients(cases, seed=11):
                  rel_flash=[_rel(x, y) for x, y in zip(flash, ref_l)],
                  finite=all(bool(torch.isfinite(x.float()).all()) for x in eager + flash),
                  eager_blocks=eager_blocks, flash_blocks=flash_blocks,
-                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}))
+                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}),
+                 cudnn_gqa_refused=sorted({bwd.cudnn_gqa_refused[k]
+                                           for k in set(bwd.cudnn_gqa_refused) - gqa_refused_before}))
+        # the GQA/MQA blocks again with K/V repeated to q's heads (the path before native GQA), against the same
+        # reference: both stay tested
+        if hkv != hq:
+            os.environ["TANDEM_RING_BWD_GQA"] = "repeat"
+            try:
+                repeated, repeated_blocks = counted(lambda: grads(step))
+            finally:
+                os.environ.pop("TANDEM_RING_BWD_GQA", None)
+            c["rel_repeat"] = [_rel(x, y) for x, y in zip(repeated, ref_l)]
+            c["repeat_blocks"] = repeated_blocks
         torch.use_deterministic_algorithms(True)  # not warn-only: FlashAttention-2 keeps its atomics then
         try:
             (first, second), det_blocks = counted(lambda: (grads(step), grads(step)))

@@ -36,8 +36,9 @@ path; warn_only=True only warns and keeps the atomics); cuDNN's is not taken in 
 Every backward of one shape on one communicator must be issued on the same stream: the workspace's slots and
 kv_own are reused in stream order (a call on another stream first waits for the stream of the previous call).
 
-GQA / MQA: K and V heads are repeated to the query heads for the block kernel, and the repeated heads' dK/dV
-summed back (in fp32). lse's gradient is not propagated (lse is an auxiliary output, as in FlashAttention).
+GQA / MQA: cuDNN's block kernel takes K/V with their own heads (native GQA: it sums each K/V head's group
+inside the kernel; TANDEM_RING_BWD_GQA=repeat, or a shape cuDNN refuses natively, takes the old path);
+FlashAttention-2's gets K and V repeated to the query heads and the repeated heads' dK/dV summed back (in fp32). lse's gradient is not propagated (lse is an auxiliary output, as in FlashAttention).
 One node only: across nodes the copies have no peer mapping (a clear error before anything runs).
 """
 
@@ -116,22 +117,35 @@ def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     return _per_kv_head(flash, do, q, k, v, o, lse, causal, scale)
 
 
-def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, native_gqa: bool = False):
     """flash_block_backward's contract by cuDNN's SDPA backward in torch. cuDNN reads the softmax statistics as a
     (B, H, S_q, 1) fp32 tensor of natural-log logsumexp, the layout of SDPA's cuDNN forward, and aligns the causal
-    mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway)."""
+    mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway).
+
+    native_gqa: K/V with fewer heads than q go to cuDNN as they are (what SDPA's cuDNN backend does with
+    enable_gqa=True: cuDNN sums each K/V head's group inside the kernel and returns dK/dV with the K/V heads), not
+    repeated to q's heads with their gradients summed back in fp32 afterwards. Why: the repeat wrote group x the
+    K/V bytes and read back group x the dK/dV bytes around every block, and the GQA/MQA rows of bench attention
+    were the furthest behind SDPA's cuDNN backward (0.40-0.65 against 0.69-0.97 without GQA, 2026-12-06)."""
     def cudnn(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
         # attn_bias, cum_seq_q and cum_seq_k are undefined tensors (None): no bias, dense (not nested) inputs
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             dot, qt, kt, vt, ot, lse.contiguous().unsqueeze(-1), empty, empty, None, None, None, max_q, max_k, 0.0,
             cz, scale=sc)
+    if native_gqa:
+        empty = torch.empty(0, dtype=torch.int64, device=q.device)
+        dq, dk, dv = cudnn(do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                           o.transpose(1, 2), empty, q.shape[1], k.shape[1], float(scale), bool(causal))
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     return _per_kv_head(cudnn, do, q, k, v, o, lse, causal, scale)
 
 
 # which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason;
 # shapes cuDNN ran (its plan is built: a CUDA graph capture may call it)
-block_kernel_counts = {"cudnn": 0, "flash": 0}
+block_kernel_counts = {"cudnn": 0, "flash": 0, "cudnn_gqa": 0}  # cudnn_gqa: of the cudnn calls, native GQA
 cudnn_refused: dict = {}
+# GQA/MQA block shapes whose native-GQA cuDNN call was refused, with the reason (they take the repeated heads)
+cudnn_gqa_refused: dict = {}
 _cudnn_ran: set = set()
 _STICKY = tuple(t for t in (getattr(torch, "AcceleratorError", None), torch.OutOfMemoryError) if t is not None)
 
@@ -167,7 +181,21 @@ def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
         cudnn_refused[key] = "a sequence length of 1 (torch's SDPA does not give it to cuDNN)"
     if key not in cudnn_refused and (key in _cudnn_ran or not capturing) and _cudnn_allowed(q):
         try:
-            out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
+            out = None
+            if (k.shape[2] != q.shape[2] and key not in cudnn_gqa_refused
+                    and os.environ.get("TANDEM_RING_BWD_GQA", "native") != "repeat"):
+                try:
+                    out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale, native_gqa=True)
+                    block_kernel_counts["cudnn_gqa"] += 1
+                except _STICKY:
+                    raise
+                except RuntimeError as e:  # no engine for native GQA here: the repeated heads below
+                    cudnn_gqa_refused[key] = str(e).splitlines()[0][:200]
+                    warnings.warn(f"tandem: ring attention backward: cuDNN refused native GQA for the block q "
+                                  f"{tuple(q.shape)} k {tuple(k.shape)} ({cudnn_gqa_refused[key]}); K/V heads are "
+                                  "repeated to q's for it", RuntimeWarning, stacklevel=2)
+            if out is None:
+                out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
             block_kernel_counts["cudnn"] += 1
             _cudnn_ran.add(key)
             return out
