@@ -894,20 +894,19 @@ elif [ "$part" = gq ]; then
   # GQA) instead of repeating them to q's heads. Its gradient test (worlds 1-4: native, repeated, flash, the
   # deterministic mode), then bench attention at world 1 on the three GQA/MQA shapes of issue 25's table, native and
   # TANDEM_RING_BWD_GQA=repeat in the same call (SDPA cuDNN and flash timed in each)
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-250} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     -k "gradients"
   W=/tmp/gq; rm -rf "$W"; mkdir -p "$W/gq" "$OUT"
   for cfg in "8 32 8 2048" "2 32 8 8192" "1 8 1 16384"; do
-    set -- $cfg
+    read -r bb hh kk ss <<< "$cfg"
     for mode in native repeat; do
-      t=$(( $(left) - 10 )); [ "$t" -gt 45 ] && t=45
+      t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && t=40
       [ "$t" -gt 20 ] && TANDEM_RING_BWD_GQA=$mode timeout -s INT -k 5 $t python3 -m tandem bench attention -n 1 \
-        --reps 5 --seqs $4 --causal yes --batch $1 --heads $2 --heads-kv $3 --out "$W/gq/${mode}_b$1_s$4" 2>&1 \
-        | grep -E "^\| [0-9]" | sed "s/^/$mode /" | cut -c1-200
+        --reps 5 --seqs $ss --causal yes --batch $bb --heads $hh --heads-kv $kk --out "$W/gq/${mode}_b${bb}_s$ss" \
+        2>&1 | grep -E "^\| [0-9]" | sort -u | sed "s/^/$mode /" | cut -c1-200
     done
     tar czf "$OUT/gq.tgz" -C "$W" gq
   done
-  tar czf "$OUT/gq.tgz" -C "$W" gq
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
