@@ -210,3 +210,26 @@ def test_over_a_tcp_store():
     with pytest.raises(TandemError) as ei:
         rt.agree_on_key(comms[0], "ag_gemm", _ag_key(1024))
     assert ei.value.status == 1 and 0.9 < time.monotonic() - t0 < 5
+
+
+def test_fused_protocol_knobs_are_part_of_the_key_for_fused_calls_only(monkeypatch):
+    # a rank with TANDEM_RS_RING=1 and one without would run two protocols against one workspace: their keys
+    # must differ (an error on every rank, naming the knob), but only where a fused kernel may run
+    for name in tp.FUSED_PROTOCOL_KNOBS:
+        monkeypatch.delenv(name, raising=False)
+    assert tp.fused_knobs("fused", None) == {}
+    monkeypatch.setenv("TANDEM_RS_RING", "1")
+    monkeypatch.setenv("TANDEM_TP_TRACE", "1")  # a diagnostic: not part of the key
+    assert tp.fused_knobs("fused", None) == {"knobs": (("TANDEM_RS_RING", "1"),)}
+    assert tp.fused_knobs("auto", ("fused", 4)) == {"knobs": (("TANDEM_RS_RING", "1"),)}
+    assert tp.fused_knobs("auto", ("unfused", 0)) == {}
+    assert tp.fused_knobs("unfused", None) == {}
+    assert tp.fused_knobs("pipelined", None) == {}
+    ring = tp.op_key("gemm_rs", m=4096, n=512, k=256, dtype=torch.bfloat16, mode="fused", comm_blocks=4,
+                     **tp.fused_knobs("fused", None))
+    monkeypatch.delenv("TANDEM_RS_RING")
+    plain = tp.op_key("gemm_rs", m=4096, n=512, k=256, dtype=torch.bfloat16, mode="fused", comm_blocks=4,
+                      **tp.fused_knobs("fused", None))
+    errs = _run(_comms(2), [ring, plain], op="gemm_rs")
+    assert all(isinstance(e, TandemError) for e in errs), errs
+    assert all("TANDEM_RS_RING" in str(e) and "ranks disagree" in str(e) for e in errs), errs

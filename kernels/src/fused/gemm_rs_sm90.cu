@@ -12,8 +12,9 @@
 //            (acc = p[r-1]; acc += p[r-2]; ...; out = acc + p[r]): deterministic, the same order every launch
 //   end      the last block sets ready[r] = e on every rank (r finished reading their partials)
 //
-// Ring (TANDEM_RS_RING=1; RS and two-shot AR, one node, whole chunks, tile claims only; not run on a GPU as of
-// 2026-12-06): no reduce role, every SM computes.
+// Ring (TANDEM_RS_RING=1, off by default; RS and two-shot AR, one node, whole chunks, tile claims only; tested on an
+// H100 2026-12-07, faster than the default fused kernel at worlds 3-4, not than unfused: docs/fused-kernels.md):
+// no reduce role, every SM computes.
 // At step s = 0 .. W-1 rank r computes chunk o = r+1+s (mod W) and its GEMM epilogue adds the running sum of the
 // same chunk that its right neighbour r+1 stored at step s-1 (CUTLASS's source C, TMA-loaded from r+1's heap;
 // beta = 1, none at s = 0): D_s = A[o] @ B + D_{s-1}(r+1), rounded to the element type, stored into r's slot s of

@@ -156,7 +156,7 @@ extern bool g_last_fused_ring;    // host: ... was the ring (the reduction in th
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
 //   TANDEM_RS_RING=1      the fused GEMM+RS and two-shot GEMM+AR (one node) as a ring: no reduce role, each step's GEMM
-//                         epilogue adds the right neighbour's running sum (gemm_rs_sm90.cu); not run on a GPU yet
+//                         epilogue adds the right neighbour's running sum (gemm_rs_sm90.cu; off by default: docs/fused-kernels.md)
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds

@@ -54,6 +54,30 @@ def fused_split(comm, op, m, n, k, sm_count) -> int:
     return tp_plan.fused_split(op, comm.world_size, int(sm_count) or comm.sm_count, m, n, k)
 
 
+# The fused kernels' environment knobs (kernels/src/fused/tp_common.cuh, read by the kernels' host side at every
+# launch) that can change what a rank writes into its peers' memory or waits for from them: the ring instead of
+# the reduce role, pieces and their boundaries (tile shape, swizzle groups), the chunk order, the reduction's
+# form, tile claims (with the ring, TANDEM_TP_CLAIM=0 runs the default kernel instead), the joined reduction and
+# the raster. Ranks that set them differently would run different protocols against one workspace: a timeout at
+# best, wrong sums at worst. So they are part of what the ranks agree on whenever a fused kernel may run. Left
+# out: diagnostics and per-rank timing (TANDEM_TP_TRACE, TANDEM_TP_LATE, TANDEM_TP_POLL_NS,
+# TANDEM_RS_STREAM_LOADS, TANDEM_TP_FUSED_SMS), which change no cross-rank protocol.
+_ENV = os.environ
+FUSED_PROTOCOL_KNOBS = ("TANDEM_RS_RING", "TANDEM_RS_PIECES", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE",
+                        "TANDEM_RS_JOIN", "TANDEM_TP_CLAIM", "TANDEM_TP_GEMM_TILE", "TANDEM_TP_SWIZZLE",
+                        "TANDEM_TP_RASTER")
+
+
+def fused_knobs(mode: str, plan) -> dict:
+    """{"knobs": ((name, value), ...)} of the FUSED_PROTOCOL_KNOBS set in this process when the call may run a
+    fused kernel (mode "fused", or "auto" with a fused plan), for the op key; {} otherwise (unset knobs and
+    non-fused calls leave the key as it was)."""
+    if mode not in ("fused", "auto") or (mode == "auto" and (plan is None or plan[0] != "fused")):
+        return {}
+    set_ = tuple((name, os.environ[name]) for name in FUSED_PROTOCOL_KNOBS if os.environ.get(name, "") != "")
+    return {"knobs": set_} if set_ else {}
+
+
 def _validate(comm, a, b, op):
     rt.check_matmul(a, b, op, comm.rank, device=torch.device("cuda", comm.device))
 
@@ -132,7 +156,7 @@ def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
     if mode == "fused" and not comm_blocks:
         plan = ("fused", fused_split(comm, op, world * m_local, n, k, sm_count))
     agree = op_key(op, m_local=m_local, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
-                   **({"plan": plan} if plan else {}))
+                   **({"plan": plan} if plan else {}), **fused_knobs(mode, plan))
     if mode == "pipelined" or (plan is not None and plan[0] == "pipelined"):
         tp_pipelined.check(comm, op, sm_count=sm_count, comm_blocks=comm_blocks if mode == "pipelined" else 0)
         pws = _ag_pipelined_workspace(comm, m_local, k, dtype, agree)
@@ -225,7 +249,7 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
     pipelined = mode == "pipelined" or (plan is not None and plan[0] == "pipelined")
     agree = op_key(op, m=m, n=n, k=k, dtype=dtype, mode=mode, comm_blocks=int(comm_blocks),
                    **({"algo": algo} if op == "gemm_ar" else {}), **({"plan": plan} if plan else {}),
-                   **({"splits": tp_pipelined.SPLITS} if pipelined else {}))
+                   **({"splits": tp_pipelined.SPLITS} if pipelined else {}), **fused_knobs(mode, plan))
     out_rows = m if op == "gemm_ar" else m // world
     all_reduce = op == "gemm_ar"
     if pipelined:
@@ -316,8 +340,10 @@ def run_tp_op(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
     a time (as the collectives require anyway: every rank must call them in one order)."""
     comm = rt.comm_from_handle(handle, op)
     try:
+        # the fused kernels' protocol knobs as set now: a change (on any rank) prepares the call again, and with it
+        # the ranks' agreement on them (fused_knobs)
         key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
-               b.stride(), b.dtype, b.device)
+               b.stride(), b.dtype, b.device, tuple(map(_ENV.get, FUSED_PROTOCOL_KNOBS)))
     except AttributeError:  # not tensors: the full checks say so
         key = None
     launch = rt.prepared(key) if key is not None else None
