@@ -67,7 +67,7 @@ def test_traced_without_graph_breaks():
 def _key(op, h, a, b, mode="auto", comm_blocks=0, sm_count=0, algo="auto"):
     # the signature tandem.ops.tp.run_tp_op computes
     return (op, h, mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
-            b.dtype, b.device)
+            b.dtype, b.device, tp.fused_knob_values())
 
 
 def test_a_known_signature_launches_without_the_full_path_but_checks_addresses():
@@ -125,3 +125,22 @@ def test_the_cache_is_bounded(monkeypatch):
     finally:
         rt._PREPARED.clear()
         rt._PREPARED.update(saved)
+
+
+def test_a_changed_protocol_knob_is_another_signature(monkeypatch):
+    # TANDEM_RS_RING set after a call was prepared: the call takes the full path again (and with it the ranks'
+    # agreement on the knob), not the launcher prepared without it
+    comm = _stand_in(2)
+    h = tp.register(comm)
+    a, b = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(32, 16, dtype=torch.bfloat16)
+    monkeypatch.delenv("TANDEM_RS_RING", raising=False)
+    key = _key("gemm_rs", h, a, b)
+    rt.remember(key, lambda *x: torch.full((32, 16), 7.0))
+    try:
+        assert torch.equal(torch.ops.tandem.gemm_rs(a, b, h), torch.full((32, 16), 7.0))
+        monkeypatch.setenv("TANDEM_RS_RING", "1")
+        assert _key("gemm_rs", h, a, b) != key
+        with pytest.raises(TandemError, match="CUDA tensor"):  # the full path: CPU tensors are refused
+            torch.ops.tandem.gemm_rs(a, b, h)
+    finally:
+        rt._PREPARED.pop(key, None)

@@ -68,6 +68,11 @@ FUSED_PROTOCOL_KNOBS = ("TANDEM_RS_RING", "TANDEM_RS_PIECES", "TANDEM_RS_ORDER",
                         "TANDEM_TP_RASTER")
 
 
+def fused_knob_values() -> tuple:
+    """FUSED_PROTOCOL_KNOBS' values in this process now (None where unset): part of a prepared call's signature."""
+    return tuple(map(_ENV.get, FUSED_PROTOCOL_KNOBS))
+
+
 def fused_knobs(mode: str, plan) -> dict:
     """{"knobs": ((name, value), ...)} of the FUSED_PROTOCOL_KNOBS set in this process when the call may run a
     fused kernel (mode "fused", or "auto" with a fused plan), for the op key; {} otherwise (unset knobs and
@@ -343,7 +348,7 @@ def run_tp_op(op, handle, a, b, mode, comm_blocks, sm_count, algo="auto"):
         # the fused kernels' protocol knobs as set now: a change (on any rank) prepares the call again, and with it
         # the ranks' agreement on them (fused_knobs)
         key = (op, int(handle), mode, comm_blocks, sm_count, algo, a.shape, a.stride(), a.dtype, a.device, b.shape,
-               b.stride(), b.dtype, b.device, tuple(map(_ENV.get, FUSED_PROTOCOL_KNOBS)))
+               b.stride(), b.dtype, b.device, fused_knob_values())
     except AttributeError:  # not tensors: the full checks say so
         key = None
     launch = rt.prepared(key) if key is not None else None
