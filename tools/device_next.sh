@@ -288,11 +288,18 @@
 # on the prebuilt module, which has no CMake package -- device_suite.sh now takes the usual build when the selection
 # may include test_consumer; test_transport cut after 2 cases); bench tp --ring at worlds 2, 3, 4: ring/fused
 # 0.66-0.90 at worlds 3-4, 1.01-1.97 at world 2, ring/unfused 0.99-1.54 (docs/results.md). rs-ring merged into main,
-# knob off by default; main's module is .carry/prebuilt-main (SOURCES 974713f). Next session, in this order:
+# knob off by default. Since then on main (CPU-tested only): the fused kernels' protocol knobs are part of the ranks'
+# agreement key; bench train's "naive compute only" column. main's module is .carry/prebuilt-main (SOURCES 9ca0090,
+# built from 94192e2; valid for main's tip and for bwd-gqa, whose native sources are main's). Next session, in
+# this order:
+#   0. gq on branch bwd-gqa (issue 25: the backward's GQA/MQA blocks to cuDNN natively; not run; the worst bwd rows,
+#      0.40-0.65 of SDPA cuDNN, are all GQA/MQA): git checkout --detach bwd-gqa (module as below), part gq; if the
+#      gradient test passes and native is faster than repeat, merge.
 #   1. tc on main (test_transport whole, not run since e756288; test_consumer with the usual build, ~160 s):
 #        git checkout main && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-main .carry/prebuilt
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh tc",
 #            carry=[".whl", ".carry/prebuilt"])
+#      (test_tp too if time is left: the knobs' agreement changed the TP ops' Python path, CPU-tested only)
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
