@@ -300,6 +300,8 @@
 #        run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh tc",
 #            carry=[".whl", ".carry/prebuilt"])
 #      (test_tp too if time is left: the knobs' agreement changed the TP ops' Python path, CPU-tested only)
+#   1b. abk on main or bwd-gqa (tools/diag/attn_bwd_kernels.py: which kernels the world-1 backward runs beside
+#      SDPA's cuDNN backward; ~1-2 min).
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
@@ -914,6 +916,18 @@ elif [ "$part" = gq ]; then
     done
     tar czf "$OUT/gq.tgz" -C "$W" gq
   done
+elif [ "$part" = abk ]; then
+  # issue 25: the kernels of ring attention's world-1 backward beside SDPA's cuDNN backward (0.69-0.97 of it without
+  # GQA though it is one cuDNN call: another engine, or kernels around it?), per shape and path
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  mkdir -p "$OUT"
+  timeout -s INT -k 10 $(( $(left) - 10 )) python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
+    --out "$OUT/attn_bwd_kernels.jsonl" 2>&1 | python3 -c "
+import json, sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line.rstrip()[:200]); continue
+    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Which kernels ring attention's backward launches at world 1, beside SDPA's cuDNN backward (issue 25).
+
+At world 1 the backward is one cuDNN block call (attention_backward.block_backward: the whole shard, causally or
+not), yet bench attention measured it at 0.69-0.97 of SDPA's cuDNN backward on the same shapes without GQA
+(docs/results.md, 2026-12-06) and 0.40-0.65 with GQA/MQA. Same library, same problem: either other kernels run
+around it (copies, casts, the GQA repeat and sums), or cuDNN picks another engine for tandem's tensors (strides,
+alignment, the statistics' layout). This prints, per shape and per path (SDPA cuDNN; tandem; tandem with
+TANDEM_RING_BWD_GQA=repeat for GQA shapes), every CUDA kernel one backward launched and its device time
+(torch.profiler after warm-ups), as JSON lines, and with --out into a file.
+
+    python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py [--shapes B/Hq/Hkv/d/S/causal,...]
+        [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+# bench attention's rows furthest behind cuDNN (B/Hq/Hkv/d/S/causal)
+DEFAULT_SHAPES = "1/16/16/128/8192/1,8/32/8/128/2048/1,1/8/1/128/16384/1,4/32/32/64/4096/0"
+
+
+def parse(spec: str):
+    b, hq, hkv, d, s, causal = (int(x) for x in spec.split("/"))
+    return b, hq, hkv, d, s, bool(causal)
+
+
+def main(argv=None) -> int:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from cublas_kernels import kernels_of
+    from tandem.ops import attention
+    from tandem.transport import Communicator
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=60)
+    if comm.world_size != 1:
+        raise SystemExit("world 1 only (python3 -m tandem.launch -n 1 -- ...)")
+    lines = []
+    for spec in a.shapes.split(","):
+        b, hq, hkv, d, s, causal = parse(spec)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+                   for h in (hq, hkv, hkv))
+        do = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        gqa = dict(enable_gqa=True) if hkv != hq else {}
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=causal, **gqa).transpose(1, 2)
+
+        def mine():
+            return attention.ring_attention(comm, q, k, v, causal=causal)[0]
+
+        paths = [("sdpa_cudnn", sdpa, {}), ("tandem", mine, {})]
+        if hkv != hq:
+            paths.append(("tandem_repeat", mine, {"TANDEM_RING_BWD_GQA": "repeat"}))
+        for name, fwd, env in paths:
+            saved = {n: os.environ.get(n) for n in env}
+            os.environ.update(env)
+            try:
+                ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if name == "sdpa_cudnn" else torch.enable_grad()
+                with ctx:
+                    o = fwd()
+                    ks = kernels_of(lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            finally:
+                for n, val in saved.items():
+                    os.environ.pop(n, None)
+                    if val is not None:
+                        os.environ[n] = val
+            row = dict(shape=spec, path=name, total_us=round(sum(t for _, t in ks), 1),
+                       kernels=[dict(name=n[:160], us=t) for n, t in ks])
+            lines.append(row)
+            print(json.dumps(row), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("\n".join(json.dumps(r) for r in lines) + "\n")
+    comm.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
