@@ -302,6 +302,10 @@
 #      (test_tp too if time is left: the knobs' agreement changed the TP ops' Python path, CPU-tested only)
 #   1b. abk on main or bwd-gqa (tools/diag/attn_bwd_kernels.py: which kernels the world-1 backward runs beside
 #      SDPA's cuDNN backward; ~1-2 min).
+#   1c. ao on branch attn-ostore (issue 25: the forward's O stored in 16-byte chunks by a quad transpose; not run):
+#        git checkout --detach attn-ostore && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-attn-ostore .carry/prebuilt
+#        run(... "bash tools/device_next.sh ao", carry=[".whl", ".carry/prebuilt", ".carry/before-ao"])  (~62 MiB)
+#      .carry/before-ao = main's python/ with its module (the same-call before side). Faster and green: merge.
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap

@@ -17,7 +17,7 @@ def _check(res, n_cases):
             assert c["wrong_layout"] == 0 and c["wrong_y"] == 0 and c["wrong_out"] == 0, c
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_moe_dispatch_gemm_and_combine_match_torch(run_ranks, world):
     # odd token counts that differ per rank, one rank without tokens at world > 1; H 256, I 520 (not a tile
     # multiple), 4 experts per rank

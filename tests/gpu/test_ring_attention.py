@@ -31,7 +31,7 @@ def _check(res, n_cases):
             assert c["wrong_o"] == 0 and c["wrong_lse"] == 0, c
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_ring_attention_matches_sdpa(run_ranks, world):
     _check(run_ranks(f"{W}:correctness", world, cases=CASES, timeout_s=240), len(CASES))
 

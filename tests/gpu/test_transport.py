@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 W = "tests.gpu.workers_transport"
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_put_is_bit_exact_for_odd_sizes_and_offsets(run_ranks, world):
     sizes = [1, 3, 16, 17, 255, 4097, 65_537, (1 << 20) + 5]
     res = run_ranks(f"{W}:put_exact", world, sizes=sizes, src_offsets=[0, 1, 3, 8], dst_offsets=[0, 5, 16],
