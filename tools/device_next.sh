@@ -919,6 +919,24 @@ elif [ "$part" = trc ]; then
     [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $w --reps 5 --out "$W/trc/w$w" 2>&1 | tail -6
     rm -f "$W"/trc/*/*.png; tar czf "$OUT/trc.tgz" -C "$W" trc
   done
+elif [ "$part" = gq ]; then
+  # branch bwd-gqa (not run): ring attention's backward hands GQA/MQA K/V to cuDNN with their own heads (native
+  # GQA) instead of repeating them to q's heads. Its gradient test (worlds 1-4: native, repeated, flash, the
+  # deterministic mode), then bench attention at world 1 on the three GQA/MQA shapes of issue 25's table, native and
+  # TANDEM_RING_BWD_GQA=repeat in the same call (SDPA cuDNN and flash timed in each)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-250} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    -k "gradients"
+  W=/tmp/gq; rm -rf "$W"; mkdir -p "$W/gq" "$OUT"
+  for cfg in "8 32 8 2048" "2 32 8 8192" "1 8 1 16384"; do
+    read -r bb hh kk ss <<< "$cfg"
+    for mode in native repeat; do
+      t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && t=40
+      [ "$t" -gt 20 ] && TANDEM_RING_BWD_GQA=$mode timeout -s INT -k 5 $t python3 -m tandem bench attention -n 1 \
+        --reps 5 --seqs $ss --causal yes --batch $bb --heads $hh --heads-kv $kk --out "$W/gq/${mode}_b${bb}_s$ss" \
+        2>&1 | grep -E "^\| [0-9]" | sort -u | sed "s/^/$mode /" | cut -c1-200
+    done
+    tar czf "$OUT/gq.tgz" -C "$W" gq
+  done
 elif [ "$part" = abk ]; then
   # issue 25: the kernels of ring attention's world-1 backward beside SDPA's cuDNN backward (0.69-0.97 of it without
   # GQA though it is one cuDNN call: another engine, or kernels around it?), per shape and path
