@@ -44,7 +44,15 @@ using runtime::WorkspaceCarver;
 
 struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
-  uint64_t pad0[15];
+  // local, the dispatch's work claims (moe_dispatch.cuh, dispatch_role): layout_claim is raised to the epoch by
+  // the block elected to exchange the counts and write the layout (atomicMax: the first block of the epoch to get
+  // there, whichever has an SM); send_claim hands out chunks of sorted pairs to warps and send_done counts the
+  // blocks done sending, both reset by the elected block before its count row goes out (every other block claims
+  // only after it has that row)
+  uint64_t layout_claim;
+  uint32_t send_claim;
+  uint32_t send_done;
+  uint64_t pad0[13];
   uint64_t counts_flag[kMaxWorld];  // source s's count row landed
   uint64_t ready[kMaxWorld];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorld];         // combine: rank q sent every row of this rank's tokens

@@ -52,8 +52,14 @@ __device__ void write_layout(const DispatchParams<Element>& p, uint64_t e, bool 
   }
 }
 
+// The dispatch, run by every block of the launch (the fused kernel's blocks then compute). No block waits for a
+// particular block of its own grid, which may not have an SM (MPS places a rank's grid partly, docs/fused-kernels.md
+// "Residency"): the block that raises layout_claim to the epoch first exchanges the counts and writes the layout
+// (whichever block runs first: it is running), warps claim chunks of sorted pairs from send_claim (the blocks that
+// run send every row), and the block that finishes sending last (send_done) waits for this rank's arrivals and
+// copies the row sources. A block that gets an SM late finds the chunks claimed and goes on.
 template <class Element>
-__device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t e, int32_t* smem_i) {
+__device__ void dispatch_role(const DispatchParams<Element>& p, uint64_t e, int32_t* smem_i, uint32_t total_blocks) {
   using namespace tandem::device;
   const Common& c = p.c;
   const DeviceComm& comm = c.comm;
@@ -65,7 +71,24 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   p.timeline.stamp(1);
-  if (db == 0) {
+  // two block-wide flags after base[] and seg[] in the dynamic shared memory (static __shared__ would add to the
+  // fused kernel's, which the GEMM's stages fill up to the limit)
+  int32_t* const flags = smem_i + 2 * (E + 1);
+  int32_t& elected_flag = flags[0];
+  int32_t& last_flag = flags[1];
+  if (threadIdx.x == 0)
+    elected_flag = atomicMax(reinterpret_cast<unsigned long long*>(&c.ctl->layout_claim),
+                             static_cast<unsigned long long>(e)) < e;
+  __syncthreads();
+  const bool elected = elected_flag != 0;
+  if (elected) {
+    if (threadIdx.x == 0) {
+      // this epoch's claim counters: every other block of the launch claims only after it has acquired this
+      // rank's count row (counts_flag[rank] = e), which goes out after these stores (the put's release)
+      c.ctl->send_claim = 0;
+      c.ctl->send_done = 0;
+      __threadfence();
+    }
     __syncthreads();
     for (int q = 0; q < world && block_ok(st); ++q)
       st = put_signal<Group::kBlock>(comm, p.counts_all + rank * E, p.local_counts, sizeof(int32_t) * E,
@@ -82,95 +105,104 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   // a token's top-k, or max_tokens that differ between ranks, can exceed it) would write past y, the layout and
   // the heap buffers: then no rank sends anything, every layout is empty, and the launch reports
   // kInvalidArgument (peer: the destination, expected: its capacity, observed: the rows) and completes.
-  const bool overrun = capacity_overrun(c, p.counts_all, db == 0);
-  if (db == 0) write_layout(p, e, overrun);
-  if (overrun) return;
+  const bool overrun = capacity_overrun(c, p.counts_all, elected);
+  if (elected) write_layout(p, e, overrun);
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
   // seg[x] = where x's pairs start in the sorted list.
   int32_t* base = smem_i;
   int32_t* seg = smem_i + E + 1;
-  for (int x = threadIdx.x; x < E; x += blockDim.x) {
-    int32_t before = 0;
-    for (int s = 0; s < rank; ++s) before += p.counts_all[s * E + x];
-    base[x] = before;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int32_t pos = 0;
-    for (int x = 0; x < E; ++x) {
-      seg[x] = pos;
-      pos += p.local_counts[x];
+  if (!overrun) {
+    for (int x = threadIdx.x; x < E; x += blockDim.x) {
+      int32_t before = 0;
+      for (int s = 0; s < rank; ++s) before += p.counts_all[s * E + x];
+      base[x] = before;
     }
-    seg[E] = pos;
-  }
-  // Expert offsets on each destination: one thread per destination rank.
-  for (int q = threadIdx.x; q < world; q += blockDim.x) {
-    int32_t off = 0;
-    for (int j = 0; j < c.el; ++j) {
-      const int x = q * c.el + j;
-      base[x] += off;
-      int32_t m = 0;
-      for (int s = 0; s < world; ++s) m += p.counts_all[s * E + x];
-      off += m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int32_t pos = 0;
+      for (int x = 0; x < E; ++x) {
+        seg[x] = pos;
+        pos += p.local_counts[x];
+      }
+      seg[E] = pos;
     }
-  }
-  __syncthreads();
-  const int32_t valid = seg[E];
-  const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
-  // Warps take chunks of kSendChunk consecutive (rotated) sorted pairs round-robin, so the pairs leave in
-  // expert order across the whole dispatch and each expert's rows complete early, one after another, for the
-  // GEMM to start on (a contiguous share per warp would complete every expert only near the end). Consecutive
-  // pairs of one expert in a chunk land in consecutive rows of one destination: their row sources leave as one
-  // put, counted with one fence and one atomic per run (not per row).
-  const int total_warps = p.dispatch_blocks * warps;
-  const int global_warp = db * warps + warp;
-  int run_x = -1;
-  int32_t run_idx = 0, run_pos = 0, run_n = 0;
-  const auto flush = [&]() {
-    if (run_n == 0) return;
-    __syncwarp();  // every lane's row stores precede lane 0's release below
-    if (lane == 0) {
-      const int q = run_x / c.el, j = run_x % c.el;
-      Status s2 = put<Group::kThread>(comm, p.recv_src + run_pos, p.vals_sorted + run_idx, sizeof(int32_t) * run_n, q);
-      if (st == Status::kOk) st = s2;
-      tandem::device::fence_system();
-      const uint32_t done = atomicAdd(&p.rows_done[run_x], static_cast<uint32_t>(run_n)) + run_n;
-      if (done == static_cast<uint32_t>(p.local_counts[run_x])) {  // the last rows of expert x from this rank
-        tandem::device::fence_system();
-        s2 = signal(comm, &p.arrive[j * world + rank], e, SignalOp::kSet, q);
+    // Expert offsets on each destination: one thread per destination rank.
+    for (int q = threadIdx.x; q < world; q += blockDim.x) {
+      int32_t off = 0;
+      for (int j = 0; j < c.el; ++j) {
+        const int x = q * c.el + j;
+        base[x] += off;
+        int32_t m = 0;
+        for (int s = 0; s < world; ++s) m += p.counts_all[s * E + x];
+        off += m;
+      }
+    }
+    __syncthreads();
+    const int32_t valid = seg[E];
+    const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
+    const int lane = threadIdx.x % 32;
+    const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
+    // Warps claim chunks of kSendChunk consecutive (rotated) sorted pairs, in order, so the pairs leave in expert
+    // order across the whole dispatch and each expert's rows complete early, one after another, for the GEMM to
+    // start on. Consecutive pairs of one expert in a chunk land in consecutive rows of one destination: their row
+    // sources leave as one put, counted with one fence and one atomic per run (not per row).
+    int run_x = -1;
+    int32_t run_idx = 0, run_pos = 0, run_n = 0;
+    const auto flush = [&]() {
+      if (run_n == 0) return;
+      __syncwarp();  // every lane's row stores precede lane 0's release below
+      if (lane == 0) {
+        const int q = run_x / c.el, j = run_x % c.el;
+        Status s2 = put<Group::kThread>(comm, p.recv_src + run_pos, p.vals_sorted + run_idx, sizeof(int32_t) * run_n, q);
         if (st == Status::kOk) st = s2;
+        tandem::device::fence_system();
+        const uint32_t done = atomicAdd(&p.rows_done[run_x], static_cast<uint32_t>(run_n)) + run_n;
+        if (done == static_cast<uint32_t>(p.local_counts[run_x])) {  // the last rows of expert x from this rank
+          tandem::device::fence_system();
+          s2 = signal(comm, &p.arrive[j * world + rank], e, SignalOp::kSet, q);
+          if (st == Status::kOk) st = s2;
+        }
       }
-    }
-    st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
-    run_n = 0;
-  };
-  for (int32_t c0 = global_warp * kSendChunk; c0 < valid && st == Status::kOk;
-       c0 += static_cast<int32_t>(total_warps) * kSendChunk) {
-    const int32_t c1 = min(valid, c0 + kSendChunk);
-    for (int32_t i = c0; i < c1 && st == Status::kOk; ++i) {
-      int32_t idx = i + rot;
-      if (idx >= valid) idx -= valid;
-      const int x = p.keys_sorted[idx];
-      const int32_t pos = base[x] + (idx - seg[x]);
-      if (x != run_x || idx != run_idx + run_n) {
-        flush();
-        run_x = x, run_idx = idx, run_pos = pos;
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
+      run_n = 0;
+    };
+    for (;;) {
+      int32_t c0 = 0;
+      if (lane == 0) c0 = static_cast<int32_t>(atomicAdd(&c.ctl->send_claim, 1u)) * kSendChunk;
+      c0 = __shfl_sync(0xffffffffu, c0, 0);
+      if (c0 >= valid || st != Status::kOk) break;
+      const int32_t c1 = min(valid, c0 + kSendChunk);
+      for (int32_t i = c0; i < c1 && st == Status::kOk; ++i) {
+        int32_t idx = i + rot;
+        if (idx >= valid) idx -= valid;
+        const int x = p.keys_sorted[idx];
+        const int32_t pos = base[x] + (idx - seg[x]);
+        if (x != run_x || idx != run_idx + run_n) {
+          flush();
+          run_x = x, run_idx = idx, run_pos = pos;
+        }
+        const int t = p.vals_sorted[idx] / c.topk;
+        const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
+                                            p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
+        if (st == Status::kOk) st = s2;
+        ++run_n;
       }
-      const int t = p.vals_sorted[idx] / c.topk;
-      const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
-                                          p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
-      if (st == Status::kOk) st = s2;
-      ++run_n;
+      flush();  // the chunk's last run: its expert may be complete now
     }
-    flush();  // the chunk's last run: its expert may be complete now
+    flush();
   }
-  flush();
   __syncthreads();
   p.timeline.stamp(3);
-  // Every row addressed to this rank has landed: the GEMM (unfused: launched next) may read them all, and the
-  // row sources are copied out before ready[r] = e lets the next epoch's senders overwrite them.
+  // The block that finishes sending last waits until every row addressed to this rank has landed (the GEMM of the
+  // unfused path, launched next, may read them all then) and copies the row sources out before ready[r] = e (the
+  // launch's end) lets the next epoch's senders overwrite them. (With an overrun nothing was sent: nothing to wait
+  // for, the layout says no rows.)
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last_flag = atomicAdd(&c.ctl->send_done, 1u) + 1 == total_blocks;
+  }
+  __syncthreads();
+  if (!last_flag || overrun) return;
   if (threadIdx.x == 0) {
     for (int j = 0; j < c.el && st == Status::kOk; ++j) {
       for (int s = 0; s < world && st == Status::kOk; ++s) {
@@ -181,11 +213,10 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   p.timeline.stamp(4);
-  int32_t received = 0;  // (from the counts: block 0's layout writes are not ordered before this block)
+  int32_t received = 0;  // (from the counts: the elected block's layout writes are not ordered before this block)
   for (int j = 0; j < c.el; ++j)
     for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
-  for (int32_t r = db * blockDim.x + threadIdx.x; r < received; r += p.dispatch_blocks * blockDim.x)
-    p.row_source[r] = p.recv_src[r];
+  for (int32_t r = threadIdx.x; r < received; r += blockDim.x) p.row_source[r] = p.recv_src[r];
 }
 
 template <class Element>
@@ -195,28 +226,25 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   using namespace tandem::device;
   MoeControl* ctl = p.c.ctl;
   const uint64_t e = runtime::current_epoch(ctl);
-  // the runtime's roles over the grid (inline, as GEMM+RS: persistent.cuh): blocks [0, dispatch_blocks) in grid
-  // order dispatch -- the first rows of the kClusterX-wide grid -- as dispatch block grid_block_index(); the rest
-  // (fused) run the GEMM
-  const bool gemm_block = runtime::is_compute_block(p.dispatch_blocks, p.gemm_role);
+  // Every block dispatches (claimed work: dispatch_role), then, fused, runs the grouped GEMM over the whole grid,
+  // whose scheduler waits for each expert's rows from every source before handing out its tiles. No block waits
+  // for another block of this grid.
+  const uint32_t total_blocks = gridDim.x * gridDim.y;
   p.timeline.stamp(0);
-  if (gemm_block) {
+  dispatch_role(p, e, reinterpret_cast<int32_t*>(smem), total_blocks);
+  __syncthreads();  // the dispatch's shared memory is the GEMM's next
+  if (p.gemm_role) {
     Status st = Status::kOk;
-    // shapes and pointers of this epoch (written by dispatch block 0)
+    // shapes and pointers of this epoch (written by the elected block, which is running)
     if (threadIdx.x == 0) st = wait_until_backoff(p.c.comm, &ctl->shapes_ready, Cmp::kGe, e, 1000, p.c.comm.rank);
     if (block_ok(st)) {
-      p.timeline.stamp(1);
       typename Gg<Element>::Kernel op;
       op(p.gemm, smem);
     }
     __syncthreads();
-    p.timeline.stamp(4);
-  } else {
-    dispatch_role(p, runtime::grid_block_index(), e, reinterpret_cast<int32_t*>(smem));
-    __syncthreads();
   }
   p.timeline.stamp(5);
-  moe_finish(p.c, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, p.gemm_role);
+  moe_finish(p.c, total_blocks, e, p.gemm_role);
 }
 
 // The experts' GEMM alone (unfused: after the dispatch kernel, which waited for every row).
