@@ -44,18 +44,18 @@ using runtime::WorkspaceCarver;
 
 struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks: the runtime's line
   uint64_t shapes_ready;           // local: the GEMM's shapes and pointers of this epoch are written
-  // local, the dispatch's work claims (moe_dispatch.cuh, dispatch_role): layout_claim is raised to the epoch by
-  // the block elected to exchange the counts and write the layout (atomicMax: the first block of the epoch to get
-  // there, whichever has an SM); send_claim hands out chunks of sorted pairs to warps and send_done counts the
-  // blocks done sending, both reset by the elected block before its count row goes out (every other block claims
-  // only after it has that row)
-  uint64_t layout_claim;
-  uint32_t send_claim;
-  uint32_t send_done;
-  uint64_t pad0[13];
+  uint64_t pad0[15];
   uint64_t counts_flag[kMaxWorld];  // source s's count row landed
   uint64_t ready[kMaxWorld];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorld];         // combine: rank q sent every row of this rank's tokens
+  // local, the dispatch's claims (moe_dispatch.cuh, dispatch_role), on a line of their own (every block polls
+  // shapes_ready): layout_claim is raised to the epoch by the block elected to exchange the counts and write the
+  // layout (atomicMax: the first block of the launch to get there, whichever has an SM); join hands out sender
+  // tickets (the first comm_blocks blocks to join send), send_claim chunks of sorted pairs to the senders' warps.
+  // join and send_claim are zeroed by the host before each launch (stream-ordered, as local_counts).
+  alignas(128) uint64_t layout_claim;
+  uint32_t join;
+  uint32_t send_claim;
 };
 static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -170,7 +170,8 @@ struct DispatchParams {
   char* y;
   typename Gg<Element>::Arrays arrays;
   MoeTimeline timeline;   // off (null) unless TANDEM_MOE_TRACE=1
-  int dispatch_blocks;    // the grid's first blocks (runtime::is_compute_block: whole rows); the GEMM's follow (fused)
+  int senders;            // blocks that send rows: the first this many to join (dispatch_role); fused: comm_blocks,
+                          // alone: the whole grid
   bool gemm_role;
 };
 

@@ -180,8 +180,9 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   p.arrays.db = reinterpret_cast<typename G::StrideB*>(ws + o.stride_b);
   p.arrays.dd = reinterpret_cast<typename G::StrideD*>(ws + o.stride_d);
   // the grid is kClusterX (2) blocks wide, the GEMM's clusters. The dispatch-alone launches (unfused, dispatch
-  // only) are comm_blocks blocks (whole rows); the fused launch's blocks all dispatch, then compute.
-  p.dispatch_blocks = fused ? plan.sm_count : plan.comm_blocks;
+  // only) are comm_blocks blocks (whole rows), all sending; in the fused launch the first comm_blocks blocks to
+  // join send (whichever have an SM first) and every block computes.
+  p.senders = plan.comm_blocks;
   const int dispatch_rows = plan.comm_blocks / runtime::kClusterX;
 
   // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
@@ -192,8 +193,10 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     return fail(why, "staging x failed", Status::kCudaError);
   // prepare: counts and the sorted (token, slot) pairs
   const int n = s.tokens * s.topk;
+  // (and the dispatch's join and chunk claims: MoeControl::join and send_claim, consecutive 32-bit members)
   if (cudaMemsetAsync(p.local_counts, 0, sizeof(int32_t) * E, stream) != cudaSuccess ||
-      cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess)
+      cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess ||
+      cudaMemsetAsync(&p.c.ctl->join, 0, 2 * sizeof(uint32_t), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (n > 0) {
     int32_t* keys = reinterpret_cast<int32_t*>(ws + o.keys);
