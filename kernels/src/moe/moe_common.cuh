@@ -29,9 +29,9 @@ using runtime::last_of;
 // Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
 // diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries, in the
 // runtime's timeline (trace.cuh) of MoE's layout: grouped_gemm_sm90.hpp's MoeTimeline, 512 blocks x 8 slots.
-// Dispatch blocks: 0 start, 1 ready (peers done with e - 1), 2 count rows in, 3 rows sent, 4 rows arrived, 5 end.
-// GEMM blocks: 0 start, 1 shapes ready, 2 first tile (the scheduler), 4 GEMM done, 5 end; 6 and 7 the scheduler's
-// later waits (ns in all, how many). The host owns the buffer and passes it in DispatchParams::timeline (null:
+// Every block: 0 start, 1 this epoch's layout seen (the elected block: written), 3 rows sent (senders only), 4 this
+// rank's rows all arrived (fused: after the block's GEMM), 5 end; 2 the first GEMM tile, 6 and 7 the scheduler's
+// later waits (ns in all, how many) (fused). The host owns the buffer and passes it in DispatchParams::timeline (null:
 // off, no stores).
 using detail::MoeTimeline;
 
@@ -170,6 +170,8 @@ struct DispatchParams {
   char* y;
   typename Gg<Element>::Arrays arrays;
   MoeTimeline timeline;   // off (null) unless TANDEM_MOE_TRACE=1
+  int late_block;         // TANDEM_MOE_DISPATCH_LATE (tests): blocks from this grid index start late_us late
+  uint32_t late_us;
   int senders;            // blocks that send rows: the first this many to join (dispatch_role); fused: comm_blocks,
                           // alone: the whole grid
   bool gemm_role;

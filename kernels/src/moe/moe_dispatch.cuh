@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   // before handing out its tiles; then every block waits for this rank's arrivals and copies its share of the row
   // sources. No block waits for a block that may not have an SM.
   const uint32_t total_blocks = gridDim.x * gridDim.y;
+  if (p.late_us != 0 && runtime::grid_block_index() >= p.late_block) runtime::hold_block_us(p.late_us);  // tests
   p.timeline.stamp(0);
   const bool shapes = dispatch_role(p, e, reinterpret_cast<int32_t*>(smem), p.senders);
   __syncthreads();  // the dispatch's shared memory is the GEMM's next

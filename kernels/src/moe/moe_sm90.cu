@@ -183,6 +183,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   // only) are comm_blocks blocks (whole rows), all sending; in the fused launch the first comm_blocks blocks to
   // join send (whichever have an SM first) and every block computes.
   p.senders = plan.comm_blocks;
+  runtime::late_blocks_from_env("TANDEM_MOE_DISPATCH_LATE", &p.late_block, &p.late_us);
   const int dispatch_rows = plan.comm_blocks / runtime::kClusterX;
 
   // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
