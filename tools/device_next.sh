@@ -304,8 +304,8 @@
 #      SDPA's cuDNN backward; ~1-2 min).
 #   1c. ao on branch attn-ostore (issue 25: the forward's O stored in 16-byte chunks by a quad transpose; not run):
 #        git checkout --detach attn-ostore && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-attn-ostore .carry/prebuilt
-#        run(... "bash tools/device_next.sh ao", carry=[".whl", ".carry/prebuilt", ".carry/before-ao"])  (~62 MiB)
-#      .carry/before-ao = main's python/ with its module (the same-call before side). Faster and green: merge.
+#        run(... "bash tools/device_next.sh ao", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])  (~62 MiB)
+#      .carry/before-main = main's python/ with its module (the same-call before side). Faster and green: merge.
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
@@ -914,6 +914,17 @@ for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
+elif [ "$part" = mc ]; then
+  # branch moe-claims (not run): the MoE dispatch as claimed work (every block enters it; the first comm_blocks to
+  # join send; every block computes, fused; no block waits for one that may lack an SM). test_moe whole (with the
+  # late-block dispatch test), then bench moe at world 2, before (main: .carry/before-main, carried) and after
+  carry_note=".whl .carry/prebuilt (.carry/prebuilt-moe-claims) .carry/before-main"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_moe.py
+  W=/tmp/mc; rm -rf "$W"; mkdir -p "$W/mc" "$OUT"
+  for side in before after; do
+    BEFORE_DIR=.carry/before-main bench_side $side 140 "$W/mc" moe -n 2 --reps 5 --tokens 4096,16384
+    tar czf "$OUT/mc.tgz" -C "$W" mc
+  done
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
