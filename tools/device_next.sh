@@ -306,6 +306,12 @@
 #        git checkout --detach attn-ostore && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-attn-ostore .carry/prebuilt
 #        run(... "bash tools/device_next.sh ao", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])  (~62 MiB)
 #      .carry/before-main = main's python/ with its module (the same-call before side). Faster and green: merge.
+#   1d. mc on branch moe-claims (issue 26 item 3: the MoE dispatch as claimed work; compiled, reviewed, not run):
+#        git checkout --detach moe-claims && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-claims .carry/prebuilt
+#        run(... "bash tools/device_next.sh mc", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])
+#      test_moe whole (with the new late-block dispatch test), bench moe -n 2 before/after. Green: merge.
+#   (bwd-gqa, attn-ostore and moe-claims have main merged in up to 2026-12-07 01:45; modules: prebuilt-main serves
+#   bwd-gqa, prebuilt-attn-ostore and prebuilt-moe-claims their branches: check SOURCES == native_sources_hash.)
 #   2. rt on main: the ring traced on the op's own grid (28 SMs at world 4: every rank resident) -- does a step
 #      then cost its share of the core + 10-20 %, and the ring beat unfused? (per-tile flags next if so)
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
