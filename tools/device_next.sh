@@ -306,9 +306,9 @@
 #        git checkout --detach attn-ostore && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-attn-ostore .carry/prebuilt
 #        run(... "bash tools/device_next.sh ao", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])  (~62 MiB)
 #      .carry/before-main = main's python/ with its module (the same-call before side). Faster and green: merge.
-#   1d. mc on branch moe-claims (issue 26 item 3: the MoE dispatch as claimed work; compiled, reviewed, not run):
+#   1d. mcl on branch moe-claims (issue 26 item 3: the MoE dispatch as claimed work; compiled, reviewed, not run):
 #        git checkout --detach moe-claims && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-claims .carry/prebuilt
-#        run(... "bash tools/device_next.sh mc", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])
+#        run(... "bash tools/device_next.sh mcl", carry=[".whl", ".carry/prebuilt", ".carry/before-main"])
 #      test_moe whole (with the new late-block dispatch test), bench moe -n 2 before/after. Green: merge.
 #   (bwd-gqa, attn-ostore and moe-claims have main merged in up to 2026-12-07 01:45; modules: prebuilt-main serves
 #   bwd-gqa, prebuilt-attn-ostore and prebuilt-moe-claims their branches: check SOURCES == native_sources_hash.)
@@ -920,7 +920,7 @@ for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
-elif [ "$part" = mc ]; then
+elif [ "$part" = mcl ]; then
   # branch moe-claims (not run): the MoE dispatch as claimed work (every block enters it; the first comm_blocks to
   # join send; every block computes, fused; no block waits for one that may lack an SM). test_moe whole (with the
   # late-block dispatch test), then bench moe at world 2, before (main: .carry/before-main, carried) and after
@@ -929,7 +929,7 @@ elif [ "$part" = mc ]; then
   W=/tmp/mc; rm -rf "$W"; mkdir -p "$W/mc" "$OUT"
   for side in before after; do
     BEFORE_DIR=.carry/before-main bench_side $side 140 "$W/mc" moe -n 2 --reps 5 --tokens 4096,16384
-    tar czf "$OUT/mc.tgz" -C "$W" mc
+    tar czf "$OUT/mcl.tgz" -C "$W" mc
   done
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
