@@ -115,7 +115,9 @@ def test_moe_dispatch_does_not_wait_for_a_late_block(run_ranks, world, mode):
     # rank's y and layout are right; rank 0 is done before rank 1's late blocks start. (With the dispatch as the
     # first comm_blocks blocks, each sending a fixed share, rank 0 waited for the late blocks' rows until the timeout.)
     timeout_s = 2
-    res = run_ranks(f"{W}:late_dispatch", world, counts=[37, 64, 53, 129][:world], hidden=256, inter=136, epr=2,
+    # rank 1: 1024 tokens x 2 slots = 64 chunks of 32 pairs, more than block 0's 12 warps take in one round: a static
+    # share would leave chunks to the held blocks
+    res = run_ranks(f"{W}:late_dispatch", world, counts=[37, 1024, 53, 129][:world], hidden=256, inter=136, epr=2,
                     comm_timeout_s=timeout_s, mode=mode, rank_env={1: {"TANDEM_MOE_DISPATCH_LATE": "1:3000000"}},
                     timeout_s=180)
     for r, c in enumerate(res):

@@ -54,8 +54,10 @@ struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks
   // tickets (the first comm_blocks blocks to join send), send_claim chunks of sorted pairs to the senders' warps.
   // join and send_claim are zeroed by the host before each launch (stream-ordered, as local_counts).
   alignas(128) uint64_t layout_claim;
-  uint32_t join;
-  uint32_t send_claim;
+  struct Claims {
+    uint32_t join;
+    uint32_t send_claim;
+  } claims;
 };
 static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
 constexpr size_t kControlBytes = 4096;

@@ -3,6 +3,8 @@
 // dispatch + GEMM kernel, and the experts' GEMM alone (the unfused path).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "moe_common.cuh"
 
 namespace tandem::kernels::moe {
@@ -105,7 +107,7 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
   p.timeline.stamp(1);  // (slot 2 is the scheduler's: a block's first GEMM tile)
   const bool overrun = capacity_overrun(c, p.counts_all, false);
   if (overrun) return true;  // the layout is empty, the GEMM has no tiles
-  if (threadIdx.x == 0) flags[1] = static_cast<int32_t>(atomicAdd(&c.ctl->join, 1u)) < senders;
+  if (threadIdx.x == 0) flags[1] = static_cast<int32_t>(atomicAdd(&c.ctl->claims.join, 1u)) < senders;
   __syncthreads();
   if (!flags[1]) return true;  // enough senders joined before this block: straight to the GEMM
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
@@ -168,7 +170,7 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
   };
   while (st == Status::kOk) {  // st is the warp's (broadcast after every put and flush): the loop exits together
     int32_t c0 = 0;
-    if (lane == 0) c0 = static_cast<int32_t>(atomicAdd(&c.ctl->send_claim, 1u)) * kSendChunk;
+    if (lane == 0) c0 = static_cast<int32_t>(atomicAdd(&c.ctl->claims.send_claim, 1u)) * kSendChunk;
     c0 = __shfl_sync(0xffffffffu, c0, 0);
     if (c0 >= valid) break;
     const int32_t c1 = min(valid, c0 + kSendChunk);
@@ -241,8 +243,20 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   const uint32_t total_blocks = gridDim.x * gridDim.y;
   if (p.late_us != 0 && runtime::grid_block_index() >= p.late_block) runtime::hold_block_us(p.late_us);  // tests
   p.timeline.stamp(0);
-  const bool shapes = dispatch_role(p, e, reinterpret_cast<int32_t*>(smem), p.senders);
+  bool shapes = dispatch_role(p, e, reinterpret_cast<int32_t*>(smem), p.senders);
   __syncthreads();  // the dispatch's shared memory is the GEMM's next
+  if (p.gemm_role) {
+    // Both blocks of a GEMM cluster run the GEMM or neither: one that ran it alone would wait forever for the
+    // multicast half of B that its partner never loads (a failed wait returns false in one block of a pair, not
+    // necessarily the other: the elected block never waits for shapes_ready). The partner is co-scheduled.
+    int32_t* const mine = reinterpret_cast<int32_t*>(smem);
+    if (threadIdx.x == 0) *mine = shapes ? 1 : 0;
+    cute::cluster_sync();
+    const int32_t other = *cooperative_groups::this_cluster().map_shared_rank(
+        mine, static_cast<unsigned>(cute::block_rank_in_cluster() ^ 1u));
+    cute::cluster_sync();  // both read before the GEMM overwrites the word
+    shapes = shapes && other != 0;
+  }
   if (p.gemm_role && shapes) {
     // the shapes and pointers of this epoch are written (dispatch_role waited for shapes_ready or wrote them)
     typename Gg<Element>::Kernel op;

@@ -4,24 +4,26 @@
 //   prepare  (before the kernel, stream-ordered) count this rank's (token, slot) pairs per expert, and sort the
 //            pairs by expert with a stable radix sort (CUB): each expert's pairs are then contiguous, in
 //            (token, slot) order. Ids outside [0, E) sort last and are reported.
-//   counts   every block of the launch (fused: the whole grid; alone: the dispatch grid) waits ready[q] >= e - 1
-//            (q is done with its buffers of e - 1); the first block to raise layout_claim to e (the elected
-//            block: whichever runs first) resets the send claims and puts this rank's count row to every rank
-//            (counts_flag[r] = e there)
-//   layout   every block waits for all W count rows; from them each rank knows where its rows go on every
-//            destination (expert offsets, then the sources before it); the elected block also writes this rank's
-//            receive layout and the grouped GEMM's per-expert shapes and pointers, then sets shapes_ready = e
-//   send     warps claim chunks of 32 sorted pairs in order (starting with rank r+1's experts, to spread the load;
-//            experts complete one after another): each copies its token row to the destination row and the pair's
-//            flat index to row_source; the warp that completes expert x's rows sets arrive[x_local][r] = e on x's
-//            rank (only sources with rows are waited for). Blocks that get an SM late find the chunks claimed.
-//   GEMM     (fused) every block, after its sends, waits shapes_ready and runs CUTLASS's grouped GEMM over the
+//   counts   every block of the launch (fused: the whole grid; alone: the dispatch grid) raises layout_claim to e;
+//            the block that raised it (the elected block: whichever got there first, so it is running) waits
+//            ready[q] >= e - 1 (q is done with its buffers of e - 1), puts this rank's count row to every rank
+//            (counts_flag[r] = e there) and waits for all W count rows
+//   layout   the elected block writes this rank's receive layout and the grouped GEMM's per-expert shapes and
+//            pointers, then sets shapes_ready = e; every other block waits only for that (local), which also
+//            orders the count rows and the peers' ready before its sends
+//   send     the first comm_blocks blocks to take a join ticket (alone: all of them) send: their warps claim chunks
+//            of 32 sorted pairs in order (starting with rank r+1's experts, to spread the load; experts complete one
+//            after another) from a counter; each copies its token row to the destination row and the pair's flat
+//            index to row_source; the warp that completes expert x's rows sets arrive[x_local][r] = e on x's rank
+//            (only sources with rows are waited for). The ticket and the counter are zeroed by the host before
+//            each launch. Blocks that get an SM late find the tickets and chunks taken.
+//   GEMM     (fused) every block (both of a cluster, or neither: a failed wait) runs CUTLASS's grouped GEMM over the
 //            whole grid, whose scheduler waits for a group's arrivals before handing out its tiles
-//   end      the block that finishes sending last waits for every arrival and copies row_source to the local
+//   end      every block waits for every arrival and copies its grid-stride share of row_source to the local
 //            layout; the last block of the launch sets ready[r] = e on every rank and completes the epoch
-// No block waits for a particular block of its own grid (MPS does not place a rank's grid at once:
-// docs/fused-kernels.md, "Residency"); before 2026-12-07 the first comm_blocks blocks dispatched and the GEMM
-// blocks waited for them (branch moe-claims, not run yet).
+// No block waits for a block of its grid that may not have an SM (MPS does not place a rank's grid at once:
+// docs/fused-kernels.md, "Residency"); before 2026-12-07 the first comm_blocks blocks dispatched, a static share
+// each, and the GEMM blocks waited for them (branch moe-claims, not run yet).
 //
 // Combine launch (epoch e of its own workspace): every rank sends each row of z to the (token, slot) it came
 // from (after ready[s] >= e - 1: s finished reading its buffer; warps claim the rows in chunks from a counter, so
@@ -194,10 +196,10 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     return fail(why, "staging x failed", Status::kCudaError);
   // prepare: counts and the sorted (token, slot) pairs
   const int n = s.tokens * s.topk;
-  // (and the dispatch's join and chunk claims: MoeControl::join and send_claim, consecutive 32-bit members)
+  // (and the dispatch's join and chunk claims: MoeControl::claims)
   if (cudaMemsetAsync(p.local_counts, 0, sizeof(int32_t) * E, stream) != cudaSuccess ||
       cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess ||
-      cudaMemsetAsync(&p.c.ctl->join, 0, 2 * sizeof(uint32_t), stream) != cudaSuccess)
+      cudaMemsetAsync(&p.c.ctl->claims, 0, sizeof(MoeControl::Claims), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (n > 0) {
     int32_t* keys = reinterpret_cast<int32_t*>(ws + o.keys);

@@ -62,7 +62,8 @@ struct DispatchArgs {
   int32_t* layout = nullptr;          // out: layout_size int32 (LayoutIndex below)
   void* workspace = nullptr;          // symmetric, workspace_size bytes, zeroed before first use
   SmPlan plan{};                      // comm_blocks: the blocks that send rows (fused: the first this many to
-                                      // start; the others compute at once; 0 = heuristic)
+                                      // start; the others compute once the layout is
+                                      // written; 0 = heuristic)
   tandem::DeviceComm comm{};
 };
 
