@@ -949,6 +949,17 @@ for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
+elif [ "$part" = mcl ]; then
+  # branch moe-claims (not run): the MoE dispatch as claimed work (every block enters it; the first comm_blocks to
+  # join send; every block computes, fused; no block waits for one that may lack an SM). test_moe whole (with the
+  # late-block dispatch test), then bench moe at world 2, before (main: .carry/before-main, carried) and after
+  carry_note=".whl .carry/prebuilt (.carry/prebuilt-moe-claims) .carry/before-main"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_moe.py
+  W=/tmp/mc; rm -rf "$W"; mkdir -p "$W/mc" "$OUT"
+  for side in before after; do
+    BEFORE_DIR=.carry/before-main bench_side $side 140 "$W/mc" moe -n 2 --reps 5 --tokens 4096,16384
+    tar czf "$OUT/mcl.tgz" -C "$W" mc
+  done
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
