@@ -920,6 +920,19 @@ for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
+elif [ "$part" = tk ]; then
+  # branch rs-ticket (not run): GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1; each tile reduced by the
+  # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench
+  # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, and a trace of world 4.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
+  for cfg in "4 16384x8192x4096,8192x4096x8192" "4 2048x8192x28672,1024x4096x8192" "2 16384x8192x4096,8192x4096x8192" "3 12288x8192x6144"; do
+    read -r w sh <<< "$cfg"
+    t=$(( $(left) - 10 )); [ "$t" -gt 110 ] && t=110
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
+      --shapes $sh --out "$W/tk/bench_w${w}_${sh%%,*}" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-300
+    rm -f "$W"/tk/*/*.png; tar czf "$OUT/tk.tgz" -C "$W" tk
+  done
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
