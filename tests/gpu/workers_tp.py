@@ -442,6 +442,7 @@ def rs_ticket(rs_shapes, dtypes, repeats):
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
     out = dict(exact=[], random=[], off_ticket=None)
+    late0 = os.environ.get("TANDEM_TP_LATE")  # the test's late clusters (rank_env), restored after each late-rank pass
     try:
         for name in dtypes:
             dtype = getattr(torch, name)
@@ -487,7 +488,23 @@ def rs_ticket(rs_shapes, dtypes, repeats):
                     rel_ticket_vs_default=float((ticket.float() - default.float()).norm() / norm),
                     ticket_again_wrong=int((ticket_again != ticket * 2).sum()),
                     rel_ar=float((ar.float() - full_all).norm() / full_all.norm().clamp_min(1e-6)),
-                    finite=bool(torch.isfinite(ticket.float()).all()) and bool(torch.isfinite(ar.float()).all())))
+                    finite=bool(torch.isfinite(ticket.float()).all()) and bool(torch.isfinite(ar.float()).all()),
+                    # AR's chunk of this rank: the RS sum's bits (one order for both)
+                    ar_rows_differ=int((ar[rank * mr:(rank + 1) * mr] != ticket).sum())))
+                # Who reduces a tile must not change its bits: the same random inputs with each rank in turn
+                # starting its clusters from grid row 0 late (TANDEM_TP_LATE, read at every launch: the other
+                # ranks then draw the last tickets of the tiles it computes last), bit for bit against none late.
+                # With random data a sum in arrival order would differ in many elements.
+                differ = []
+                for late_rank in range(world):
+                    _set_env(TANDEM_TP_LATE="0:2000" if rank == late_rank else None)
+                    again = tp.gemm_rs(comm, ra, rb, mode="fused")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    differ.append(int((again != ticket).sum()))
+                _set_env(TANDEM_TP_LATE=late0)
+                out["random"][-1]["late_rank_differs"] = differ
+                tp.release_workspaces(comm)  # (three workspaces a shape: the heap holds one shape's)
         _set_env(TANDEM_RS_TICKET=None)
         mr, n, k = rs_shapes[0]
         parts = _rs_partials(world, mr * world, n, k, torch.bfloat16)

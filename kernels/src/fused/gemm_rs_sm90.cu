@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     p.timeline.stamp(2 + 3 * s);
     __syncthreads();  // the next call's pipelines start over in the same shared memory
   }
+  even_out_registers<GemmKernel>();  // every warp runs the end phase: one register count again
   // The owners' sums: RS this rank's chunk into out; AR every chunk (this rank's first) into out rows of that chunk.
   // The staging was written by plain stores of other ranks' last arrivers, published by the completer's signal.
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
@@ -877,7 +878,15 @@ cudaError_t preload_kernels() {
   return cudaSuccess;
 }
 
-size_t workspace_size(const GemmRsArgs& a) { return ticket_layout(a).end; }  // every mode's bytes (the ticket's last)
+// The default layout's bytes; with TANDEM_RS_TICKET=1 (which the ranks agree on; tp.py keys that workspace apart)
+// the ticket layout's, which holds every mode's (a workspace made without the knob stays valid for the modes that
+// are not the ticket's: check_rs asks for the ticket's bytes only for a fused launch with the knob).
+size_t default_workspace_size(const GemmRsArgs& a) {
+  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+}
+size_t workspace_size(const GemmRsArgs& a) {
+  return FusedKnobs::from_env().ticket ? ticket_layout(a).end : default_workspace_size(a);
+}
 
 static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
@@ -895,7 +904,8 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
     if (plan.comm_blocks > kMaxNodeReduceBlocks)
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }
-  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace, workspace_size(a), plan, why);
+  const size_t bytes = fused && FusedKnobs::from_env().ticket ? ticket_layout(a).end : default_workspace_size(a);
+  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace, bytes, plan, why);
 }
 
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
