@@ -932,11 +932,15 @@ elif [ "$part" = tk ]; then
   # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, and a trace of world 4.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
   W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
-  for cfg in "4 16384x8192x4096,8192x4096x8192" "4 2048x8192x28672,1024x4096x8192" "2 16384x8192x4096,8192x4096x8192" "3 12288x8192x6144"; do
-    read -r w sh <<< "$cfg"
+  # (the last: every rank in the same chunk order, TANDEM_RS_ORDER=common, for the ticket's L2 reuse; the default
+  # fused kernel runs that order too there)
+  for cfg in "4 16384x8192x4096,8192x4096x8192 -" "4 2048x8192x28672,1024x4096x8192 -" \
+             "2 16384x8192x4096,8192x4096x8192 -" "3 12288x8192x6144 -" "4 16384x8192x4096 common"; do
+    read -r w sh order <<< "$cfg"
     t=$(( $(left) - 10 )); [ "$t" -gt 110 ] && t=110
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
-      --shapes $sh --out "$W/tk/bench_w${w}_${sh%%,*}" 2>&1 | grep -E "gemm_rs|gemm_ar|Error" | cut -c1-300
+    [ "$t" -gt 30 ] && env $([ "$order" = common ] && echo TANDEM_RS_ORDER=common) timeout -s INT -k 10 $t \
+      python3 -m tandem bench tp -n $w --reps 5 --ticket --shapes $sh --out "$W/tk/bench_w${w}_${sh%%,*}_$order" \
+      2>&1 | grep -E "gemm_rs|gemm_ar|Error" | sed "s/^/w$w $order: /" | cut -c1-300
     rm -f "$W"/tk/*/*.png; tar czf "$OUT/tk.tgz" -C "$W" tk
   done
 elif [ "$part" = rings ]; then

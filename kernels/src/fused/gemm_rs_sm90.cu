@@ -759,7 +759,9 @@ Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std
   if (all_reduce) p.gather_out = static_cast<char*>(a.out);
   dim3 gg{};
   for (int s = 0; s < world; ++s) {
-    const int o = (rank + 1 + s) % world;  // the last call: o = rank
+    // the last call: o = rank; TANDEM_RS_ORDER=common: chunk s on every rank, so that the ranks finish a tile at
+    // about the same time and its last arriver finds the other partials in L2 (one GPU)
+    const int o = knobs.common_order ? s : (rank + 1 + s) % world;
     gemm::GemmArgs g;
     g.m = mr;
     g.n = a.n;
