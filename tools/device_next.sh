@@ -317,12 +317,17 @@
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
 #      ceiling naive / compute-only, to show whether 1.15 is reachable here at cuBLAS's GEMM speed.
 #   4. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
-# 2026-12-07 03:20 (nineteenth session, 02:45-): the device refused most starts (5 refusals by 03:12, 90 s each).
-# Built on branch rs-ticket (not run): GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1, off): every SM
-# computes, a tile's last rank to finish it adds every rank's partial in the scheduler's fixup, no waits in the GEMM
-# (ticket_scheduler.hpp; docs/fused-kernels.md). Module .carry/prebuilt-rs-ticket (SOURCES c7f1602, b6d3fa4). Next,
-# in this order: tk on rs-ticket (its test, bench tp --ticket w4/w2/w3) -- if green and faster than unfused, make it
-# the fused default for RS/AR; then gq (bwd-gqa), trc (main), mcl (moe-claims), ao (attn-ostore), tc (main).
+# 2026-12-07 04:30 (nineteenth session, 02:45-05:45): no device call ran -- 9 starts refused (90 s each) while other
+# sessions held every machine. Built, not run: branch rs-ticket (issue 21: GEMM+RS / two-shot GEMM+AR by tickets,
+# TANDEM_RS_TICKET=1, off; each tile's last rank to finish it adds every rank's partial in the tile scheduler's
+# fixup, no waits in the GEMM; tools/pending/rs-ticket.diff), and integ-tk = rs-ticket + bwd-gqa (native sources
+# = rs-ticket's: one module, .carry/prebuilt-rs-ticket, SOURCES 511bdd0, serves both). Next session, in this order:
+#   1. tk on integ-tk (git checkout --detach integ-tk; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket
+#      .carry/prebuilt): the ticket test at worlds 2-4 (late clusters, the same bits whichever rank is late), bench
+#      tp --ticket at worlds 4, 2, 3, a trace. Green and faster than unfused: merge rs-ticket, then make it the fused
+#      RS/AR default where it wins (auto plan / tune table) and rerun bench tp for the issue-21 table.
+#   2. gq on integ-tk (bwd-gqa's test and bench; merge bwd-gqa if green and native beats repeat).
+#   3. trc on main, mcl on moe-claims, ao on attn-ostore, tc on main (as in the 01:20 entry below).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);

@@ -158,7 +158,10 @@ def _start_launcher(fake_gpu, tmp_path, rank_code: str, nprocs=2, extra=()):
             f".write(str(os.getpid())); {rank_code}; time.sleep(600)")
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tandem.launch", "-n", str(nprocs), *extra, "--", sys.executable, "-c", code],
-        env=fake_gpu["env"], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=fake_gpu["env"], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a shell's background job (CI started with `&`) inherits SIGINT ignored, and so would the launcher: the test
+        # is of a launcher started from a terminal, with the default disposition
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     fake_gpu["pids"].append(launcher.pid)
     return launcher, piddir
 
@@ -301,6 +304,9 @@ def test_library_launch_stops_its_ranks_then_redelivers_the_signal(fake_gpu, tmp
 
         got = []
         old = signal.signal(signal.SIGTERM, lambda s, f: got.append(s)) if signum == signal.SIGTERM else None
+        # Python's own SIGINT handling, as in a process started from a terminal (a background job of a
+        # non-interactive shell starts with SIGINT ignored, and then no KeyboardInterrupt could follow)
+        old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         t = threading.Thread(target=fire)
         t.start()
         try:
@@ -309,6 +315,7 @@ def test_library_launch_stops_its_ranks_then_redelivers_the_signal(fake_gpu, tmp
                 launch([sys.executable, "-c", code], 2, mps="off", timeout_s=60)
         finally:
             t.join(60)
+            signal.signal(signal.SIGINT, old_int)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         ranks = [int((piddir / r).read_text()) for r in ("0", "1")]
