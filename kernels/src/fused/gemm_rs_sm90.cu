@@ -382,6 +382,9 @@ size_t acc_offset(const GemmRsArgs& a) {
 // chunk from kPartialOffset (W x tiles x 128x256 elements, fragment order), the staging (this rank's chunk's sums,
 // (M / W) x N), then past every other mode's bytes the tickets (one word a tile of a chunk: only the ticket mode
 // ever writes them, so they stay zero between its launches) and the blocks' broadcast words.
+size_t default_workspace_size(const GemmRsArgs& a) {  // every mode's bytes but the ticket mode's
+  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+}
 constexpr int kTicketTileM = 128, kTicketTileN = 256;
 struct TicketLayout {
   int tiles_m = 0, tiles_n = 0;
@@ -397,7 +400,7 @@ TicketLayout ticket_layout(const GemmRsArgs& a) {
   l.chunk_slot_bytes = static_cast<size_t>(l.tiles_m) * l.tiles_n * kTicketTileM * kTicketTileN * 2;
   l.slots = kPartialOffset;
   l.staging = l.slots + round256(static_cast<size_t>(world) * l.chunk_slot_bytes);
-  const size_t others_end = acc_offset(a) + static_cast<size_t>(mr) * a.n * sizeof(float);
+  const size_t others_end = default_workspace_size(a);
   const size_t staging_end = l.staging + round256(static_cast<size_t>(mr) * a.n * 2);
   l.tickets = round256(others_end > staging_end ? others_end : staging_end);
   l.scratch = l.tickets + round256(sizeof(uint64_t) * l.tiles_m * l.tiles_n);
@@ -609,6 +612,17 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   return launch(dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1), Kernel::SharedStorageSize);
 }
 
+// Rank q's heap as this process maps it (one node: DeviceComm's inline entries), 0 where it is not mapped; bit 0
+// of an entry marks a peer on this GPU and is not part of the address.
+uint64_t mapped_heap(const tandem::DeviceComm& comm, int q) {
+  return q < tandem::kInlinePeerHeaps ? comm.peer_heap_inline[q] & ~tandem::kPeerSameDeviceBit : 0;
+}
+// This rank's symmetric address `local` in rank q's heap, as mapped here (the same heap offset on every rank).
+char* on_rank(const tandem::DeviceComm& comm, int q, const void* local) {
+  if (q == comm.rank) return static_cast<char*>(const_cast<void*>(local));
+  return reinterpret_cast<char*>(mapped_heap(comm, q)) + (static_cast<const char*>(local) - comm.heap_base);
+}
+
 // The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
 // epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
 // mapping: TMA descriptors on peer memory, one node only).
@@ -621,14 +635,12 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   const int mr = a.m / world;
   const size_t chunk_bytes = static_cast<size_t>(mr) * a.n * sizeof(Element);
   char* ws = static_cast<char*>(a.workspace);
-  // the right neighbour's partial buffer in this process's address space (the same heap offset on every rank)
-  // (bit 0 of an entry marks a peer on this GPU: not part of the address)
-  const uint64_t right_heap = a.comm.peer_heap_inline[right] & ~tandem::kPeerSameDeviceBit;
-  if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
+  // the right neighbour's partial buffer in this process's address space
+  if (mapped_heap(a.comm, right) == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
   for (int q = 0; all_reduce && q < world && q < tandem::kInlinePeerHeaps; ++q)  // AR gathers from every rank
     if (q != rank && a.comm.peer_heap_inline[q] == 0)
       return fail(why, "the ring's all-gather needs every rank's heap mapped (one node)");
-  const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
+  const char* right_partial = on_rank(a.comm, right, ws + kPartialOffset);
   RsParams<Kernel> p{};
   p.comm = a.comm;
   p.ctl = reinterpret_cast<Control*>(ws);
@@ -713,12 +725,13 @@ template <class Element>
 using TicketTiledMma = typename gemm::detail::Sm90Gemm<Element, gemm::ArrivalClaimsSchedulerTag>::Mainloop::TiledMma;
 
 template <class Element>
-using TicketKernel =
-    typename gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>>>::Kernel;
+using TicketGemm = gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>>>;
+template <class Element>
+using TicketKernel = typename TicketGemm<Element>::Kernel;
 
 template <class Element>
 Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
-  using G = gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>>>;
+  using G = TicketGemm<Element>;
   using Kernel = typename G::Kernel;
   static_assert(kConfigTileM<gemm::detail::CooperativeConfig> == kTicketTileM &&
                     kConfigTileN<gemm::detail::CooperativeConfig> == kTicketTileN,
@@ -731,16 +744,9 @@ Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std
   bool sys = false;
   for (int q = 0; q < world; ++q) {
     if (q == rank) continue;
-    const uint64_t h = a.comm.peer_heap_inline[q];
-    if ((h & ~tandem::kPeerSameDeviceBit) == 0) return fail(why, "the ticket reduction needs every rank's heap mapped (one node)");
-    if ((h & tandem::kPeerSameDeviceBit) == 0) sys = true;
+    if (mapped_heap(a.comm, q) == 0) return fail(why, "the ticket reduction needs every rank's heap mapped (one node)");
+    if ((a.comm.peer_heap_inline[q] & tandem::kPeerSameDeviceBit) == 0) sys = true;
   }
-  // this rank's symmetric address `local` as mapped for rank q
-  const auto on = [&](int q, void* local) -> char* {
-    if (q == rank) return static_cast<char*>(local);
-    return reinterpret_cast<char*>(a.comm.peer_heap_inline[q] & ~tandem::kPeerSameDeviceBit) +
-           (static_cast<char*>(local) - a.comm.heap_base);
-  };
   RsParams<Kernel> p{};
   p.comm = a.comm;
   p.ctl = reinterpret_cast<Control*>(ws);
@@ -785,9 +791,9 @@ Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std
     args.scheduler.arrival.epoch_counter = &p.ctl->epoch;
     gemm::TicketReduce& t = args.scheduler.ticket;
     t.slots = ws + l.slots + static_cast<size_t>(o) * l.chunk_slot_bytes;
-    t.tickets = reinterpret_cast<uint64_t*>(on(o, ws + l.tickets));
-    t.reduced_count = reinterpret_cast<uint64_t*>(on(o, &p.ctl->ticket_reduced));
-    t.staging = on(o, ws + l.staging);
+    t.tickets = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, ws + l.tickets));
+    t.reduced_count = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, &p.ctl->ticket_reduced));
+    t.staging = on_rank(a.comm, o, ws + l.staging);
     t.reduced_flag = &p.ctl->reduced[o];
     t.scratch = reinterpret_cast<uint32_t*>(ws + l.scratch);
     t.rows = mr;
@@ -883,12 +889,10 @@ cudaError_t preload_kernels() {
 // The default layout's bytes; with TANDEM_RS_TICKET=1 (which the ranks agree on; tp.py keys that workspace apart)
 // the ticket layout's, which holds every mode's (a workspace made without the knob stays valid for the modes that
 // are not the ticket's: check_rs asks for the ticket's bytes only for a fused launch with the knob).
-size_t default_workspace_size(const GemmRsArgs& a) {
-  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+size_t workspace_bytes(const GemmRsArgs& a, bool ticket) {
+  return ticket ? ticket_layout(a).end : default_workspace_size(a);
 }
-size_t workspace_size(const GemmRsArgs& a) {
-  return FusedKnobs::from_env().ticket ? ticket_layout(a).end : default_workspace_size(a);
-}
+size_t workspace_size(const GemmRsArgs& a) { return workspace_bytes(a, FusedKnobs::from_env().ticket); }
 
 static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
@@ -906,8 +910,8 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
     if (plan.comm_blocks > kMaxNodeReduceBlocks)
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }
-  const size_t bytes = fused && FusedKnobs::from_env().ticket ? ticket_layout(a).end : default_workspace_size(a);
-  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace, bytes, plan, why);
+  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace,
+                      workspace_bytes(a, fused && FusedKnobs::from_env().ticket), plan, why);
 }
 
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
@@ -934,25 +938,22 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // The ring (TANDEM_RS_RING=1): GEMM+RS and two-shot GEMM+AR, one node, 2-8 ranks (the peers' heaps in
   // DeviceComm), the whole launch, tile claims only (the top of this file: without claims, the default kernel);
   // its steps are the core's 128x256 GEMM over every SM of the plan.
-  const bool ring = fused && claims && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
-                    a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
-                    stages == Stages::kAll;
-  // Tickets (TANDEM_RS_TICKET=1; before the ring if both are set): GEMM+RS and two-shot GEMM+AR, one node, 2-8
-  // ranks (the peers' heaps in DeviceComm), the whole launch; tile claims always (the scheduler is built on them).
-  const bool ticket = fused && !one_shot && knobs.ticket && topology_of(a).N == 1 && a.comm.world >= 2 &&
-                      a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
-                      stages == Stages::kAll;
+  // Tickets (TANDEM_RS_TICKET=1; before the ring if both are set): the same conditions but the knob, and tile claims
+  // always (the scheduler is built on them).
+  const bool one_node_whole = fused && !one_shot && topology_of(a).N == 1 && a.comm.world >= 2 &&
+                              a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
+                              stages == Stages::kAll;
+  const bool ticket = one_node_whole && knobs.ticket;
+  const bool ring = one_node_whole && claims && knobs.ring && !ticket;
   if (fused) {
-    detail::g_last_fused_ticket = false;
+    detail::g_last_fused_ticket = false;  // (run_ticket and run_ring record themselves once they launch)
     detail::g_last_fused_ring = false;
-    detail::g_last_fused_pieces = ring ? 1 : piece_count;
+    detail::g_last_fused_pieces = ring || ticket ? 1 : piece_count;
     detail::g_last_fused_claims = claims;
-    detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
+    detail::g_last_fused_gemm_tile_m = ring || ticket || !tile256 ? 128 : 256;
     detail::g_last_fused_joined = false;
   }
   if (ticket) {
-    detail::g_last_fused_pieces = 1;
-    detail::g_last_fused_gemm_tile_m = 128;
     return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t>(a, kAllReduce, stream, why)
                                    : run_ticket<cutlass::bfloat16_t>(a, kAllReduce, stream, why);
   }

@@ -214,11 +214,15 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     rows, data = [], []
     columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else []) + (RING_COLUMNS if ring else []) + \
         (TICKET_COLUMNS if ticket else [])
+    # the fused GEMM+RS / GEMM+AR variants timed beside the default fused kernel: (result key, the knob that selects
+    # it, the kernels' record that it ran)
+    variants = []
     if ring or ticket:
         from .._native import native
 
-        K_ring = native().kernels.tp_last_fused_rs_ring  # noqa: N806 - the kernels' diagnostic: the ring ran
-        K_ticket = getattr(native().kernels, "tp_last_fused_rs_ticket", None)  # noqa: N806 - ... the tickets ran
+        K = native().kernels  # noqa: N806
+        variants = ([("ring", "TANDEM_RS_RING", K.tp_last_fused_rs_ring)] if ring else []) + \
+            ([("ticket", "TANDEM_RS_TICKET", K.tp_last_fused_rs_ticket)] if ticket else [])
 
     def timed(fn):
         return common.time_ranks_ms(comm, fn, warmup=3, reps=reps)
@@ -238,24 +242,15 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
         r["fused_comm_blocks"] = comm_blocks or tp.fused_split(comm, op, m, n, k_rank, 0)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
-        if ring and op != "ag_gemm":
-            # the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1, read by the kernels' host side at every
-            # launch; every rank sets it for the same calls), in the same run as the default fused kernel
-            os.environ["TANDEM_RS_RING"] = "1"
+        for key, knob, ran in variants if op != "ag_gemm" else ():
+            # the ring (TANDEM_RS_RING=1) or the tickets (TANDEM_RS_TICKET=1), read by the kernels' host side at every
+            # launch; every rank sets it for the same calls, in the same run as the default fused kernel
+            os.environ[knob] = "1"
             try:
-                r["ring_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
-                r["ring_ran"] = bool(K_ring())
+                r[f"{key}_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
+                r[f"{key}_ran"] = bool(ran())
             finally:
-                os.environ.pop("TANDEM_RS_RING", None)
-        if ticket and op != "ag_gemm":
-            # the fused GEMM+RS / GEMM+AR by tickets (TANDEM_RS_TICKET=1, read at every launch; every rank sets it
-            # for the same calls), in the same run as the default fused kernel
-            os.environ["TANDEM_RS_TICKET"] = "1"
-            try:
-                r["ticket_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
-                r["ticket_ran"] = bool(K_ticket()) if K_ticket else None
-            finally:
-                os.environ.pop("TANDEM_RS_TICKET", None)
+                os.environ.pop(knob, None)
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
         r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
