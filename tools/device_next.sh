@@ -960,6 +960,30 @@ elif [ "$part" = mcl ]; then
     BEFORE_DIR=.carry/before-main bench_side $side 140 "$W/mc" moe -n 2 --reps 5 --tokens 4096,16384
     tar czf "$OUT/mcl.tgz" -C "$W" mc
   done
+elif [ "$part" = tk ]; then
+  # branch rs-ticket (not run): GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1; each tile reduced by the
+  # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench
+  # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, a trace of world 4 (the
+  # ticket kernel's per-call compute against the default kernel's), and more shapes as time allows.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
+  bench() {  # bench <world> <shapes> <order: - or common> <cap s>
+    local t=$(( $(left) - 10 )); [ "$t" -gt "$4" ] && t=$4
+    [ "$t" -gt 30 ] && env $([ "$3" = common ] && echo TANDEM_RS_ORDER=common) timeout -s INT -k 10 $t \
+      python3 -m tandem bench tp -n $1 --reps 5 --ticket --shapes $2 --out "$W/tk/bench_w$1_${2%%,*}_$3" \
+      2>&1 | grep -E "gemm_rs|gemm_ar|Error" | sed "s/^/w$1 $3: /" | cut -c1-300
+    rm -f "$W"/tk/*/*.png; tar czf "$OUT/tk.tgz" -C "$W" tk
+  }
+  bench 4 16384x8192x4096,8192x4096x8192 - 110
+  bench 2 16384x8192x4096 - 80
+  t=$(( $(left) - 10 )); [ "$t" -gt 70 ] && t=70
+  [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 3 --variants "base;TANDEM_RS_TICKET=1" \
+    --out "$W/tk/trace_w4" 2>&1 | tail -14 | cut -c1-250
+  tar czf "$OUT/tk.tgz" -C "$W" tk
+  bench 4 2048x8192x28672,1024x4096x8192 - 100
+  bench 3 12288x8192x6144 - 60
+  bench 4 16384x8192x4096 common 60
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

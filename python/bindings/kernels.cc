@@ -650,6 +650,9 @@ void bind_kernels(py::module_& m) {
   k.def("tp_last_fused_rs_ring", &tp::last_fused_rs_ring,
         "Whether this process's last fused GEMM+RS / two-shot GEMM+AR launch was the ring (TANDEM_RS_RING=1: the "
         "reduction in the GEMM epilogues, no reduce role).");
+  k.def("tp_last_fused_rs_ticket", &tp::last_fused_rs_ticket,
+        "Whether this process's last fused GEMM+RS / two-shot GEMM+AR launch was the ticket reduction "
+        "(TANDEM_RS_TICKET=1: each tile's last rank to finish it adds every rank's partial; no reduce role).");
   k.def("tp_last_fused_claims", &tp::last_fused_claims,
         "Diagnostic: whether the last fused TP launch took its GEMM tiles by tile claims (the default; TANDEM_TP_CLAIM=0: the static stride).");
   k.def("tp_last_fused_gemm_tile_m", &tp::last_fused_gemm_tile_m,

@@ -125,6 +125,36 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
 
 @pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
+def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(run_ranks, world, late):
+    # TANDEM_RS_TICKET=1: no reduce role and no wait inside the GEMM; each tile's last rank to finish it adds every
+    # rank's partial (rank order, fp32) into the owner's staging. Ragged rows (300 a chunk), N not a multiple of the
+    # 256-wide tile (520), K not a multiple of 64; three launches in a row with new values (the tickets and counts
+    # must be back at zero); two-shot AR (every rank the same bytes); random data against the fp32 sum and the
+    # default kernel. With `late`, rank 1's clusters from grid row 1 start 3 ms late (TANDEM_TP_LATE): the other
+    # ranks' last arrivers reduce the tiles it finished early, it reduces those it finishes last, nobody waits.
+    shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256), (4096, 4096, 256)]
+    rank_env = {1: {"TANDEM_TP_LATE": "1:3000"}} if late else None
+    res = run_ranks(f"{W}:rs_ticket", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
+                    rank_env=rank_env, timeout_s=300)
+    for r in res:
+        assert len(r["exact"]) == 2 * len(shapes) * 3 and len(r["random"]) == 2 * len(shapes)
+        for c in r["exact"]:
+            assert c["ticket"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
+            assert c["ar_ticket"] and c["ar_wrong"] == 0, c
+        for c in r["random"]:
+            # one rounding of each partial and of the sum: as close to the fp32 sum as the default kernel
+            assert c["ticket"] and c["finite"], c
+            assert c["rel_ticket"] < 1e-2 and c["rel_default"] < 1e-2 and c["rel_ticket_vs_default"] < 1e-2, c
+            assert c["ticket_again_wrong"] == 0 and c["rel_ar"] < 1e-2 and c["ar_rows_differ"] == 0, c
+            # whichever rank is late (so whoever draws the last tickets), the same bits: the sum is in rank order
+            assert c["late_rank_differs"] == [0] * world, c
+        assert r["off_ticket"] == dict(ticket=False, wrong=0), r["off_ticket"]
+    for i in range(len(res[0]["exact"])):
+        assert len({r["exact"][i]["ar_digest"] for r in res}) == 1, i  # AR: the same bytes on every rank
+
+
+@pytest.mark.parametrize("late", [False, True])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world, late):
     # TANDEM_RS_RING=1: no reduce role; step s's GEMM epilogue adds the right neighbour's running sum (CUTLASS's
     # source C from the peer's heap); two-shot GEMM+AR then gathers every owner's sum. Ragged rows (300 a chunk:

@@ -414,6 +414,112 @@ def rs_ring(rs_shapes, dtypes, repeats):
     return out
 
 
+def _ticket_reference(owner, world, parts, mr, dtype):
+    """The ticket reduction's order for chunk `owner`: every rank's partial rounded to dtype, added in rank order
+    0, 1, ..., W-1 in fp32, rounded once (whichever rank reduces the tile)."""
+    rows = slice(owner * mr, (owner + 1) * mr)
+    acc = None
+    for q in range(world):
+        a, b = parts[q]
+        p = (a.float()[rows] @ b.float()).to(dtype).float()
+        acc = p if acc is None else acc + p
+    return acc.to(dtype)
+
+
+def rs_ticket(rs_shapes, dtypes, repeats):
+    """The fused GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1: no reduce role, no waits in the GEMM;
+    each tile's last rank to finish it adds every rank's partial): structured data bit-exact against the ticket
+    order (_ticket_reference), `repeats` launches in a row with new values each (a ticket or count left from the
+    previous launch, or a slot read before it was stored, shows as wrong elements or a timeout); the host's record
+    that the ticket kernel ran; AR: every chunk the owner's sum, the same bytes on every rank; random data against
+    the fp32 sum and against the default kernel, and the ticket kernel again on doubled inputs (exact: x 2 commutes
+    with every rounding); the default kernel once the knob is gone (its own workspace)."""
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    out = dict(exact=[], random=[], off_ticket=None)
+    late0 = os.environ.get("TANDEM_TP_LATE")  # the test's late clusters (rank_env), restored after each late-rank pass
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for (mr, n, k) in rs_shapes:
+                m = mr * world
+                for rep in range(repeats):
+                    _set_env(TANDEM_RS_TICKET=1)
+                    parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
+                    a, b = parts[rank]
+                    ref = _ticket_reference(rank, world, parts, mr, dtype)
+                    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
+                    got = tp.gemm_rs(comm, a, b, mode="fused")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    ran = bool(K.tp_last_fused_rs_ticket())
+                    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    ref_ar = torch.cat([_ticket_reference(q, world, parts, mr, dtype) for q in range(world)])
+                    out["exact"].append(dict(
+                        shape=[m, n, k], dtype=name, rep=rep, ticket=ran, ar_ticket=bool(K.tp_last_fused_rs_ticket()),
+                        wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
+                        ar_digest=_digest(got_ar),
+                        rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
+                ra = _random((m, k), 40 + rank, dtype)
+                rb = _random((k, n), 50, dtype)
+                _set_env(TANDEM_RS_TICKET=None)
+                default = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                _set_env(TANDEM_RS_TICKET=1)
+                ticket = tp.gemm_rs(comm, ra, rb, mode="fused").clone()
+                ran = bool(K.tp_last_fused_rs_ticket())
+                ar = tp.gemm_ar(comm, ra, rb, mode="fused", algo="two_shot")
+                ticket_again = tp.gemm_rs(comm, ra * 2, rb, mode="fused").clone()
+                torch.cuda.synchronize()
+                comm.check()
+                full_all = sum(_random((m, k), 40 + q, dtype).float() @ rb.float() for q in range(world))
+                full = full_all[rank * mr:(rank + 1) * mr]
+                norm = full.norm().clamp_min(1e-6)
+                out["random"].append(dict(
+                    shape=[m, n, k], dtype=name, ticket=ran,
+                    rel_ticket=float((ticket.float() - full).norm() / norm),
+                    rel_default=float((default.float() - full).norm() / norm),
+                    rel_ticket_vs_default=float((ticket.float() - default.float()).norm() / norm),
+                    ticket_again_wrong=int((ticket_again != ticket * 2).sum()),
+                    rel_ar=float((ar.float() - full_all).norm() / full_all.norm().clamp_min(1e-6)),
+                    finite=bool(torch.isfinite(ticket.float()).all()) and bool(torch.isfinite(ar.float()).all()),
+                    # AR's chunk of this rank: the RS sum's bits (one order for both)
+                    ar_rows_differ=int((ar[rank * mr:(rank + 1) * mr] != ticket).sum())))
+                # Who reduces a tile must not change its bits: the same random inputs with each rank in turn
+                # starting its clusters from grid row 0 late (TANDEM_TP_LATE, read at every launch: the other
+                # ranks then draw the last tickets of the tiles it computes last), bit for bit against none late.
+                # With random data a sum in arrival order would differ in many elements.
+                differ = []
+                for late_rank in range(world):
+                    _set_env(TANDEM_TP_LATE="0:2000" if rank == late_rank else None)
+                    again = tp.gemm_rs(comm, ra, rb, mode="fused")
+                    torch.cuda.synchronize()
+                    comm.check()
+                    differ.append(int((again != ticket).sum()))
+                _set_env(TANDEM_TP_LATE=late0)
+                out["random"][-1]["late_rank_differs"] = differ
+                tp.release_workspaces(comm)  # (three workspaces a shape: the heap holds one shape's)
+        _set_env(TANDEM_RS_TICKET=None)
+        mr, n, k = rs_shapes[0]
+        parts = _rs_partials(world, mr * world, n, k, torch.bfloat16)
+        got = tp.gemm_rs(comm, parts[rank][0], parts[rank][1], mode="fused")
+        torch.cuda.synchronize()
+        comm.check()
+        out["off_ticket"] = dict(ticket=bool(K.tp_last_fused_rs_ticket()),
+                                 wrong=int((got != _rs_reference(rank, world, parts, mr, torch.bfloat16)).sum()))
+    finally:
+        _set_env(TANDEM_RS_TICKET=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
 def gemm_tile256(ag_shapes, rs_shapes, dtypes, repeats):
     """The fused GEMM roles in 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128, tile claims). AG+GEMM: exact on
     structured data, in place and out of place, `repeats` launches in a row; GEMM+RS and GEMM+AR (two-shot): the

@@ -35,6 +35,22 @@
 // step, for reduced[]) on their SMs; under MPS a rank's grid is often not resident at once, its late blocks would
 // need those SMs, and the ring would stall until the timeout. With claims the resident clusters take every tile.
 //
+// Tickets (TANDEM_RS_TICKET=1, off by default until measured; RS and two-shot AR, one node, 2-8 ranks, 128x256
+// tiles with tile claims): no reduce role and no wait inside the GEMM. Every SM computes; rank r computes the chunks
+// o = r+1, r+2, ..., r (one call each) and, per output tile, the scheduler's fixup (ticket_scheduler.hpp) stores
+// the tile's partial into r's slot, draws a ticket at o, and the rank drawing the W-th ticket adds all W partials
+// (rank order, fp32, each partial rounded to the element type first, one final rounding: deterministic whoever
+// reduces) into o's staging rows; the thread completing o's count of reduced tiles signals reduced[o] = e (RS: to
+// o; AR: to every rank). So a tile is reduced where its last partial lands, and a rank that MPS started late or
+// that runs slow only makes the others do more of the reducing. Per launch (epoch e) on rank r:
+//   start    wait ready[q] >= e - 1 from every q (q's last arrivers finished reading r's slots of e - 1, and q's
+//            end finished reading the staging this launch overwrites)
+//   GEMM     W calls, tickets in the fixups (no waits)
+//   end      RS: wait reduced[r] >= e, copy r's staging into out; AR: for every q (r first) wait reduced[q] >= e
+//            and copy q's staging (peer mapping) into out rows of chunk q
+//   finish   the last block sets ready[r] = e on every rank
+// Its workspace is its own (tp.py keys it apart): the tickets and the count are zero between its launches only.
+//
 // The unfused path: wait kernel (ready[o] >= e - 1 from every o), the plain GEMM into the partial buffer, then
 // this kernel without the GEMM role, whose first block announces arrive[r] = e to every owner and whose last
 // block waits until every owner has read r's partial.
@@ -74,6 +90,7 @@
 
 #include "gemm_rs_common.cuh"
 #include "gemm_rs_reduce.cuh"
+#include "tandem/kernels/gemm/ticket_scheduler.hpp"
 #include "tp_gemm_configs.hpp"
 
 namespace tandem::kernels::tp {
@@ -150,6 +167,60 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
   }
   __syncthreads();
   p.timeline.stamp(kSlotGatherEnd);
+}
+
+// The ticket mode's kernel (protocol at the top of this file): every block computes; p.partial is this rank's
+// staging (the sums of its chunk, symmetric: AR ranks read each other's).
+template <class Element, class GemmKernel>
+__global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
+    gemm_rs_ticket_kernel(const __grid_constant__ RsParams<GemmKernel> p) {
+  extern __shared__ __align__(128) char smem[];
+  using namespace tandem::device;
+  Control* ctl = p.ctl;
+  const DeviceComm& comm = p.comm;
+  const int rank = comm.rank, world = comm.world;
+  const uint64_t e = current_epoch(ctl);
+  Status st = Status::kOk;
+  p.timeline.stamp(0);
+  for (int q = 0; q < world && threadIdx.x == 0 && st == Status::kOk; ++q)
+    st = wait_until_backoff(comm, &ctl->ready[q], Cmp::kGe, e - 1, kRolePollNs, q);
+  // (tests, TANDEM_TP_LATE: clusters from grid row late_cluster start late_us late, as clusters MPS made resident late)
+  if (p.late_us != 0 && static_cast<int>(blockIdx.y) >= p.late_cluster) runtime::hold_block_us(p.late_us);
+  // A failed wait leaves the abort flag up; the GEMM still runs so that every block stays in step.
+  __syncthreads();
+  for (int s = 0; s < world; ++s) {
+    p.timeline.stamp(1 + 3 * s);
+    GemmKernel op;
+    op(p.gemm[s], smem);
+    p.timeline.stamp(2 + 3 * s);
+    __syncthreads();  // the next call's pipelines start over in the same shared memory
+  }
+  even_out_registers<GemmKernel>();  // every warp runs the end phase: one register count again
+  // The owners' sums: RS this rank's chunk into out; AR every chunk (this rank's first) into out rows of that chunk.
+  // The staging was written by plain stores of other ranks' last arrivers, published by the completer's signal.
+  const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
+  const int64_t nvec = static_cast<int64_t>(chunk_bytes / 16);
+  const int64_t b = runtime::grid_block_index(), nb = static_cast<int64_t>(gridDim.x) * gridDim.y;
+  const int64_t lo = nvec * b / nb, hi = nvec * (b + 1) / nb;
+  p.timeline.stamp(kSlotGatherStart);
+  const int chunks = p.gather_out != nullptr ? world : 1;
+  for (int d = 0; d < chunks; ++d) {
+    const int q = (rank + d) % world;
+    // several writers (whichever ranks completed q's count): no single peer, .sys scope
+    if (threadIdx.x == 0 && st == Status::kOk)
+      st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
+    if (!block_ok(st)) break;
+    const uint4* src = reinterpret_cast<const uint4*>(q == rank ? p.partial : peer_ptr(comm, p.partial, q));
+    if (src == nullptr) break;
+    char* dst = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(q) * chunk_bytes : p.out;
+    copy_slice(reinterpret_cast<uint4*>(dst), src, lo, hi);
+  }
+  __syncthreads();
+  p.timeline.stamp(kSlotEnd);
+  finish_block(ctl, static_cast<uint64_t>(nb), e, [&] {
+    if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
+    for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
+  });
 }
 
 // kPieces: the fused kernel in pieces (p.pieces > 1; one node, two-shot); its own instantiation, so that the
@@ -304,6 +375,37 @@ size_t acc_offset(const GemmRsArgs& a) {
   const Topology t = topology_of(a);
   const size_t chunk = static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * 2;
   return recv_offset(a) + (t.N > 1 ? round256(t.N * chunk) : 0);
+}
+
+// The ticket mode's layout (the same workspace size as the others' and more where its tiles pad, so one
+// workspace_size serves every mode; tp.py gives the ticket mode a workspace of its own): the partial slots of every
+// chunk from kPartialOffset (W x tiles x 128x256 elements, fragment order), the staging (this rank's chunk's sums,
+// (M / W) x N), then past every other mode's bytes the tickets (one word a tile of a chunk: only the ticket mode
+// ever writes them, so they stay zero between its launches) and the blocks' broadcast words.
+size_t default_workspace_size(const GemmRsArgs& a) {  // every mode's bytes but the ticket mode's
+  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+}
+constexpr int kTicketTileM = 128, kTicketTileN = 256;
+struct TicketLayout {
+  int tiles_m = 0, tiles_n = 0;
+  size_t chunk_slot_bytes = 0;
+  size_t slots = 0, staging = 0, tickets = 0, scratch = 0, end = 0;
+};
+TicketLayout ticket_layout(const GemmRsArgs& a) {
+  TicketLayout l;
+  const int world = a.comm.world > 0 ? a.comm.world : 1;
+  const int mr = a.m / world;
+  l.tiles_m = (mr + kTicketTileM - 1) / kTicketTileM;
+  l.tiles_n = (a.n + kTicketTileN - 1) / kTicketTileN;
+  l.chunk_slot_bytes = static_cast<size_t>(l.tiles_m) * l.tiles_n * kTicketTileM * kTicketTileN * 2;
+  l.slots = kPartialOffset;
+  l.staging = l.slots + round256(static_cast<size_t>(world) * l.chunk_slot_bytes);
+  const size_t others_end = default_workspace_size(a);
+  const size_t staging_end = l.staging + round256(static_cast<size_t>(mr) * a.n * 2);
+  l.tickets = round256(others_end > staging_end ? others_end : staging_end);
+  l.scratch = l.tickets + round256(sizeof(uint64_t) * l.tiles_m * l.tiles_n);
+  l.end = l.scratch + round256(sizeof(uint32_t) * kMaxGemmBlocks);
+  return l;
 }
 
 // Stages of the unfused path that run: all three, the reduction alone, or the wait alone (the caller's GEMM
@@ -510,6 +612,17 @@ Status run_typed(const GemmRsArgs& a, cudaStream_t stream, bool fused, bool all_
   return launch(dim3(kClusterX, gg.y + plan.comm_blocks / kClusterX, 1), Kernel::SharedStorageSize);
 }
 
+// Rank q's heap as this process maps it (one node: DeviceComm's inline entries), 0 where it is not mapped; bit 0
+// of an entry marks a peer on this GPU and is not part of the address.
+uint64_t mapped_heap(const tandem::DeviceComm& comm, int q) {
+  return q < tandem::kInlinePeerHeaps ? comm.peer_heap_inline[q] & ~tandem::kPeerSameDeviceBit : 0;
+}
+// This rank's symmetric address `local` in rank q's heap, as mapped here (the same heap offset on every rank).
+char* on_rank(const tandem::DeviceComm& comm, int q, const void* local) {
+  if (q == comm.rank) return static_cast<char*>(const_cast<void*>(local));
+  return reinterpret_cast<char*>(mapped_heap(comm, q)) + (static_cast<const char*>(local) - comm.heap_base);
+}
+
 // The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
 // epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
 // mapping: TMA descriptors on peer memory, one node only).
@@ -522,14 +635,12 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   const int mr = a.m / world;
   const size_t chunk_bytes = static_cast<size_t>(mr) * a.n * sizeof(Element);
   char* ws = static_cast<char*>(a.workspace);
-  // the right neighbour's partial buffer in this process's address space (the same heap offset on every rank)
-  // (bit 0 of an entry marks a peer on this GPU: not part of the address)
-  const uint64_t right_heap = a.comm.peer_heap_inline[right] & ~tandem::kPeerSameDeviceBit;
-  if (right_heap == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
+  // the right neighbour's partial buffer in this process's address space
+  if (mapped_heap(a.comm, right) == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
   for (int q = 0; all_reduce && q < world && q < tandem::kInlinePeerHeaps; ++q)  // AR gathers from every rank
     if (q != rank && a.comm.peer_heap_inline[q] == 0)
       return fail(why, "the ring's all-gather needs every rank's heap mapped (one node)");
-  const char* right_partial = reinterpret_cast<const char*>(right_heap) + (ws + kPartialOffset - a.comm.heap_base);
+  const char* right_partial = on_rank(a.comm, right, ws + kPartialOffset);
   RsParams<Kernel> p{};
   p.comm = a.comm;
   p.ctl = reinterpret_cast<Control*>(ws);
@@ -608,6 +719,119 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
                             : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
 }
 
+// The ticket mode (protocol at the top of this file): W calls of the core's GEMM (128x256 tiles, tile claims) over
+// every SM of the plan, rank r's calls in the chunk order r+1, r+2, ..., r, each with the ticket fixup of its chunk.
+template <class Element>
+using TicketTiledMma = typename gemm::detail::Sm90Gemm<Element, gemm::ArrivalClaimsSchedulerTag>::Mainloop::TiledMma;
+
+template <class Element>
+using TicketGemm = gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>>>;
+template <class Element>
+using TicketKernel = typename TicketGemm<Element>::Kernel;
+
+template <class Element>
+Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
+  using G = TicketGemm<Element>;
+  using Kernel = typename G::Kernel;
+  static_assert(kConfigTileM<gemm::detail::CooperativeConfig> == kTicketTileM &&
+                    kConfigTileN<gemm::detail::CooperativeConfig> == kTicketTileN,
+                "the ticket layout's tiles are the core's");
+  const int world = a.comm.world, rank = a.comm.rank;
+  const int mr = a.m / world;
+  const TicketLayout l = ticket_layout(a);
+  char* ws = static_cast<char*>(a.workspace);
+  // Every rank's heap is mapped here (one node); the fences and atomics cover another GPU only if a rank is on one.
+  bool sys = false;
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    if (mapped_heap(a.comm, q) == 0) return fail(why, "the ticket reduction needs every rank's heap mapped (one node)");
+    if ((a.comm.peer_heap_inline[q] & tandem::kPeerSameDeviceBit) == 0) sys = true;
+  }
+  RsParams<Kernel> p{};
+  p.comm = a.comm;
+  p.ctl = reinterpret_cast<Control*>(ws);
+  p.partial = ws + l.staging;  // the kernel's end reads the staging (this rank's, or a peer's for AR)
+  p.out = static_cast<char*>(a.out);
+  p.ranks_per_node = world;
+  p.chunk_elems = static_cast<int64_t>(mr) * a.n;
+  p.chunk_rows = mr;
+  p.pieces = 1;
+  p.mode = RsMode::kFused;
+  p.timeline.stamps = timeline_for_launch(stream);
+  p.claims = reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset);
+  const FusedKnobs knobs = FusedKnobs::from_env();
+  p.late_cluster = knobs.late_cluster;
+  p.late_us = knobs.late_us;
+  if (all_reduce) p.gather_out = static_cast<char*>(a.out);
+  dim3 gg{};
+  for (int s = 0; s < world; ++s) {
+    // the last call: o = rank; TANDEM_RS_ORDER=common: chunk s on every rank, so that the ranks finish a tile at
+    // about the same time and its last arriver finds the other partials in L2 (one GPU)
+    const int o = knobs.common_order ? s : (rank + 1 + s) % world;
+    gemm::GemmArgs g;
+    g.m = mr;
+    g.n = a.n;
+    g.k = a.k;
+    g.dtype = a.dtype;
+    g.a = static_cast<const char*>(a.a) + static_cast<size_t>(o) * mr * a.lda * sizeof(Element);
+    g.lda = a.lda;
+    g.b = a.b;
+    g.ldb = a.ldb;
+    g.d = ws + l.staging;  // never stored by CUTLASS's epilogue (the fixup stores the sums); a valid (M/W) x N
+    g.ldd = a.n;
+    g.sm_count = a.plan.sm_count;  // 0: every SM of the device
+    auto args = G::arguments(g);
+    using Raster = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = Raster::AlongN;
+    args.scheduler.arrival.chunks = 1;  // no arrival waits
+    args.scheduler.arrival.chunk_rows = mr;
+    args.scheduler.arrival.comm = a.comm;
+    args.scheduler.arrival.claims = p.claims;
+    args.scheduler.arrival.claim_call = s;  // one counter a call, later calls larger (the ring tags' order)
+    args.scheduler.arrival.epoch_counter = &p.ctl->epoch;
+    gemm::TicketReduce& t = args.scheduler.ticket;
+    t.slots = ws + l.slots + static_cast<size_t>(o) * l.chunk_slot_bytes;
+    t.tickets = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, ws + l.tickets));
+    t.reduced_count = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, &p.ctl->ticket_reduced));
+    t.staging = on_rank(a.comm, o, ws + l.staging);
+    t.reduced_flag = &p.ctl->reduced[o];
+    t.scratch = reinterpret_cast<uint32_t*>(ws + l.scratch);
+    t.rows = mr;
+    t.cols = a.n;
+    t.tiles_m = l.tiles_m;
+    t.tiles_n = l.tiles_n;
+    t.owner = o;
+    t.notify_all = all_reduce ? 1 : 0;
+    t.sys_scope = sys ? 1 : 0;
+    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ticket call");
+    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+    if (s == 0) {
+      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
+      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
+        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
+    }
+    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+    args.scheduler.arrival.gemm_block_y0 = 0;
+    p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
+    p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+  }
+  if (gg.y > static_cast<unsigned>(gemm::kClaimClusters))
+    return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
+  if (gg.x * gg.y > static_cast<unsigned>(kMaxGemmBlocks))
+    return fail(why, "too many GEMM blocks for the ticket broadcast words", Status::kInternal);
+  p.reduce_rows_y = 0;
+  p.reduce_blocks = 0;
+  p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  detail::g_last_fused_ticket = true;
+  detail::g_last_fused_claims = true;
+  const cudaError_t err = launch_clustered(gemm_rs_ticket_kernel<Element, Kernel>, gg, Kernel::MaxThreadsPerBlock,
+                                           Kernel::SharedStorageSize, stream, p);
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+}
+
 }  // namespace
 
 
@@ -616,6 +840,12 @@ cudaError_t preload_rs_kernel() {
   using K = typename gemm::detail::Sm90Gemm<Element, RsSchedulerTag<kPieces, kClaims>, Config>::Kernel;
   cudaFuncAttributes attr{};
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
+}
+
+template <class Element>
+cudaError_t preload_rs_ticket_kernel() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, gemm_rs_ticket_kernel<Element, TicketKernel<Element>>);
 }
 
 template <class Element, bool kClaims>
@@ -641,7 +871,9 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::bfloat16_t, true, false>(),
                            preload_rs_kernel<cutlass::half_t, true, false>(),
                            preload_rs_ring_kernel<cutlass::bfloat16_t, true>(),
-                           preload_rs_ring_kernel<cutlass::half_t, true>()};
+                           preload_rs_ring_kernel<cutlass::half_t, true>(),
+                           preload_rs_ticket_kernel<cutlass::bfloat16_t>(),
+                           preload_rs_ticket_kernel<cutlass::half_t>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -654,9 +886,13 @@ cudaError_t preload_kernels() {
   return cudaSuccess;
 }
 
-size_t workspace_size(const GemmRsArgs& a) {
-  return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
+// The default layout's bytes; with TANDEM_RS_TICKET=1 (which the ranks agree on; tp.py keys that workspace apart)
+// the ticket layout's, which holds every mode's (a workspace made without the knob stays valid for the modes that
+// are not the ticket's: check_rs asks for the ticket's bytes only for a fused launch with the knob).
+size_t workspace_bytes(const GemmRsArgs& a, bool ticket) {
+  return ticket ? ticket_layout(a).end : default_workspace_size(a);
 }
+size_t workspace_size(const GemmRsArgs& a) { return workspace_bytes(a, FusedKnobs::from_env().ticket); }
 
 static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
   const int world = a.comm.world;
@@ -674,7 +910,8 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
     if (plan.comm_blocks > kMaxNodeReduceBlocks)
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }
-  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace, workspace_size(a), plan, why);
+  return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace,
+                      workspace_bytes(a, fused && FusedKnobs::from_env().ticket), plan, why);
 }
 
 Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
@@ -701,15 +938,24 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
   // The ring (TANDEM_RS_RING=1): GEMM+RS and two-shot GEMM+AR, one node, 2-8 ranks (the peers' heaps in
   // DeviceComm), the whole launch, tile claims only (the top of this file: without claims, the default kernel);
   // its steps are the core's 128x256 GEMM over every SM of the plan.
-  const bool ring = fused && claims && !one_shot && knobs.ring && topology_of(a).N == 1 && a.comm.world >= 2 &&
-                    a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
-                    stages == Stages::kAll;
+  // Tickets (TANDEM_RS_TICKET=1; before the ring if both are set): the same conditions but the knob, and tile claims
+  // always (the scheduler is built on them).
+  const bool one_node_whole = fused && !one_shot && topology_of(a).N == 1 && a.comm.world >= 2 &&
+                              a.comm.world <= tandem::kInlinePeerHeaps && a.comm.world <= kMaxFusedRsWorld &&
+                              stages == Stages::kAll;
+  const bool ticket = one_node_whole && knobs.ticket;
+  const bool ring = one_node_whole && claims && knobs.ring && !ticket;
   if (fused) {
+    detail::g_last_fused_ticket = false;  // (run_ticket and run_ring record themselves once they launch)
     detail::g_last_fused_ring = false;
-    detail::g_last_fused_pieces = ring ? 1 : piece_count;
+    detail::g_last_fused_pieces = ring || ticket ? 1 : piece_count;
     detail::g_last_fused_claims = claims;
-    detail::g_last_fused_gemm_tile_m = ring || !tile256 ? 128 : 256;
+    detail::g_last_fused_gemm_tile_m = ring || ticket || !tile256 ? 128 : 256;
     detail::g_last_fused_joined = false;
+  }
+  if (ticket) {
+    return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t>(a, kAllReduce, stream, why)
+                                   : run_ticket<cutlass::bfloat16_t>(a, kAllReduce, stream, why);
   }
   if (ring)
     return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)

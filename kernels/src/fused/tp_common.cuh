@@ -41,7 +41,9 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
                                    // neighbour's running sum of step s is stored. A word a step, not one word for
                                    // every step: with tile claims the block completing step s may signal after the
                                    // one completing s + 1, and one word would go back to step s
-  uint64_t pad1[4];
+  uint64_t ticket_reduced;         // RS/AR ticket mode, at a chunk's owner: tiles of its chunk reduced this launch
+                                   // (any rank's last arriver counts; the completer resets it: ticket_scheduler.hpp)
+  uint64_t pad1[3];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -152,11 +154,15 @@ extern bool g_last_fused_claims;  // host: the last fused TP launch took tile cl
 extern int g_last_fused_gemm_tile_m;  // host: the tile M of the last fused TP launch's GEMM role (128 or 256)
 extern bool g_last_fused_joined;  // host: the last fused GEMM+RS/AR launch joined its reduction
 extern bool g_last_fused_ring;    // host: ... was the ring (the reduction in the GEMM's epilogues)
+extern bool g_last_fused_ticket;  // host: ... was the ticket reduction (the last arriver of a tile reduces it)
 //   TANDEM_TP_CLAIM=0     the fused GEMM roles take tiles by the static persistent stride (default: tile claims)
 //   TANDEM_RS_JOIN=1      the fused GEMM+RS/AR in pieces with tile claims: GEMM blocks that finished their GEMM
 //                         join the reduction (items claimed by reduce and GEMM blocks alike)
 //   TANDEM_RS_RING=1      the fused GEMM+RS and two-shot GEMM+AR (one node) as a ring: no reduce role, each step's GEMM
 //                         epilogue adds the right neighbour's running sum (gemm_rs_sm90.cu; off by default: docs/fused-kernels.md)
+//   TANDEM_RS_TICKET=1    the fused GEMM+RS and two-shot GEMM+AR (one node) by tickets: no reduce role, no waits in
+//                         the GEMM; each tile's last rank to finish it adds every rank's partial (ticket_scheduler.hpp,
+//                         gemm_rs_sm90.cu; off by default until measured)
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
@@ -172,6 +178,7 @@ struct FusedKnobs {
   int pieces = -1;  // TANDEM_RS_PIECES: -1 = auto (default), 0 = whole chunks, else at most this many a chunk
   int gemm_tile_m = 128;  // TANDEM_TP_GEMM_TILE=256x128: the fused GEMM roles in 256x128 tiles
   bool ring = false;      // TANDEM_RS_RING=1: the fused GEMM+RS as a ring, its adds in the GEMM epilogues
+  bool ticket = false;    // TANDEM_RS_TICKET=1: the fused GEMM+RS by tickets, the last arriver of a tile reduces it
   static FusedKnobs from_env();
 };
 

@@ -25,6 +25,7 @@ bool g_last_fused_claims = false;
 int g_last_fused_gemm_tile_m = 0;
 bool g_last_fused_joined = false;
 bool g_last_fused_ring = false;
+bool g_last_fused_ticket = false;
 
 bool tile_claims_enabled() { return !env_is("TANDEM_TP_CLAIM", "0"); }
 
@@ -54,6 +55,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.join = env_is("TANDEM_RS_JOIN", "1");
   k.gemm_tile_m = env_is("TANDEM_TP_GEMM_TILE", "256x128") ? 256 : 128;
   k.ring = env_is("TANDEM_RS_RING", "1");
+  k.ticket = env_is("TANDEM_RS_TICKET", "1");
   runtime::late_blocks_from_env("TANDEM_TP_LATE", &k.late_cluster, &k.late_us);
   return k;
 }
@@ -74,5 +76,6 @@ bool last_fused_claims() { return detail::g_last_fused_claims; }
 int last_fused_gemm_tile_m() { return detail::g_last_fused_gemm_tile_m; }
 bool last_fused_rs_joined() { return detail::g_last_fused_joined; }
 bool last_fused_rs_ring() { return detail::g_last_fused_ring; }
+bool last_fused_rs_ticket() { return detail::g_last_fused_ticket; }
 
 }  // namespace tandem::kernels::tp

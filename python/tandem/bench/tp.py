@@ -45,6 +45,8 @@ COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", 
            "fused/naive", "fused/max(GEMM, coll)", "auto/naive", "auto/naive synced"]
 # bench tp --ring: the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1), beside the default fused kernel
 RING_COLUMNS = ["fused ring ms", "ring/naive", "ring/max(GEMM, coll)"]
+# bench tp --ticket: the fused GEMM+RS / GEMM+AR by tickets (TANDEM_RS_TICKET=1), beside the default fused kernel
+TICKET_COLUMNS = ["fused ticket ms", "ticket/naive", "ticket/unfused", "ticket/max(GEMM, coll)"]
 
 
 def cases(world: int, shapes=None) -> list:
@@ -198,7 +200,8 @@ def _nccl_collective(comm, op, m, n, k):
     return (lambda: dist.all_reduce(partial)), partial
 
 
-def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False, ring=False):
+def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False, ring=False,
+        ticket=False):
     import torch
 
     from .. import ops  # noqa: F401
@@ -209,11 +212,17 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
     comm = Communicator(heap_bytes=12 << 30, timeout_s=60)
     world, rank = comm.world_size, comm.rank
     rows, data = [], []
-    columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else []) + (RING_COLUMNS if ring else [])
-    if ring:
+    columns = COLUMNS + (["fp8 ms", "fp8/auto"] if fp8 else []) + (RING_COLUMNS if ring else []) + \
+        (TICKET_COLUMNS if ticket else [])
+    # the fused GEMM+RS / GEMM+AR variants timed beside the default fused kernel: (result key, the knob that selects
+    # it, the kernels' record that it ran)
+    variants = []
+    if ring or ticket:
         from .._native import native
 
-        K_ring = native().kernels.tp_last_fused_rs_ring  # noqa: N806 - the kernels' diagnostic: the ring ran
+        K = native().kernels  # noqa: N806
+        variants = ([("ring", "TANDEM_RS_RING", K.tp_last_fused_rs_ring)] if ring else []) + \
+            ([("ticket", "TANDEM_RS_TICKET", K.tp_last_fused_rs_ticket)] if ticket else [])
 
     def timed(fn):
         return common.time_ranks_ms(comm, fn, warmup=3, reps=reps)
@@ -233,15 +242,15 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
         r["fused_comm_blocks"] = comm_blocks or tp.fused_split(comm, op, m, n, k_rank, 0)
         r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
-        if ring and op != "ag_gemm":
-            # the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1, read by the kernels' host side at every
-            # launch; every rank sets it for the same calls), in the same run as the default fused kernel
-            os.environ["TANDEM_RS_RING"] = "1"
+        for key, knob, ran in variants if op != "ag_gemm" else ():
+            # the ring (TANDEM_RS_RING=1) or the tickets (TANDEM_RS_TICKET=1), read by the kernels' host side at every
+            # launch; every rank sets it for the same calls, in the same run as the default fused kernel
+            os.environ[knob] = "1"
             try:
-                r["ring_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
-                r["ring_ran"] = bool(K_ring())
+                r[f"{key}_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
+                r[f"{key}_ran"] = bool(ran())
             finally:
-                os.environ.pop("TANDEM_RS_RING", None)
+                os.environ.pop(knob, None)
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
         r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
         r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
@@ -274,6 +283,10 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         if r.get("ring_ms"):
             r["ring_over_naive"] = r["ring_ms"] / r["naive_ms"]
             r["ring_over_bar"] = r["ring_ms"] / bar
+        if r.get("ticket_ms"):
+            r["ticket_over_naive"] = r["ticket_ms"] / r["naive_ms"]
+            r["ticket_over_unfused"] = r["ticket_ms"] / r["unfused_ms"] if r["unfused_ms"] else None
+            r["ticket_over_bar"] = r["ticket_ms"] / bar
         r["fused_over_naive"] = r["fused_ms"] / r["naive_ms"] if r["fused_ms"] else None
         r["fused_over_bar"] = r["fused_ms"] / bar if r["fused_ms"] else None
         r["auto_over_naive"] = r["auto_ms"] / r["naive_ms"] if r["auto_ms"] else None
@@ -291,7 +304,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                      f(r["naive_ms"]), f(r["naive_synced_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]),
                      g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])]
                     + ([f(r["fp8_ms"]), g(r["fp8_over_bf16_auto"])] if fp8 else [])
-                    + ([f(r.get("ring_ms")), g(r.get("ring_over_naive")), g(r.get("ring_over_bar"))] if ring else []))
+                    + ([f(r.get("ring_ms")), g(r.get("ring_over_naive")), g(r.get("ring_over_bar"))] if ring else [])
+                    + ([f(r.get("ticket_ms")), g(r.get("ticket_over_naive")), g(r.get("ticket_over_unfused")),
+                        g(r.get("ticket_over_bar"))] if ticket else []))
         if rank == 0:
             print(" | ".join(rows[-1]), flush=True)
             # the rows so far, after every case: a run stopped by a timeout still leaves what it measured
@@ -334,6 +349,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ring", action="store_true",
                     help="also time the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1: the reduction in the "
                          "GEMM epilogues)")
+    ap.add_argument("--ticket", action="store_true",
+                    help="also time the fused GEMM+RS / GEMM+AR by tickets (TANDEM_RS_TICKET=1: each tile reduced "
+                         "by the last rank to finish it, no waits in the GEMM)")
     ap.add_argument("--naive", choices=("peer-view", "nccl"), default="peer-view",
                     help="the naive baseline's collective: torch over peer views (one GPU, MPS) or NCCL (one GPU a "
                          "rank)")
@@ -344,5 +362,5 @@ def main(argv=None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive,
-        fp8=a.fp8, ring=a.ring)
+        fp8=a.fp8, ring=a.ring, ticket=a.ticket)
     return 0

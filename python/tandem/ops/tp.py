@@ -63,7 +63,7 @@ def fused_split(comm, op, m, n, k, sm_count) -> int:
 # out: diagnostics and per-rank timing (TANDEM_TP_TRACE, TANDEM_TP_LATE, TANDEM_TP_POLL_NS,
 # TANDEM_RS_STREAM_LOADS, TANDEM_TP_FUSED_SMS), which change no cross-rank protocol.
 _ENV = os.environ
-FUSED_PROTOCOL_KNOBS = ("TANDEM_RS_RING", "TANDEM_RS_PIECES", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE",
+FUSED_PROTOCOL_KNOBS = ("TANDEM_RS_TICKET", "TANDEM_RS_RING", "TANDEM_RS_PIECES", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE",
                         "TANDEM_RS_JOIN", "TANDEM_TP_CLAIM", "TANDEM_TP_GEMM_TILE", "TANDEM_TP_SWIZZLE",
                         "TANDEM_TP_RASTER")
 
@@ -269,7 +269,10 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
             out = torch.empty((out_rows, n), dtype=dtype, device=device)
             return _in_op(op, cm.rank, tp_pipelined.gemm_rs, cm, pws, x, bb, out, all_reduce, splits)
         return pipelined_launch
-    ws = _rs_workspace(comm, op, m, n, dtype, agree)
+    # The ticket mode (TANDEM_RS_TICKET=1) keeps per-tile tickets that only its own launches reset: a workspace of
+    # its own, never shared with the other modes' launches (gemm_rs_sm90.cu).
+    ticket = _ENV.get("TANDEM_RS_TICKET") == "1" and "knobs" in fused_knobs(mode, plan)
+    ws = _rs_workspace(comm, op + ("_ticket" if ticket else ""), m, n, dtype, agree)
     run = K.gemm_ar if all_reduce else K.gemm_rs
     if plan is not None:
         mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"

@@ -115,6 +115,7 @@ bool last_fused_rs_joined();
 // Diagnostic: whether the last fused GEMM+RS / two-shot GEMM+AR launch ran the ring (TANDEM_RS_RING=1: the
 // reduction in the GEMM's epilogues, no reduce role; one node, whole chunks).
 bool last_fused_rs_ring();
+bool last_fused_rs_ticket();  // the last fused GEMM+RS/AR launch of this process was the ticket reduction
 cudaError_t preload_ag_kernels();
 cudaError_t preload_rs_kernels();
 
