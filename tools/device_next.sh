@@ -328,6 +328,19 @@
 #      RS/AR default where it wins (auto plan / tune table) and rerun bench tp for the issue-21 table.
 #   2. gq on integ-tk (bwd-gqa's test and bench; merge bwd-gqa if green and native beats repeat).
 #   3. trc on main, mcl on moe-claims, ao on attn-ostore, tc on main (as in the 01:20 entry below).
+# 2026-12-07 06:20 (twentieth session, 05:38-08:38): five calls ran (H100, then an H200; budget spent by 06:10):
+# tk (rs-ticket green at worlds 2-4, slower than unfused: merged off), gq (bwd-gqa merged), trc (overlap ceiling
+# 1.05-1.11), mcl (moe-claims merged), ao (attn-ostore not faster: kept), FP8 op on the H200 (lowest 0.826: the H200
+# table has no FP8 rows). main now = those merges (native sources d3929a7, module .carry/prebuilt-main). Next:
+#   1. tk2 on rs-ticket2 (git checkout --detach rs-ticket2; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket2
+#      .carry/prebuilt; SOURCES badedf4): the fixup's batched loads; on an H200 also the FP8 op with the H100
+#      table's rows; the world-2 trace (why the ticket kernel takes 9.3 ms there).
+#        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=300 timeout 310 bash tools/device_next.sh
+#            tk2", carry=[".whl", ".carry/prebuilt"])   (TK_K="tickets and not 3" BENCH_S=85 for a short call)
+#      Green and faster than rs-ticket: merge rs-ticket2.
+#   2. The GPU suite on main after the merges (part n1 = test_tp + test_moe, then n2), module prebuilt-main.
+#   3. On an H200: the FP8 sweep of every configuration (bench gemm --dtypes fp8_tensor,fp8_row, in two calls of
+#      12 shapes each: one call of 24 ran past 330 s) and `tandem tune gemm` into gemm_tune_h200.json's FP8 rows.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
