@@ -331,9 +331,9 @@
 # 2026-12-07 06:20 (twentieth session, 05:38-08:38): five calls ran (H100, then an H200; budget spent by 06:10):
 # tk (rs-ticket green at worlds 2-4, slower than unfused: merged off), gq (bwd-gqa merged), trc (overlap ceiling
 # 1.05-1.11), mcl (moe-claims merged), ao (attn-ostore not faster: kept), FP8 op on the H200 (lowest 0.826: the H200
-# table has no FP8 rows). main now = those merges (native sources d3929a7, module .carry/prebuilt-main). Next:
+# table has no FP8 rows). main now = those merges (native sources 0573529, module .carry/prebuilt-main). Next:
 #   1. tk2 on rs-ticket2 (git checkout --detach rs-ticket2; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket2
-#      .carry/prebuilt; SOURCES d7f4211): the fixup's batched loads and bar.red broadcast, the claimed end (blocks
+#      .carry/prebuilt; SOURCES dbdf029): the fixup's batched loads and bar.red broadcast, the claimed end (blocks
 #      leave instead of holding SMs that a late cluster needs under MPS); 9 ticket tests, bench at world 2 (with the
 #      old end and on a 30-SM grid too), world 4, traces at 2 and 4, and on an H200 the FP8 op with the H100 table's
 #      rows. One full call:
