@@ -317,11 +317,11 @@
 #   3. trc on main (issue 24): bench train with "naive compute only" (naive without its exchanges): the overlap
 #      ceiling naive / compute-only, to show whether 1.15 is reachable here at cuBLAS's GEMM speed.
 #   4. tps on rs-staged, issue 23's FP8 sweep on an H200, ra on gemm-run-at (as in the 19:55 entry).
-# 2026-12-07 04:30 (nineteenth session, 02:45-05:45): no device call ran -- 9 starts refused (90 s each) while other
+# 2026-12-07 05:15 (nineteenth session, 02:45-05:45): no device call ran -- 13 starts refused (90 s each) while other
 # sessions held every machine. Built, not run: branch rs-ticket (issue 21: GEMM+RS / two-shot GEMM+AR by tickets,
 # TANDEM_RS_TICKET=1, off; each tile's last rank to finish it adds every rank's partial in the tile scheduler's
 # fixup, no waits in the GEMM; tools/pending/rs-ticket.diff), and integ-tk = rs-ticket + bwd-gqa (native sources
-# = rs-ticket's: one module, .carry/prebuilt-rs-ticket, SOURCES 511bdd0, serves both). Next session, in this order:
+# = rs-ticket's: one module, .carry/prebuilt-rs-ticket, SOURCES 35e2b3d, serves both). Next session, in this order:
 #   1. tk on integ-tk (git checkout --detach integ-tk; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket
 #      .carry/prebuilt): the ticket test at worlds 2-4 (late clusters, the same bits whichever rank is late), bench
 #      tp --ticket at worlds 4, 2, 3, a trace. Green and faster than unfused: merge rs-ticket, then make it the fused
@@ -919,6 +919,24 @@ elif [ "$part" = trc ]; then
     [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench train -n $w --reps 5 --out "$W/trc/w$w" 2>&1 | tail -6
     rm -f "$W"/trc/*/*.png; tar czf "$OUT/trc.tgz" -C "$W" trc
   done
+elif [ "$part" = gq ]; then
+  # branch bwd-gqa (not run): ring attention's backward hands GQA/MQA K/V to cuDNN with their own heads (native
+  # GQA) instead of repeating them to q's heads. Its gradient test (worlds 1-4: native, repeated, flash, the
+  # deterministic mode), then bench attention at world 1 on the three GQA/MQA shapes of issue 25's table, native and
+  # TANDEM_RING_BWD_GQA=repeat in the same call (SDPA cuDNN and flash timed in each)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-250} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    -k "gradients"
+  W=/tmp/gq; rm -rf "$W"; mkdir -p "$W/gq" "$OUT"
+  for cfg in "8 32 8 2048" "2 32 8 8192" "1 8 1 16384"; do
+    read -r bb hh kk ss <<< "$cfg"
+    for mode in native repeat; do
+      t=$(( $(left) - 10 )); [ "$t" -gt 40 ] && t=40
+      [ "$t" -gt 20 ] && TANDEM_RING_BWD_GQA=$mode timeout -s INT -k 5 $t python3 -m tandem bench attention -n 1 \
+        --reps 5 --seqs $ss --causal yes --batch $bb --heads $hh --heads-kv $kk --out "$W/gq/${mode}_b${bb}_s$ss" \
+        2>&1 | grep -E "^\| [0-9]" | sort -u | sed "s/^/$mode /" | cut -c1-200
+    done
+    tar czf "$OUT/gq.tgz" -C "$W" gq
+  done
 elif [ "$part" = abk ]; then
   # issue 25: the kernels of ring attention's world-1 backward beside SDPA's cuDNN backward (0.69-0.97 of it without
   # GQA though it is one cuDNN call: another engine, or kernels around it?), per shape and path
@@ -931,6 +949,17 @@ for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
+elif [ "$part" = mcl ]; then
+  # branch moe-claims (not run): the MoE dispatch as claimed work (every block enters it; the first comm_blocks to
+  # join send; every block computes, fused; no block waits for one that may lack an SM). test_moe whole (with the
+  # late-block dispatch test), then bench moe at world 2, before (main: .carry/before-main, carried) and after
+  carry_note=".whl .carry/prebuilt (.carry/prebuilt-moe-claims) .carry/before-main"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_moe.py
+  W=/tmp/mc; rm -rf "$W"; mkdir -p "$W/mc" "$OUT"
+  for side in before after; do
+    BEFORE_DIR=.carry/before-main bench_side $side 140 "$W/mc" moe -n 2 --reps 5 --tokens 4096,16384
+    tar czf "$OUT/mcl.tgz" -C "$W" mc
+  done
 elif [ "$part" = tk ]; then
   # branch rs-ticket (not run): GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1; each tile reduced by the
   # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench

@@ -120,7 +120,7 @@ def test_block_kernel_choice_cudnn_then_flash_where_refused_or_deterministic(mon
     calls = []
 
     def fake(name, refuse=False):
-        def run(do, q, *_a):
+        def run(do, q, *_a, **_kw):
             calls.append((name, q.shape[1]))
             if refuse and q.shape[1] == 3:
                 raise RuntimeError("cuDNN Frontend error: no valid engine configs\nmore")
@@ -158,3 +158,61 @@ def test_block_kernel_choice_cudnn_then_flash_where_refused_or_deterministic(mon
     monkeypatch.setenv("TANDEM_RING_BWD_BLOCK", "cudnn2")
     with pytest.raises(Exception, match="TANDEM_RING_BWD_BLOCK must be auto or flash"):
         bwd._block_choice(0)
+
+
+def test_gqa_blocks_take_cudnn_natively_then_repeated_where_refused_and_only_planned_paths_under_capture(monkeypatch):
+    """GQA/MQA blocks: cuDNN with K/V in their own heads first; a native refusal is remembered per shape and the
+    repeated heads run instead; TANDEM_RING_BWD_GQA=repeat starts there (other values are an error); inside a CUDA
+    graph capture only a (shape, path) that ran eagerly is called, else FlashAttention-2."""
+    calls = []
+
+    def cudnn(do, q, k, v, o, lse, causal, scale, native_gqa=False):
+        calls.append(("native" if native_gqa else "heads", q.shape[1]))
+        if native_gqa and q.shape[1] == 3:
+            raise RuntimeError("cuDNN Frontend error: GRAPH_NOT_SUPPORTED\nmore")
+        return q, k, v
+
+    def flash(do, q, *_a):
+        calls.append(("flash", q.shape[1]))
+        return q, q, q
+
+    monkeypatch.setattr(bwd, "cudnn_block_backward", cudnn)
+    monkeypatch.setattr(bwd, "flash_block_backward", flash)
+    for name in ("cudnn_refused", "cudnn_gqa_refused"):
+        monkeypatch.setattr(bwd, name, {})
+    monkeypatch.setattr(bwd, "_cudnn_ran", set())
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "enabled", True)
+    monkeypatch.delenv("TANDEM_RING_BWD_BLOCK", raising=False)
+    monkeypatch.delenv("TANDEM_RING_BWD_GQA", raising=False)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    def call(s_l, hkv=1, cuda=False):
+        q = torch.zeros(1, s_l, 4, 8, dtype=torch.bfloat16)
+        kv = torch.zeros(1, s_l, hkv, 8, dtype=torch.bfloat16)
+        if cuda:  # is_cuda is what the capture check reads; the fakes never touch the data
+            q = types.SimpleNamespace(shape=q.shape, stride=q.stride, dtype=q.dtype, is_cuda=True)
+        before = len(calls)
+        bwd.block_backward(q, q, kv, kv, q, torch.zeros(1, 4, s_l), False, 1.0)
+        return calls[before:]
+
+    assert call(4) == [("native", 4)]
+    assert call(4, hkv=4) == [("heads", 4)]  # not GQA: the one path
+    assert call(3) == [("native", 3), ("heads", 3)]  # refused natively, then the repeated heads
+    assert call(3) == [("heads", 3)]  # remembered
+    assert list(bwd.cudnn_gqa_refused.values()) == ["cuDNN Frontend error: GRAPH_NOT_SUPPORTED"]
+    monkeypatch.setenv("TANDEM_RING_BWD_GQA", "repeat")
+    assert call(4) == [("heads", 4)]
+    monkeypatch.setenv("TANDEM_RING_BWD_GQA", "Repeat")
+    with pytest.raises(Exception, match="TANDEM_RING_BWD_GQA must be one of"):
+        bwd._block_choice(0)
+    monkeypatch.delenv("TANDEM_RING_BWD_GQA")
+    # under capture: (S 4, native) and (S 4, heads) ran eagerly, (S 5, anything) did not
+    capturing[0] = True
+    assert call(4, cuda=True) == [("native", 4)]
+    assert call(5, cuda=True) == [("flash", 5)]
+    monkeypatch.setenv("TANDEM_RING_BWD_GQA", "repeat")
+    assert call(4, cuda=True) == [("heads", 4)]
+    capturing[0] = False
+    assert bwd.block_kernel_counts["cudnn_gqa"] >= 2

@@ -107,6 +107,27 @@ def test_moe_combine_does_not_wait_for_a_late_block(run_ranks, world):
     assert res[0]["seconds"] < 3.0, res[0]  # rank 0 did not
 
 
+@pytest.mark.parametrize("world,mode", [(2, "fused"), (4, "fused"), (2, "unfused")])
+def test_moe_dispatch_does_not_wait_for_a_late_block(run_ranks, world, mode):
+    # Rank 1's dispatch blocks from index 1 start 3 s late (TANDEM_MOE_DISPATCH_LATE), past the 2 s communicator
+    # timeout: as if MPS had not given them an SM (issue 26, item 3). Block 0 runs: it is elected (counts, layout),
+    # joins as a sender and claims every chunk of rows, so no peer's GEMM (fused) or arrival wait times out and every
+    # rank's y and layout are right; rank 0 is done before rank 1's late blocks start. (With the dispatch as the
+    # first comm_blocks blocks, each sending a fixed share, rank 0 waited for the late blocks' rows until the timeout.)
+    timeout_s = 2
+    # rank 1: 1024 tokens x 2 slots = 64 chunks of 32 pairs, more than block 0's 12 warps take in one round: a static
+    # share would leave chunks to the held blocks
+    res = run_ranks(f"{W}:late_dispatch", world, counts=[37, 1024, 53, 129][:world], hidden=256, inter=136, epr=2,
+                    comm_timeout_s=timeout_s, mode=mode, rank_env={1: {"TANDEM_MOE_DISPATCH_LATE": "1:3000000"}},
+                    timeout_s=180)
+    for r, c in enumerate(res):
+        assert not c["raised"], (r, c)
+        assert c["wrong_y"] == 0 and c["wrong_layout"] == 0 and c["received"] > 0, (r, c)
+        assert c["late"] == ("1:3000000" if r == 1 else None), (r, c)
+    assert res[1]["seconds"] >= 3.0, res[1]  # the hold took effect: rank 1 waited for its own late blocks
+    assert res[0]["seconds"] < 3.0, res[0]  # rank 0 did not
+
+
 # The whole layer (issue 26; the unfused chain: dispatch + GEMM 1, SwiGLU, torch._grouped_mm for GEMM 2, combine)
 # against the layer on one device with every expert in fp32. Bound, relative Frobenius: four bf16 roundings in a
 # chain (y, the activation, z, the output) give a few x 2^-8 in norm; 2e-2 fails on a misrouted row (order one).

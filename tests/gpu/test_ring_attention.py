@@ -116,6 +116,18 @@ def test_ring_attention_gradients_match_fp32_autograd(run_ranks, world):
             assert c["eager_blocks"]["flash"] == 0 or c["cudnn_refused"], c
             if c["case"][1] >= 64:  # every shape but the tiny one takes cuDNN (a refusal is named in the case)
                 assert c["eager_blocks"]["cudnn"] > 0, c
+            if c["case"][2] != c["case"][3]:
+                # GQA/MQA: cuDNN with the K/V heads as they are (native), unless it refused that (named), and the
+                # repeated-heads path (TANDEM_RING_BWD_GQA=repeat) within the same bound, cuDNN but never native
+                assert c["eager_blocks"]["cudnn_gqa"] > 0 or c["cudnn_gqa_refused"] or c["eager_blocks"]["cudnn"] == 0, c
+                assert all(e < bound for e in c["rel_repeat"]), c
+                assert c["repeat_blocks"]["cudnn_gqa"] == 0, c
+                if c["case"][1] >= 64:
+                    assert c["repeat_blocks"]["cudnn"] > 0, c
+                if c["case"][:5] == [1, 1024, 8, 2, 128]:  # SDPA's own GQA shape class: native must run here
+                    assert c["eager_blocks"]["cudnn_gqa"] > 0, c
+            else:
+                assert c["eager_blocks"]["cudnn_gqa"] == 0, c
         first = r["cases"][0]
         # the same computation (the block kernel's dQ atomics may round differently run to run outside the
         # deterministic mode: far below a wrong gradient's error of order one)

@@ -243,22 +243,37 @@ def gradients(cases, seed=11):
             return res, {k: bwd.block_kernel_counts[k] - before[k] for k in before}
 
         refused_before = set(bwd.cudnn_refused)
-        saved = os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
+        gqa_refused_before = set(bwd.cudnn_gqa_refused)
+        # the block kernel's knobs as the caller left them, restored at the end; every run below sets its own
+        saved = {n: os.environ.pop(n, None) for n in ("TANDEM_RING_BWD_BLOCK", "TANDEM_RING_BWD_GQA")}
         try:
             eager, eager_blocks = counted(lambda: grads(step))
             os.environ["TANDEM_RING_BWD_BLOCK"] = "flash"  # the other block kernel, against the same reference
             flash, flash_blocks = counted(lambda: grads(step))
+            os.environ.pop("TANDEM_RING_BWD_BLOCK")
+            if hkv != hq:
+                # the GQA/MQA blocks again with K/V repeated to q's heads (the path before native GQA): both stay
+                # tested against the same reference
+                os.environ["TANDEM_RING_BWD_GQA"] = "repeat"
+                repeated, repeated_blocks = counted(lambda: grads(step))
+                os.environ.pop("TANDEM_RING_BWD_GQA")
         finally:
-            os.environ.pop("TANDEM_RING_BWD_BLOCK", None)
-            if saved is not None:
-                os.environ["TANDEM_RING_BWD_BLOCK"] = saved
+            for n, val in saved.items():
+                os.environ.pop(n, None)
+                if val is not None:
+                    os.environ[n] = val
         ref_l = [attention.shard_sequence(r, rank, world, causal=causal) for r in ref]
         c = dict(case=[b, s_l, hq, hkv, d, causal, dtype],
                  rel=[_rel(x, y) for x, y in zip(eager, ref_l)],
                  rel_flash=[_rel(x, y) for x, y in zip(flash, ref_l)],
                  finite=all(bool(torch.isfinite(x.float()).all()) for x in eager + flash),
                  eager_blocks=eager_blocks, flash_blocks=flash_blocks,
-                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}))
+                 cudnn_refused=sorted({bwd.cudnn_refused[k] for k in set(bwd.cudnn_refused) - refused_before}),
+                 cudnn_gqa_refused=sorted({bwd.cudnn_gqa_refused[k]
+                                           for k in set(bwd.cudnn_gqa_refused) - gqa_refused_before}))
+        if hkv != hq:
+            c["rel_repeat"] = [_rel(x, y) for x, y in zip(repeated, ref_l)]
+            c["repeat_blocks"] = repeated_blocks
         torch.use_deterministic_algorithms(True)  # not warn-only: FlashAttention-2 keeps its atomics then
         try:
             (first, second), det_blocks = counted(lambda: (grads(step), grads(step)))

@@ -84,7 +84,7 @@ def _reference(rank, world, counts, kind, k, epr, hidden, inter, dtype):
     return y, rows, source_off, row_source, out.to(dtype), ids[rank], wts
 
 
-def _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode):
+def _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode, combine=True):
     rank, world = comm.rank, comm.world_size
     max_tokens = max(counts)
     x = _x(rank, counts[rank], hidden, dtype)
@@ -92,7 +92,7 @@ def _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode):
     y_ref, rows_ref, so_ref, rs_ref, out_ref, ids, wts = _reference(rank, world, counts, kind, k, epr, hidden, inter,
                                                                     dtype)
     y, layout = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=max_tokens, mode=mode)
-    out = moe.moe_combine(comm, y, layout, ids, wts, max_tokens=max_tokens)
+    out = moe.moe_combine(comm, y, layout, ids, wts, max_tokens=max_tokens) if combine else out_ref
     torch.cuda.synchronize()
     comm.check()
     lv = moe.layout_view(comm, layout, epr, max_tokens, k)
@@ -298,6 +298,31 @@ def late_combine(counts, hidden, inter, epr, comm_timeout_s):
         res = dict(raised=True, status=e.status, message=str(e))
     res["seconds"] = time.monotonic() - t0
     res["late"] = os.environ.get("TANDEM_MOE_COMBINE_LATE")
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res
+
+
+def late_dispatch(counts, hidden, inter, epr, comm_timeout_s, mode):
+    """One dispatch + grouped GEMM (no combine: its rows come back only after the whole dispatch kernel of every rank,
+    late blocks included) with the communicator timeout `comm_timeout_s`, while the environment may hold some of this
+    rank's dispatch blocks back for longer (TANDEM_MOE_DISPATCH_LATE, per rank from the test): the blocks that run
+    must exchange the counts, write the layout and send every row (claims), so that no peer's wait for this rank's
+    rows times out. Returns _case's counts of wrong elements (y and the layout), or the error; the seconds; the knob
+    as this rank saw it."""
+    comm = Communicator(heap_bytes=512 << 20, timeout_s=comm_timeout_s)
+    late = os.environ.pop("TANDEM_MOE_DISPATCH_LATE", None)
+    _case(comm, counts, "uniform", 2, epr, hidden, inter, torch.bfloat16, mode)  # agreement, workspaces, references
+    if late is not None:
+        os.environ["TANDEM_MOE_DISPATCH_LATE"] = late
+    t0 = time.monotonic()
+    try:
+        res = dict(_case(comm, counts, "uniform", 2, epr, hidden, inter, torch.bfloat16, mode, combine=False),
+                   raised=False)
+    except TandemError as e:
+        res = dict(raised=True, status=e.status, message=str(e))
+    res["seconds"] = time.monotonic() - t0
+    res["late"] = os.environ.pop("TANDEM_MOE_DISPATCH_LATE", None)
     tp.release_workspaces(comm)
     comm.destroy()
     return res

@@ -3,6 +3,11 @@ the dispatch blocks, the SMs given to the kernel, the GEMM scheduler's poll slee
 rank-local routing (no cross-rank rows), then records one fused launch's per-block timeline (TANDEM_MOE_TRACE=1:
 globaltimer stamps, one clock for all MPS ranks) and prints each phase's spread over the blocks.
 
+With the claimed dispatch (branch moe-claims: every block enters the dispatch, the first comm_blocks to join send,
+every block computes) the roles below are "sent rows" (slot 3 stamped) and "did not"; a sender's slot 2 is its first
+GEMM tile, not the count rows' arrival, and slot 4 is the end of its arrival wait after its GEMM
+(kernels/src/moe/moe_common.cuh has the slot map).
+
     python -m tandem.launch -n 2 -- python tools/diag/moe_fused.py [--hidden 2048 --inter 1024 --experts 64 --k 6
                                                                     --tokens 4096] [--quick]
 """

@@ -29,9 +29,9 @@ using runtime::last_of;
 // Optional per-block timeline of the dispatch launch (TANDEM_MOE_TRACE=1, read back by trace_snapshot(); the
 // diagnostic tools/diag/moe_fused.py prints it): globaltimer stamps at each block's phase boundaries, in the
 // runtime's timeline (trace.cuh) of MoE's layout: grouped_gemm_sm90.hpp's MoeTimeline, 512 blocks x 8 slots.
-// Dispatch blocks: 0 start, 1 ready (peers done with e - 1), 2 count rows in, 3 rows sent, 4 rows arrived, 5 end.
-// GEMM blocks: 0 start, 1 shapes ready, 2 first tile (the scheduler), 4 GEMM done, 5 end; 6 and 7 the scheduler's
-// later waits (ns in all, how many). The host owns the buffer and passes it in DispatchParams::timeline (null:
+// Every block: 0 start, 1 this epoch's layout seen (the elected block: written), 3 rows sent (senders only), 4 this
+// rank's rows all arrived (fused: after the block's GEMM), 5 end; 2 the first GEMM tile, 6 and 7 the scheduler's
+// later waits (ns in all, how many) (fused). The host owns the buffer and passes it in DispatchParams::timeline (null:
 // off, no stores).
 using detail::MoeTimeline;
 
@@ -48,6 +48,16 @@ struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks
   uint64_t counts_flag[kMaxWorld];  // source s's count row landed
   uint64_t ready[kMaxWorld];        // rank q finished with everything the others wrote for that epoch
   uint64_t done[kMaxWorld];         // combine: rank q sent every row of this rank's tokens
+  // local, the dispatch's claims (moe_dispatch.cuh, dispatch_role), on a line of their own (every block polls
+  // shapes_ready): layout_claim is raised to the epoch by the block elected to exchange the counts and write the
+  // layout (atomicMax: the first block of the launch to get there, whichever has an SM); join hands out sender
+  // tickets (the first comm_blocks blocks to join send), send_claim chunks of sorted pairs to the senders' warps.
+  // join and send_claim are zeroed by the host before each launch (stream-ordered, as local_counts).
+  alignas(128) uint64_t layout_claim;
+  struct Claims {
+    uint32_t join;
+    uint32_t send_claim;
+  } claims;
 };
 static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -162,7 +172,10 @@ struct DispatchParams {
   char* y;
   typename Gg<Element>::Arrays arrays;
   MoeTimeline timeline;   // off (null) unless TANDEM_MOE_TRACE=1
-  int dispatch_blocks;    // the grid's first blocks (runtime::is_compute_block: whole rows); the GEMM's follow (fused)
+  int late_block;         // TANDEM_MOE_DISPATCH_LATE (tests): blocks from this grid index start late_us late
+  uint32_t late_us;
+  int senders;            // blocks that send rows: the first this many to join (dispatch_role); fused: comm_blocks,
+                          // alone: the whole grid
   bool gemm_role;
 };
 

@@ -3,6 +3,8 @@
 // dispatch + GEMM kernel, and the experts' GEMM alone (the unfused path).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include "moe_common.cuh"
 
 namespace tandem::kernels::moe {
@@ -52,39 +54,62 @@ __device__ void write_layout(const DispatchParams<Element>& p, uint64_t e, bool 
   }
 }
 
+// The dispatch, entered by every block of the launch. No block waits for a block that may not have an SM (MPS
+// places a rank's grid partly: docs/fused-kernels.md, "Residency"): the first block to raise layout_claim to the
+// epoch (it is running) waits for the peers, exchanges the counts and writes the layout; the others wait only for
+// that (shapes_ready, local); the first `senders` blocks to join (whichever run first) claim chunks of sorted
+// pairs until all are sent, the rest go on to the GEMM at once (fused). Returns whether this epoch's shapes and
+// pointers are written and seen by this block (false after a failed wait: the block must not run the GEMM).
+// arrivals_and_row_sources() finishes every block (after its GEMM, fused).
 template <class Element>
-__device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t e, int32_t* smem_i) {
+__device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int32_t* smem_i, int senders) {
   using namespace tandem::device;
   const Common& c = p.c;
   const DeviceComm& comm = c.comm;
   const int world = comm.world, rank = comm.rank, E = c.experts;
   Status st = Status::kOk;
-  // Every destination must be done with its buffers of e - 1 (counts, rows, row sources) before any of ours land.
-  if (threadIdx.x == 0) {
-    for (int q = 0; q < world && st == Status::kOk; ++q) st = wait_until_backoff(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
-  }
-  if (!block_ok(st)) return;
-  p.timeline.stamp(1);
-  if (db == 0) {
-    __syncthreads();
+  // two block-wide flags after base[] and seg[] in the dynamic shared memory (static __shared__ would add to the
+  // fused kernel's, which the GEMM's stages fill up to the limit)
+  int32_t* const flags = smem_i + 2 * (E + 1);
+  if (threadIdx.x == 0)
+    flags[0] = atomicMax(reinterpret_cast<unsigned long long*>(&c.ctl->layout_claim),
+                         static_cast<unsigned long long>(e)) < e;
+  __syncthreads();
+  const bool elected = flags[0] != 0;
+  if (elected) {
+    // Every destination must be done with its buffers of e - 1 (counts, rows, row sources) before any of ours land.
+    if (threadIdx.x == 0) {
+      for (int q = 0; q < world && st == Status::kOk; ++q)
+        st = wait_until_backoff(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
+    }
+    if (!block_ok(st)) return false;
     for (int q = 0; q < world && block_ok(st); ++q)
       st = put_signal<Group::kBlock>(comm, p.counts_all + rank * E, p.local_counts, sizeof(int32_t) * E,
                                      &c.ctl->counts_flag[rank], e, SignalOp::kSet, q);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < world && st == Status::kOk; ++s)
+        st = wait_until_backoff(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, c.wait_sleep_ns, s);
+    }
+    if (!block_ok(st)) return false;
   }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < world && st == Status::kOk; ++s)
-      st = wait_until_backoff(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, c.wait_sleep_ns, s);
+  // Receive capacity guard (elected: from the count rows it acquired; the others read them after shapes_ready,
+  // which the elected block publishes after acquiring them): more rows for some destination than its capacity
+  // (moe.h: distinct experts per token; the same expert twice in a token's top-k, or max_tokens that differ
+  // between ranks, can exceed it) would write past y, the layout and the heap buffers: then no rank sends
+  // anything, every layout is empty, and the launch reports kInvalidArgument (peer: the destination, expected: its
+  // capacity, observed: the rows) and completes.
+  if (elected) {
+    write_layout(p, e, capacity_overrun(c, p.counts_all, true));
+  } else {
+    if (threadIdx.x == 0) st = wait_until_backoff(comm, &c.ctl->shapes_ready, Cmp::kGe, e, 1000, rank);
+    if (!block_ok(st)) return false;
   }
-  if (!block_ok(st)) return;
-  p.timeline.stamp(2);
-  // Receive capacity guard: rows that every destination would receive, from the count rows every rank now holds
-  // (the same on every rank). More than the capacity (moe.h: distinct experts per token; the same expert twice in
-  // a token's top-k, or max_tokens that differ between ranks, can exceed it) would write past y, the layout and
-  // the heap buffers: then no rank sends anything, every layout is empty, and the launch reports
-  // kInvalidArgument (peer: the destination, expected: its capacity, observed: the rows) and completes.
-  const bool overrun = capacity_overrun(c, p.counts_all, db == 0);
-  if (db == 0) write_layout(p, e, overrun);
-  if (overrun) return;
+  p.timeline.stamp(1);  // (slot 2 is the scheduler's: a block's first GEMM tile)
+  const bool overrun = capacity_overrun(c, p.counts_all, false);
+  if (overrun) return true;  // the layout is empty, the GEMM has no tiles
+  if (threadIdx.x == 0) flags[1] = static_cast<int32_t>(atomicAdd(&c.ctl->claims.join, 1u)) < senders;
+  __syncthreads();
+  if (!flags[1]) return true;  // enough senders joined before this block: straight to the GEMM
   // Where this rank's rows of every expert go: base[x] = x's offset on its rank + the rows of sources before us;
   // seg[x] = where x's pairs start in the sorted list.
   int32_t* base = smem_i;
@@ -117,15 +142,12 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   __syncthreads();
   const int32_t valid = seg[E];
   const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32;
   const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
-  // Warps take chunks of kSendChunk consecutive (rotated) sorted pairs round-robin, so the pairs leave in
-  // expert order across the whole dispatch and each expert's rows complete early, one after another, for the
-  // GEMM to start on (a contiguous share per warp would complete every expert only near the end). Consecutive
-  // pairs of one expert in a chunk land in consecutive rows of one destination: their row sources leave as one
-  // put, counted with one fence and one atomic per run (not per row).
-  const int total_warps = p.dispatch_blocks * warps;
-  const int global_warp = db * warps + warp;
+  // Warps claim chunks of kSendChunk consecutive (rotated) sorted pairs, in order, so the pairs leave in expert
+  // order across the whole dispatch and each expert's rows complete early, one after another, for the GEMM to start
+  // on. Consecutive pairs of one expert in a chunk land in consecutive rows of one destination: their row sources
+  // leave as one put, counted with one fence and one atomic per run (not per row).
   int run_x = -1;
   int32_t run_idx = 0, run_pos = 0, run_n = 0;
   const auto flush = [&]() {
@@ -146,8 +168,11 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
     st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
     run_n = 0;
   };
-  for (int32_t c0 = global_warp * kSendChunk; c0 < valid && st == Status::kOk;
-       c0 += static_cast<int32_t>(total_warps) * kSendChunk) {
+  while (st == Status::kOk) {  // st is the warp's (broadcast after every put and flush): the loop exits together
+    int32_t c0 = 0;
+    if (lane == 0) c0 = static_cast<int32_t>(atomicAdd(&c.ctl->claims.send_claim, 1u)) * kSendChunk;
+    c0 = __shfl_sync(0xffffffffu, c0, 0);
+    if (c0 >= valid) break;
     const int32_t c1 = min(valid, c0 + kSendChunk);
     for (int32_t i = c0; i < c1 && st == Status::kOk; ++i) {
       int32_t idx = i + rot;
@@ -161,16 +186,32 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
       const int t = p.vals_sorted[idx] / c.topk;
       const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
                                           p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
-      if (st == Status::kOk) st = s2;
+      // the warp's status (a group put may report on lane 0 only): every lane takes the same branch next
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st == Status::kOk ? s2 : st), 0));
       ++run_n;
     }
     flush();  // the chunk's last run: its expert may be complete now
   }
   flush();
   __syncthreads();
-  p.timeline.stamp(3);
-  // Every row addressed to this rank has landed: the GEMM (unfused: launched next) may read them all, and the
-  // row sources are copied out before ready[r] = e lets the next epoch's senders overwrite them.
+  p.timeline.stamp(3);  // senders only (tools/diag/moe_fused.py tells the roles apart by it)
+  return true;  // a failed send left the abort flag up (the launch reports it); the GEMM still runs its tiles
+}
+
+// Every block at the end of the dispatch launch (fused: after its GEMM, which does not read them): wait until every
+// row addressed to this rank has landed -- in the dispatch-alone launches the GEMM kernel (unfused) or the copy
+// (dispatch only) after this kernel reads them all -- and copy this block's grid-stride share of the row sources out
+// before ready[r] = e (the launch's end) lets the next epoch's senders overwrite them. The waits are on the peers'
+// (and this rank's senders') flags only: no block of this grid is waited for. Nothing with an overrun (no rows).
+template <class Element>
+__device__ void arrivals_and_row_sources(const DispatchParams<Element>& p, uint64_t e, uint32_t block,
+                                         uint32_t blocks) {
+  using namespace tandem::device;
+  const Common& c = p.c;
+  const DeviceComm& comm = c.comm;
+  const int world = comm.world, rank = comm.rank, E = c.experts;
+  if (capacity_overrun(c, p.counts_all, false)) return;
+  Status st = Status::kOk;
   if (threadIdx.x == 0) {
     for (int j = 0; j < c.el && st == Status::kOk; ++j) {
       for (int s = 0; s < world && st == Status::kOk; ++s) {
@@ -181,10 +222,10 @@ __device__ void dispatch_role(const DispatchParams<Element>& p, int db, uint64_t
   }
   if (!block_ok(st)) return;
   p.timeline.stamp(4);
-  int32_t received = 0;  // (from the counts: block 0's layout writes are not ordered before this block)
+  int32_t received = 0;  // (from the counts: the elected block's layout writes are not ordered before this block)
   for (int j = 0; j < c.el; ++j)
     for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
-  for (int32_t r = db * blockDim.x + threadIdx.x; r < received; r += p.dispatch_blocks * blockDim.x)
+  for (int32_t r = block * blockDim.x + threadIdx.x; r < received; r += blocks * blockDim.x)
     p.row_source[r] = p.recv_src[r];
 }
 
@@ -195,28 +236,36 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   using namespace tandem::device;
   MoeControl* ctl = p.c.ctl;
   const uint64_t e = runtime::current_epoch(ctl);
-  // the runtime's roles over the grid (inline, as GEMM+RS: persistent.cuh): blocks [0, dispatch_blocks) in grid
-  // order dispatch -- the first rows of the kClusterX-wide grid -- as dispatch block grid_block_index(); the rest
-  // (fused) run the GEMM
-  const bool gemm_block = runtime::is_compute_block(p.dispatch_blocks, p.gemm_role);
+  // Every block enters the dispatch (dispatch_role: the first p.senders blocks to join send, whichever run), then,
+  // fused, the grouped GEMM over the whole grid, whose scheduler waits for each expert's rows from every source
+  // before handing out its tiles; then every block waits for this rank's arrivals and copies its share of the row
+  // sources. No block waits for a block that may not have an SM.
+  const uint32_t total_blocks = gridDim.x * gridDim.y;
+  if (p.late_us != 0 && runtime::grid_block_index() >= p.late_block) runtime::hold_block_us(p.late_us);  // tests
   p.timeline.stamp(0);
-  if (gemm_block) {
-    Status st = Status::kOk;
-    // shapes and pointers of this epoch (written by dispatch block 0)
-    if (threadIdx.x == 0) st = wait_until_backoff(p.c.comm, &ctl->shapes_ready, Cmp::kGe, e, 1000, p.c.comm.rank);
-    if (block_ok(st)) {
-      p.timeline.stamp(1);
-      typename Gg<Element>::Kernel op;
-      op(p.gemm, smem);
-    }
-    __syncthreads();
-    p.timeline.stamp(4);
-  } else {
-    dispatch_role(p, runtime::grid_block_index(), e, reinterpret_cast<int32_t*>(smem));
+  bool shapes = dispatch_role(p, e, reinterpret_cast<int32_t*>(smem), p.senders);
+  __syncthreads();  // the dispatch's shared memory is the GEMM's next
+  if (p.gemm_role) {
+    // Both blocks of a GEMM cluster run the GEMM or neither: one that ran it alone would wait forever for the
+    // multicast half of B that its partner never loads (a failed wait returns false in one block of a pair, not
+    // necessarily the other: the elected block never waits for shapes_ready). The partner is co-scheduled.
+    int32_t* const mine = reinterpret_cast<int32_t*>(smem);
+    if (threadIdx.x == 0) *mine = shapes ? 1 : 0;
+    cute::cluster_sync();
+    const int32_t other = *cooperative_groups::this_cluster().map_shared_rank(
+        mine, static_cast<unsigned>(cute::block_rank_in_cluster() ^ 1u));
+    cute::cluster_sync();  // both read before the GEMM overwrites the word
+    shapes = shapes && other != 0;
+  }
+  if (p.gemm_role && shapes) {
+    // the shapes and pointers of this epoch are written (dispatch_role waited for shapes_ready or wrote them)
+    typename Gg<Element>::Kernel op;
+    op(p.gemm, smem);
     __syncthreads();
   }
+  arrivals_and_row_sources(p, e, runtime::grid_block_index(), total_blocks);
   p.timeline.stamp(5);
-  moe_finish(p.c, static_cast<uint64_t>(gridDim.x) * gridDim.y, e, p.gemm_role);
+  moe_finish(p.c, total_blocks, e, p.gemm_role);
 }
 
 // The experts' GEMM alone (unfused: after the dispatch kernel, which waited for every row).

@@ -4,19 +4,26 @@
 //   prepare  (before the kernel, stream-ordered) count this rank's (token, slot) pairs per expert, and sort the
 //            pairs by expert with a stable radix sort (CUB): each expert's pairs are then contiguous, in
 //            (token, slot) order. Ids outside [0, E) sort last and are reported.
-//   counts   dispatch block 0 waits ready[q] >= e - 1 (q is done with its buffers of e - 1), then puts this
-//            rank's count row to every rank (counts_flag[r] = e there)
-//   layout   every dispatch block waits for all W count rows; from them each rank knows where its rows go on
-//            every destination (expert offsets, then the sources before it); block 0 also writes this rank's
-//            receive layout and the grouped GEMM's per-expert shapes and pointers, then sets shapes_ready = e
-//   send     warps take chunks of 32 sorted pairs round-robin (starting with rank r+1's experts, to spread the load;
-//            experts complete one after another): each copies its
-//            token row to the destination row and the pair's flat index to row_source; the warp that completes
-//            expert x's rows sets arrive[x_local][r] = e on x's rank (only sources with rows are waited for)
-//   GEMM     (fused) GEMM blocks wait shapes_ready, then run CUTLASS's grouped GEMM whose scheduler waits for a
-//            group's arrivals before handing out its tiles
-//   end      dispatch blocks wait for every arrival, copy row_source to the local layout; the last block sets
-//            ready[r] = e on every rank and completes the epoch
+//   counts   every block of the launch (fused: the whole grid; alone: the dispatch grid) raises layout_claim to e;
+//            the block that raised it (the elected block: whichever got there first, so it is running) waits
+//            ready[q] >= e - 1 (q is done with its buffers of e - 1), puts this rank's count row to every rank
+//            (counts_flag[r] = e there) and waits for all W count rows
+//   layout   the elected block writes this rank's receive layout and the grouped GEMM's per-expert shapes and
+//            pointers, then sets shapes_ready = e; every other block waits only for that (local), which also
+//            orders the count rows and the peers' ready before its sends
+//   send     the first comm_blocks blocks to take a join ticket (alone: all of them) send: their warps claim chunks
+//            of 32 sorted pairs in order (starting with rank r+1's experts, to spread the load; experts complete one
+//            after another) from a counter; each copies its token row to the destination row and the pair's flat
+//            index to row_source; the warp that completes expert x's rows sets arrive[x_local][r] = e on x's rank
+//            (only sources with rows are waited for). The ticket and the counter are zeroed by the host before
+//            each launch. Blocks that get an SM late find the tickets and chunks taken.
+//   GEMM     (fused) every block (both of a cluster, or neither: a failed wait) runs CUTLASS's grouped GEMM over the
+//            whole grid, whose scheduler waits for a group's arrivals before handing out its tiles
+//   end      every block waits for every arrival and copies its grid-stride share of row_source to the local
+//            layout; the last block of the launch sets ready[r] = e on every rank and completes the epoch
+// No block waits for a block of its grid that may not have an SM (MPS does not place a rank's grid at once:
+// docs/fused-kernels.md, "Residency"); before 2026-12-07 the first comm_blocks blocks dispatched, a static share
+// each, and the GEMM blocks waited for them (branch moe-claims, not run yet).
 //
 // Combine launch (epoch e of its own workspace): every rank sends each row of z to the (token, slot) it came
 // from (after ready[s] >= e - 1: s finished reading its buffer; warps claim the rows in chunks from a counter, so
@@ -174,8 +181,11 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   p.arrays.da = reinterpret_cast<typename G::StrideA*>(ws + o.stride_a);
   p.arrays.db = reinterpret_cast<typename G::StrideB*>(ws + o.stride_b);
   p.arrays.dd = reinterpret_cast<typename G::StrideD*>(ws + o.stride_d);
-  // the grid is kClusterX (2) blocks wide, the GEMM's clusters: the dispatch blocks (an even number) are whole rows
-  p.dispatch_blocks = plan.comm_blocks;
+  // the grid is kClusterX (2) blocks wide, the GEMM's clusters. The dispatch-alone launches (unfused, dispatch
+  // only) are comm_blocks blocks (whole rows), all sending; in the fused launch the first comm_blocks blocks to
+  // join send (whichever have an SM first) and every block computes.
+  p.senders = plan.comm_blocks;
+  runtime::late_blocks_from_env("TANDEM_MOE_DISPATCH_LATE", &p.late_block, &p.late_us);
   const int dispatch_rows = plan.comm_blocks / runtime::kClusterX;
 
   // Proxy peers read the token rows from the heap: copy them there first, stream-ordered (no grid-wide wait in
@@ -186,8 +196,10 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     return fail(why, "staging x failed", Status::kCudaError);
   // prepare: counts and the sorted (token, slot) pairs
   const int n = s.tokens * s.topk;
+  // (and the dispatch's join and chunk claims: MoeControl::claims)
   if (cudaMemsetAsync(p.local_counts, 0, sizeof(int32_t) * E, stream) != cudaSuccess ||
-      cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess)
+      cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess ||
+      cudaMemsetAsync(&p.c.ctl->claims, 0, sizeof(MoeControl::Claims), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (n > 0) {
     int32_t* keys = reinterpret_cast<int32_t*>(ws + o.keys);
@@ -219,8 +231,9 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     arr.flags = p.arrive;
     arr.counts = p.counts_all;
     arr.epoch_counter = &p.c.ctl->epoch;
-    arr.gemm_block_y0 = dispatch_rows;
-    arr.gemm_grid_y = grid_y - dispatch_rows;
+    // every block of the fused grid dispatches first, then computes (moe_dispatch_kernel): the GEMM's grid is all
+    arr.gemm_block_y0 = 0;
+    arr.gemm_grid_y = grid_y;
   }
   if (gemm) {
     // tensormap slots: every block of the grid
@@ -230,7 +243,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
       return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
     p.gemm = Kernel::to_underlying_arguments(args, ws + o.cutlass_ws);
   }
-  const int dispatch_smem = static_cast<int>(sizeof(int32_t) * (2 * E + 2));
+  const int dispatch_smem = static_cast<int>(sizeof(int32_t) * (2 * E + 4));  // base, seg, two flags (dispatch_role)
   const auto launch = [&](auto kernel, dim3 grid, int smem, const auto& params) {
     const cudaError_t err = launch_clustered(kernel, grid, Kernel::MaxThreadsPerBlock, smem, stream, params);
     return err == cudaSuccess ? Status::kOk

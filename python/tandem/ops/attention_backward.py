@@ -36,8 +36,10 @@ path; warn_only=True only warns and keeps the atomics); cuDNN's is not taken in 
 Every backward of one shape on one communicator must be issued on the same stream: the workspace's slots and
 kv_own are reused in stream order (a call on another stream first waits for the stream of the previous call).
 
-GQA / MQA: K and V heads are repeated to the query heads for the block kernel, and the repeated heads' dK/dV
-summed back (in fp32). lse's gradient is not propagated (lse is an auxiliary output, as in FlashAttention).
+GQA / MQA: cuDNN's block kernel takes K/V with their own heads (native GQA: cuDNN's graph reduces each K/V
+head's group into dK/dV; TANDEM_RING_BWD_GQA=repeat, or a shape cuDNN refuses natively, takes the old path);
+FlashAttention-2's gets K and V repeated to the query heads and the repeated heads' dK/dV summed back (in
+fp32). lse's gradient is not propagated (lse is an auxiliary output, as in FlashAttention).
 One node only: across nodes the copies have no peer mapping (a clear error before anything runs).
 """
 
@@ -116,30 +118,48 @@ def flash_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     return _per_kv_head(flash, do, q, k, v, o, lse, causal, scale)
 
 
-def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, native_gqa: bool = False):
     """flash_block_backward's contract by cuDNN's SDPA backward in torch. cuDNN reads the softmax statistics as a
     (B, H, S_q, 1) fp32 tensor of natural-log logsumexp, the layout of SDPA's cuDNN forward, and aligns the causal
-    mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway)."""
+    mask top-left, as FlashAttention does (the ring's causal pairs are square, where the two agree anyway).
+
+    native_gqa: K/V with fewer heads than q go to cuDNN as they are (what SDPA's cuDNN backend does with
+    enable_gqa=True: cuDNN's graph reduces each K/V head's group and returns dK/dV with the K/V heads), not
+    repeated to q's heads with their gradients summed back in fp32 afterwards. Why: the repeat wrote group x the
+    K/V bytes and read back group x the dK/dV bytes around every block; the 8/32/8 row of bench attention (S
+    2048, causal) was the furthest behind SDPA's cuDNN backward (0.40; docs/results.md)."""
     def cudnn(dot, qt, kt, vt, ot, empty, max_q, max_k, sc, cz):
         # attn_bias, cum_seq_q and cum_seq_k are undefined tensors (None): no bias, dense (not nested) inputs
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             dot, qt, kt, vt, ot, lse.contiguous().unsqueeze(-1), empty, empty, None, None, None, max_q, max_k, 0.0,
             cz, scale=sc)
+    if native_gqa:
+        empty = torch.empty(0, dtype=torch.int64, device=q.device)
+        dq, dk, dv = cudnn(do.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                           o.transpose(1, 2), empty, q.shape[1], k.shape[1], float(scale), bool(causal))
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     return _per_kv_head(cudnn, do, q, k, v, o, lse, causal, scale)
 
 
 # which block kernel ran, per call of a block (tests and bench read it); shapes cuDNN refused, with its reason;
-# shapes cuDNN ran (its plan is built: a CUDA graph capture may call it)
-block_kernel_counts = {"cudnn": 0, "flash": 0}
+# (shape, path) pairs cuDNN ran, path "native" (GQA K/V with their own heads) or "heads" (K/V with q's heads):
+# their plans are built, so a CUDA graph capture may call them
+block_kernel_counts = {"cudnn": 0, "flash": 0, "cudnn_gqa": 0}  # cudnn_gqa: of the cudnn calls, native GQA
 cudnn_refused: dict = {}
+# GQA/MQA block shapes whose native-GQA cuDNN call was refused, with the reason (they take the repeated heads)
+cudnn_gqa_refused: dict = {}
 _cudnn_ran: set = set()
 _STICKY = tuple(t for t in (getattr(torch, "AcceleratorError", None), torch.OutOfMemoryError) if t is not None)
+_GQA_CHOICES = ("native", "repeat")
 
 
 def _block_choice(rank: int) -> str:
     choice = os.environ.get("TANDEM_RING_BWD_BLOCK", "auto")
     if choice not in ("auto", "flash"):
         raise invalid(f"TANDEM_RING_BWD_BLOCK must be auto or flash, got {choice!r}", OP, rank)
+    gqa = os.environ.get("TANDEM_RING_BWD_GQA", "native")
+    if gqa not in _GQA_CHOICES:
+        raise invalid(f"TANDEM_RING_BWD_GQA must be one of {_GQA_CHOICES}, got {gqa!r}", OP, rank)
     return choice
 
 
@@ -155,22 +175,46 @@ def _cudnn_allowed(q) -> bool:
 def block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     """One block's (dq, dk, dv) by the block kernel this call may use (module docstring): cuDNN when allowed and
     it has not refused this block's shape before, else FlashAttention-2. A refusal is an error raised by cuDNN's
-    graph build before anything is written; it is remembered per shape so the next call goes straight to flash."""
+    graph build before anything is written; it is remembered per shape so the next call goes straight to flash.
+    GQA/MQA blocks try cuDNN with K/V in their own heads first ("native"), then with K/V repeated to q's heads
+    ("heads"; TANDEM_RING_BWD_GQA=repeat starts there); a native refusal is remembered per shape likewise."""
     key = (tuple(q.shape), tuple(q.stride()), tuple(k.shape), q.dtype, bool(causal))
-    # a shape's first cuDNN call builds its plan (host work, possibly allocations): not inside a graph capture,
-    # where a refusal could leave the capture broken; flash there until the shape has run eagerly once
+    # a path's first cuDNN call for a shape builds its plan (host work, possibly allocations): not inside a graph
+    # capture, where a refusal could leave the capture broken; under capture only a (shape, path) that ran
+    # eagerly, else flash
     capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
     if key not in cudnn_refused and min(q.shape[1], k.shape[1]) == 1 and _cudnn_allowed(q):
         # torch's SDPA never gives a sequence length of 1 to cuDNN (sdp_utils check_cudnn_tensor_shapes), though
         # the frontend takes it unless both are 1; the causal rectangles have one at S_l = 2: FlashAttention-2,
         # named here like a refusal
         cudnn_refused[key] = "a sequence length of 1 (torch's SDPA does not give it to cuDNN)"
-    if key not in cudnn_refused and (key in _cudnn_ran or not capturing) and _cudnn_allowed(q):
+    if key not in cudnn_refused and _cudnn_allowed(q):
+        paths = ["heads"]
+        if (k.shape[2] != q.shape[2] and key not in cudnn_gqa_refused
+                and os.environ.get("TANDEM_RING_BWD_GQA", "native") == "native"):
+            paths.insert(0, "native")
+        if capturing:
+            paths = [pth for pth in paths if (key, pth) in _cudnn_ran]
         try:
-            out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale)
-            block_kernel_counts["cudnn"] += 1
-            _cudnn_ran.add(key)
-            return out
+            for pth in paths:
+                try:
+                    out = cudnn_block_backward(do, q, k, v, o, lse, causal, scale, native_gqa=pth == "native")
+                except _STICKY:
+                    raise
+                except RuntimeError as e:
+                    if pth != "native":
+                        raise
+                    # no engine for native GQA here: the repeated heads next
+                    cudnn_gqa_refused[key] = str(e).splitlines()[0][:200]
+                    warnings.warn(f"tandem: ring attention backward: cuDNN refused native GQA for the block q "
+                                  f"{tuple(q.shape)} k {tuple(k.shape)} ({cudnn_gqa_refused[key]}); K/V heads are "
+                                  "repeated to q's for it", RuntimeWarning, stacklevel=2)
+                    continue
+                block_kernel_counts["cudnn"] += 1
+                if pth == "native":
+                    block_kernel_counts["cudnn_gqa"] += 1
+                _cudnn_ran.add((key, pth))
+                return out
         except _STICKY:  # out of memory or a CUDA error: not a refusal
             raise
         except RuntimeError as e:  # cuDNN has no engine for this problem: its graph build fails before any launch

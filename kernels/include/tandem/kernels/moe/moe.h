@@ -61,7 +61,9 @@ struct DispatchArgs {
                                       // layout order (rows past `received` unspecified); null for run/run_unfused
   int32_t* layout = nullptr;          // out: layout_size int32 (LayoutIndex below)
   void* workspace = nullptr;          // symmetric, workspace_size bytes, zeroed before first use
-  SmPlan plan{};                      // comm_blocks: dispatch blocks beside the GEMM (0 = heuristic)
+  SmPlan plan{};                      // comm_blocks: the blocks that send rows (fused: the first this many to
+                                      // start; the others compute once the layout is
+                                      // written; 0 = heuristic)
   tandem::DeviceComm comm{};
 };
 
@@ -79,7 +81,8 @@ LayoutIndex layout_index(const MoeShape& s, int world);
 // Args with `rows` set and w null are dispatch-only args (run_dispatch): w, y and shape.inter are not checked.
 Status can_implement(const DispatchArgs& args, std::string* why = nullptr);
 size_t workspace_size(const DispatchArgs& args);
-// Fused: one persistent kernel, dispatch blocks beside the grouped GEMM's; each expert's tiles start when its
+// Fused: one persistent kernel; the first comm_blocks blocks to start send the rows (claimed work: no block waits
+// for one that may lack an SM), then every block runs the grouped GEMM, whose expert tiles start when the expert's
 // rows have arrived from every source that sends it rows.
 Status run(const DispatchArgs& args, cudaStream_t stream, std::string* why = nullptr);
 // Unfused: the dispatch kernel alone (it waits for every row), then the grouped GEMM kernel.
