@@ -984,6 +984,23 @@ elif [ "$part" = tk ]; then
   bench 4 2048x8192x28672,1024x4096x8192 - 100
   bench 3 12288x8192x6144 - 60
   bench 4 16384x8192x4096 common 60
+elif [ "$part" = tk2 ]; then
+  # branch rs-ticket2 (not run): the ticket fixup with batched loads (part tk ran rs-ticket on 2026-12-07: green,
+  # but ticket/unfused 1.60 at world 4 and 3.7 at world 2, the owner's last step latency-bound). Its test, bench tp
+  # --ticket at worlds 4 and 2 (one shape), then a world-2 trace (base vs ticket: where does world 2 lose?)
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-95} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
+  for w in 4 2; do
+    t=$(( $(left) - 40 )); [ "$t" -gt 30 ] && t=30
+    [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
+      --shapes 16384x8192x4096 --out "$W/tk2/bench_w$w" 2>&1 | grep -E "^\| 16384.*gemm_(rs|ar)|Error" | cut -c1-300
+    rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  done
+  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && t=40
+  [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 2 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 --variants "base;TANDEM_RS_TICKET=1" \
+    --out "$W/tk2/trace_w2" 2>&1 | tail -12 | cut -c1-250
+  tar czf "$OUT/tk2.tgz" -C "$W" tk2
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
