@@ -987,15 +987,27 @@ elif [ "$part" = tk ]; then
 elif [ "$part" = tk2 ]; then
   # branch rs-ticket2 (not run): the ticket fixup with batched loads (part tk ran rs-ticket on 2026-12-07: green,
   # but ticket/unfused 1.60 at world 4 and 3.7 at world 2, the owner's last step latency-bound). Its test, bench tp
-  # --ticket at worlds 4 and 2 (one shape), then a world-2 trace (base vs ticket: where does world 2 lose?)
+  # --ticket at worlds 4 and 2 (one shape); on an H200 the FP8 op at its four worst shapes of 2026-12-07 with the
+  # H100 table's FP8 rows (the H200 table has none) against the shipped choice; then a world-2 trace (base vs
+  # ticket: where does world 2 lose?) if time is left
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-95} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
   for w in 4 2; do
-    t=$(( $(left) - 40 )); [ "$t" -gt 30 ] && t=30
+    t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && t=30
     [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
       --shapes 16384x8192x4096 --out "$W/tk2/bench_w$w" 2>&1 | grep -E "^\| 16384.*gemm_(rs|ar)|Error" | cut -c1-300
     rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
   done
+  if nvidia-smi -L | grep -q H200; then
+    for table in shipped h100; do
+      t=$(( $(left) - 5 )); [ "$t" -gt 25 ] && t=25
+      [ "$t" -gt 10 ] && env $([ $table = h100 ] && echo TANDEM_GEMM_TUNE_FILE=python/tandem/ops/gemm_tune_h100.json) \
+        timeout -s INT -k 5 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --no-variants --reps 5 \
+        --shapes 16384x28672x8192,5000x3008x8208,256x28672x8192 --out "$W/tk2/fp8_$table" 2>&1 | \
+        grep -E "^\| [0-9]|geometric" | sed "s/^/$table: /" | cut -c1-160
+      rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
+    done
+  fi
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && t=40
   [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 2 -- python3 tools/diag/tp_trace.py \
     --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 --variants "base;TANDEM_RS_TICKET=1" \
