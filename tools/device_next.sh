@@ -965,7 +965,7 @@ elif [ "$part" = tk ]; then
   # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench
   # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, a trace of world 4 (the
   # ticket kernel's per-call compute against the default kernel's), and more shapes as time allows.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
   bench() {  # bench <world> <shapes> <order: - or common> <cap s>
     local t=$(( $(left) - 10 )); [ "$t" -gt "$4" ] && t=$4
@@ -990,7 +990,7 @@ elif [ "$part" = tk2 ]; then
   # --ticket at worlds 4 and 2 (one shape); on an H200 the FP8 op at its four worst shapes of 2026-12-07 with the
   # H100 table's FP8 rows (the H200 table has none) against the shipped choice; then a world-2 trace (base vs
   # ticket: where does world 2 lose?) if time is left
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-95} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-95} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
   for w in 4 2; do
     t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && t=30
