@@ -985,19 +985,27 @@ elif [ "$part" = tk ]; then
   bench 3 12288x8192x6144 - 60
   bench 4 16384x8192x4096 common 60
 elif [ "$part" = tk2 ]; then
-  # branch rs-ticket2 (not run): the ticket fixup with batched loads (part tk ran rs-ticket on 2026-12-07: green,
-  # but ticket/unfused 1.60 at world 4 and 3.7 at world 2, the owner's last step latency-bound). Its test, bench tp
-  # --ticket at worlds 4 and 2 (one shape); on an H200 the FP8 op at its four worst shapes of 2026-12-07 with the
-  # H100 table's FP8 rows (the H200 table has none) against the shipped choice; then a world-2 trace (base vs
-  # ticket: where does world 2 lose?) if time is left
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-95} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  # branch rs-ticket2 (not run): the ticket kernel with (a) the fixup's batched loads and (b) the claimed end phase
+  # (only the last eighth of the grid waits for the reduced chunks; the others copy what is ready and leave, so that
+  # no block holds an SM that a late cluster of the slowest rank needs under MPS). Part tk ran rs-ticket on
+  # 2026-12-07: green, ticket/unfused 1.60 at world 4 and 3.7 (RS) / 7.4 (AR) at world 2. Here: the ticket tests
+  # (9 cases with the end-phase variants; TK_K to cut), bench tp --ticket at worlds 4 and 2, world 2 again with the
+  # old end (TANDEM_RS_TICKET_END_WAITERS=0) and on a resident-sized grid (TANDEM_TP_FUSED_SMS=30); on an H200 the
+  # FP8 op at its worst shapes with the H100 table's rows against the shipped choice; traces at worlds 2 and 4.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
-  for w in 4 2; do
-    t=$(( $(left) - 10 )); [ "$t" -gt 30 ] && t=30
-    [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
-      --shapes 16384x8192x4096 --out "$W/tk2/bench_w$w" 2>&1 | grep -E "^\| 16384.*gemm_(rs|ar)|Error" | cut -c1-300
+  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]
+    local w=$1 shapes=$2 label=$3 cap=$4; shift 4
+    local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+    [ "$t" -gt 15 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
+      --shapes $shapes --out "$W/tk2/bench_w${w}_$label" 2>&1 | grep -E "^\| [0-9].*gemm_(rs|ar)|Error" | \
+      sed "s/^/w$w $label: /" | cut -c1-300
     rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
-  done
+  }
+  bench 4 16384x8192x4096,8192x4096x8192 base 60
+  bench 2 16384x8192x4096 base 40
+  bench 2 16384x8192x4096 end0 40 TANDEM_RS_TICKET_END_WAITERS=0
+  bench 2 16384x8192x4096 sms30 40 TANDEM_TP_FUSED_SMS=30
   if nvidia-smi -L | grep -q H200; then
     for table in shipped h100; do
       t=$(( $(left) - 5 )); [ "$t" -gt 25 ] && t=25
@@ -1008,11 +1016,16 @@ elif [ "$part" = tk2 ]; then
       rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
     done
   fi
-  t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && t=40
-  [ "$t" -gt 15 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 2 -- python3 tools/diag/tp_trace.py \
-    --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 --variants "base;TANDEM_RS_TICKET=1" \
-    --out "$W/tk2/trace_w2" 2>&1 | tail -12 | cut -c1-250
-  tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  for w in 2 4; do
+    t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && t=60
+    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
+      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
+      --out "$W/tk2/trace_w$w" 2>&1 | tail -16 | cut -c1-250
+    tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  done
+  bench 3 12288x8192x6144 base 40
+  bench 4 2048x8192x28672,1024x4096x8192 base 60
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)
