@@ -992,23 +992,33 @@ elif [ "$part" = tk2 ]; then
   # (9 cases with the end-phase variants; TK_K to cut), bench tp --ticket at worlds 4 and 2, world 2 again with the
   # old end (TANDEM_RS_TICKET_END_WAITERS=0) and on a resident-sized grid (TANDEM_TP_FUSED_SMS=30); on an H200 the
   # FP8 op at its worst shapes with the H100 table's rows against the shipped choice; traces at worlds 2 and 4.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-420} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
-  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]
+  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4
     local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
-    [ "$t" -gt 15 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
-      --shapes $shapes --out "$W/tk2/bench_w${w}_$label" 2>&1 | grep -E "^\| [0-9].*gemm_(rs|ar)|Error" | \
+    [ "$t" -gt 20 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
+      --shapes $shapes --out "$W/tk2/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
       sed "s/^/w$w $label: /" | cut -c1-300
     rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
   }
-  bench 4 16384x8192x4096,8192x4096x8192 base 60
-  bench 2 16384x8192x4096 base 40
-  bench 2 16384x8192x4096 end0 40 TANDEM_RS_TICKET_END_WAITERS=0
-  bench 2 16384x8192x4096 sms30 40 TANDEM_TP_FUSED_SMS=30
+  trace() {  # trace <world> <cap s>
+    local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
+    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
+      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
+      --out "$W/tk2/trace_w$1" 2>&1 | tail -16 | cut -c1-250
+    tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  }
+  bench 2 16384x8192x4096 base 80
+  bench 2 16384x8192x4096 end0 80 TANDEM_RS_TICKET_END_WAITERS=0
+  bench 4 16384x8192x4096,8192x4096x8192 base 100
+  trace 2 60
+  trace 4 60
+  bench 2 16384x8192x4096 sms30 70 TANDEM_TP_FUSED_SMS=30
   if nvidia-smi -L | grep -q H200; then
     for table in shipped h100; do
-      t=$(( $(left) - 5 )); [ "$t" -gt 25 ] && t=25
+      t=$(( $(left) - 5 )); [ "$t" -gt 30 ] && t=30
       [ "$t" -gt 10 ] && env $([ $table = h100 ] && echo TANDEM_GEMM_TUNE_FILE=python/tandem/ops/gemm_tune_h100.json) \
         timeout -s INT -k 5 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --no-variants --reps 5 \
         --shapes 16384x28672x8192,5000x3008x8208,256x28672x8192 --out "$W/tk2/fp8_$table" 2>&1 | \
@@ -1016,16 +1026,8 @@ elif [ "$part" = tk2 ]; then
       rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
     done
   fi
-  for w in 2 4; do
-    t=$(( $(left) - 5 )); [ "$t" -gt 60 ] && t=60
-    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
-      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
-      --out "$W/tk2/trace_w$w" 2>&1 | tail -16 | cut -c1-250
-    tar czf "$OUT/tk2.tgz" -C "$W" tk2
-  done
-  bench 3 12288x8192x6144 base 40
-  bench 4 2048x8192x28672,1024x4096x8192 base 60
+  bench 3 12288x8192x6144 base 60
+  bench 4 2048x8192x28672,1024x4096x8192 base 80
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

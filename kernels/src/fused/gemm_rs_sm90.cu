@@ -218,19 +218,22 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     // started when another rank's grid ended; at world 2 the ticket kernel took 9.3 ms against 2.5 unfused).
     // So only the last end_waiters blocks to get here wait; the others copy what is already reduced and leave.
     // Whoever is here claims the copy's slices, so the waiters (the last to arrive: none arrives after them)
-    // complete whatever the others left. The shared words are the GEMM's shared memory, free after its calls.
-    volatile uint32_t* word = reinterpret_cast<volatile uint32_t*>(smem);
+    // complete whatever the others left. The block's broadcast word is its ticket word (the fixup's, free after
+    // the GEMM calls; global memory, ordered for the block by __syncthreads), not shared memory, whose first bytes
+    // are the GEMM pipeline's barriers.
+    volatile uint32_t* word = p.gemm[0].scheduler.ticket.scratch + b;
     const int64_t slices = 4 * nb;
+    bool waiter = false;  // (thread 0's)
     if (threadIdx.x == 0) {
       const uint64_t a = atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->ticket_end_arrivals), 1ull);
-      word[1] = a + static_cast<uint64_t>(p.end_waiters) >= static_cast<uint64_t>(nb) ? 1u : 0u;
+      waiter = a + static_cast<uint64_t>(p.end_waiters) >= static_cast<uint64_t>(nb);
     }
     for (int d = 0; d < chunks; ++d) {
       const int q = (rank + d) % world;
       if (threadIdx.x == 0) {
         bool ready = false;
         if (st == Status::kOk) {
-          if (word[1] != 0u) {  // several writers (whichever ranks completed q's count): no single peer
+          if (waiter) {  // several writers (whichever ranks completed q's count): no single peer
             st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
             ready = st == Status::kOk;
           } else {

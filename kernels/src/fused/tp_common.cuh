@@ -167,6 +167,9 @@ extern bool g_last_fused_ticket;  // host: ... was the ticket reduction (the las
 //   TANDEM_RS_TICKET=1    the fused GEMM+RS and two-shot GEMM+AR (one node) by tickets: no reduce role, no waits in
 //                         the GEMM; each tile's last rank to finish it adds every rank's partial (ticket_scheduler.hpp,
 //                         gemm_rs_sm90.cu; off by default until measured)
+//   TANDEM_RS_TICKET_END_WAITERS=n  the ticket kernel's end: the last n blocks to reach it wait for the reduced
+//                         chunks, the others copy what is ready and leave (default: an eighth of the grid; 0: every
+//                         block waits and copies a fixed share)
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
