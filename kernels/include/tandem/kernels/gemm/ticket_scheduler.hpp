@@ -43,7 +43,7 @@ struct TicketReduce {
   uint64_t* reduced_count = nullptr;  // the owner's heap (mapped here): tiles of the chunk reduced this launch
   char* staging = nullptr;            // the owner's heap (mapped here): the chunk's sums, row-major, ld = cols
   uint64_t* reduced_flag = nullptr;   // this rank's symmetric address of the word signalled when the chunk is done
-  uint32_t* scratch = nullptr;        // this rank's workspace: one word a block of the GEMM grid (ticket broadcast)
+  uint32_t* scratch = nullptr;        // this rank's workspace: a word a GEMM block (the end phase's broadcast)
   int32_t rows = 0;                   // the chunk's rows
   int32_t cols = 0;                   // N (a multiple of 8)
   int32_t tiles_m = 0;                // tiles with rows (the scheduler pads M to whole clusters: those have none)
@@ -155,6 +155,17 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
     const auto barrier = [] {
       cutlass::arch::NamedBarrier::sync(kThreads, cutlass::arch::ReservedNamedBarriers::StreamkBarrier0);
     };
+    // the same named barrier, returning whether any of the tile's threads passed `pred`
+    const auto barrier_or = [](bool pred) {
+      uint32_t any;
+      asm volatile(
+          "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+          : "=r"(any)
+          : "r"(static_cast<uint32_t>(pred)),
+            "r"(static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::StreamkBarrier0)), "r"(kThreads)
+          : "memory");
+      return any != 0u;
+    };
     // 1. this rank's partial, rounded, in fragment order
     uint4* slot = reinterpret_cast<uint4*>(t.slots + tile * kTileBytes);
     CUTLASS_PRAGMA_UNROLL
@@ -166,21 +177,17 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
       slot[v * kThreads + tid] = make_uint4(w[0], w[1], w[2], w[3]);
     }
     barrier();
-    // 2. the ticket (thread 0 of the tile's threads), broadcast through this block's scratch word
-    uint32_t* word = t.scratch + tandem::kernels::runtime::grid_block_index();
+    // 2. the ticket (thread 0 of the tile's threads), broadcast by the barrier itself (bar.red.or: the same
+    // ordering as bar.sync, and no word in memory to store, load and protect with a third barrier per tile)
+    bool drew_last = false;
     if (tid == 0) {
       fence_acq_rel(sys);
       const uint64_t k = fetch_add_acq_rel(t.tickets + tile, 1, sys);
-      const bool last = k + 1 == static_cast<uint64_t>(world);
-      if (last) store_relaxed(t.tickets + tile, 0, sys);  // every rank's ticket of this launch is drawn
-      *reinterpret_cast<volatile uint32_t*>(word) = last ? 1u : 0u;
+      drew_last = k + 1 == static_cast<uint64_t>(world);
+      if (drew_last) store_relaxed(t.tickets + tile, 0, sys);  // every rank's ticket of this launch is drawn
     }
-    barrier();
-    const bool last = *reinterpret_cast<volatile uint32_t*>(word) != 0;
-    if (!last) {
-      barrier();  // (every thread read the word before the next tile's ticket rewrites it)
-      return;
-    }
+    const bool last = barrier_or(drew_last);
+    if (!last) return;
     // 3. the last arriver: every rank's partial in rank order, fp32, summed in the accumulators. Its own partial
     // is read back from its slot (this thread's own stores, so no ordering is needed), which lets one loop serve
     // every rank: the loads of a batch of vectors are issued before any is added (kBatch x 16 B in flight a
