@@ -328,6 +328,22 @@
 #      RS/AR default where it wins (auto plan / tune table) and rerun bench tp for the issue-21 table.
 #   2. gq on integ-tk (bwd-gqa's test and bench; merge bwd-gqa if green and native beats repeat).
 #   3. trc on main, mcl on moe-claims, ao on attn-ostore, tc on main (as in the 01:20 entry below).
+# 2026-12-07 06:20 (twentieth session, 05:38-08:38): five calls ran (H100, then an H200; budget spent by 06:10):
+# tk (rs-ticket green at worlds 2-4, slower than unfused: merged off), gq (bwd-gqa merged), trc (overlap ceiling
+# 1.05-1.11), mcl (moe-claims merged), ao (attn-ostore not faster: kept), FP8 op on the H200 (lowest 0.826: the H200
+# table has no FP8 rows). main now = those merges (native sources d3929a7, module .carry/prebuilt-main). Next:
+#   1. tk2 on rs-ticket2 (git checkout --detach rs-ticket2; rm -rf .carry/prebuilt; cp -r .carry/prebuilt-rs-ticket2
+#      .carry/prebuilt; SOURCES d7f4211): the fixup's batched loads and bar.red broadcast, the claimed end (blocks
+#      leave instead of holding SMs that a late cluster needs under MPS); 9 ticket tests, bench at world 2 (with the
+#      old end and on a 30-SM grid too), world 4, traces at 2 and 4, and on an H200 the FP8 op with the H100 table's
+#      rows. One full call:
+#        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash tools/device_next.sh
+#            tk2", carry=[".whl", ".carry/prebuilt"])
+#      Green and faster than rs-ticket: merge rs-ticket2 (if the ticket beats unfused anywhere, auto's table next).
+#   2. The GPU suite on main after the merges (part n1 = test_tp + test_moe, then n2), module prebuilt-main.
+#   3. On an H200: parts f8a and f8b (the FP8 sweep of every configuration, 12 shapes a call: one call of 24 ran
+#      past 330 s), then `tandem tune gemm --from-bench` of both into gemm_tune_h200.json's FP8 rows, and the op
+#      with that table (bench gemm --no-variants) in a later call.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -1028,6 +1044,23 @@ elif [ "$part" = tk2 ]; then
   fi
   bench 3 12288x8192x6144 base 60
   bench 4 2048x8192x28672,1024x4096x8192 base 80
+elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
+  # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
+  # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):
+  # python -m tandem tune gemm --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json, then merged into the table
+  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its FP8 rows)"; exit 2; }
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  if [ "$part" = f8a ]; then
+    S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
+    S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5008x4000,1000x1008x1008
+  else
+    S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
+    S=$S,777x4112x4096,5000x3008x8208,100x8192x8192,12345x4096x4096,4096x1008x2064,2500x14336x4096
+  fi
+  W=/tmp/$part; rm -rf "$W"; mkdir -p "$W/$part" "$OUT"
+  timeout -s INT -k 10 $(( $(left) - 15 )) python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --reps 10 \
+    --shapes $S --out "$W/$part" 2>&1 | grep -E "geometric|best|Error"
+  rm -f "$W/$part"/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
 elif [ "$part" = rings ]; then
   # part ring cut to a short call (little device time left): the ring's own test, then bench tp --ring at one
   # shape, worlds 2 and 4 (fused, ring and naive in the same run)

@@ -695,7 +695,7 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
   // the right neighbour's partial buffer in this process's address space
   if (mapped_heap(a.comm, right) == 0) return fail(why, "the ring needs the right neighbour's heap mapped (one node)");
   for (int q = 0; all_reduce && q < world && q < tandem::kInlinePeerHeaps; ++q)  // AR gathers from every rank
-    if (q != rank && a.comm.peer_heap_inline[q] == 0)
+    if (q != rank && mapped_heap(a.comm, q) == 0)
       return fail(why, "the ring's all-gather needs every rank's heap mapped (one node)");
   const char* right_partial = on_rank(a.comm, right, ws + kPartialOffset);
   RsParams<Kernel> p{};
@@ -787,7 +787,8 @@ template <class Element>
 using TicketKernel = typename TicketGemm<Element>::Kernel;
 
 template <class Element>
-Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
+Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce, cudaStream_t stream,
+                  std::string* why) {
   using G = TicketGemm<Element>;
   using Kernel = typename G::Kernel;
   static_assert(kConfigTileM<gemm::detail::CooperativeConfig> == kTicketTileM &&
@@ -816,7 +817,6 @@ Status run_ticket(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std
   p.mode = RsMode::kFused;
   p.timeline.stamps = timeline_for_launch(stream);
   p.claims = reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset);
-  const FusedKnobs knobs = FusedKnobs::from_env();
   p.late_cluster = knobs.late_cluster;
   p.late_us = knobs.late_us;
   if (all_reduce) p.gather_out = static_cast<char*>(a.out);
@@ -953,7 +953,8 @@ size_t workspace_bytes(const GemmRsArgs& a, bool ticket) {
 }
 size_t workspace_size(const GemmRsArgs& a) { return workspace_bytes(a, FusedKnobs::from_env().ticket); }
 
-static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
+// `knobs`: the launch's (dispatch reads them once), or this moment's for can_implement.
+static Status check_rs(const GemmRsArgs& a, bool fused, const FusedKnobs& knobs, std::string* why) {
   const int world = a.comm.world;
   if (Status s = check_world(a.comm, why); s != Status::kOk) return s;
   if (fused && world > kMaxFusedRsWorld) return fail(why, "the fused GEMM+RS takes at most 8 ranks (use the unfused path)");
@@ -970,21 +971,21 @@ static Status check_rs(const GemmRsArgs& a, bool fused, std::string* why) {
       return fail(why, "across nodes the reduction takes at most 64 reduce blocks (comm_blocks)");
   }
   return check_common(a.comm, a.dtype, {a.a, a.b, a.out}, "A, B, out", a.workspace,
-                      workspace_bytes(a, fused && FusedKnobs::from_env().ticket), plan, why);
+                      workspace_bytes(a, fused && knobs.ticket), plan, why);
 }
 
-Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, why); }
+Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, FusedKnobs::from_env(), why); }
 
 template <bool kAllReduce>
 static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why,
                        Stages stages = Stages::kAll) {
-  if (const Status s = check_rs(a, fused, why); s != Status::kOk) return s;
+  const FusedKnobs knobs = FusedKnobs::from_env();  // read once a launch: the checks and the dispatch agree
+  if (const Status s = check_rs(a, fused, knobs, why); s != Status::kOk) return s;
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   // The fused kernel in pieces is its own instantiation (TANDEM_RS_PIECES; see piece_plan).
   const SmPlan plan = a.plan.comm_blocks > 0 ? a.plan : default_plan(a.plan.sm_count);
-  const FusedKnobs knobs = FusedKnobs::from_env();
   // 256x128 tiles (TANDEM_TP_GEMM_TILE=256x128) in the fused kernel with tile claims only
   const bool tile256 = fused && tile_claims_enabled() && knobs.gemm_tile_m == 256;
   const int piece_count =
@@ -1013,8 +1014,8 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     detail::g_last_fused_joined = false;
   }
   if (ticket) {
-    return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t>(a, kAllReduce, stream, why)
-                                   : run_ticket<cutlass::bfloat16_t>(a, kAllReduce, stream, why);
+    return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t>(a, knobs, kAllReduce, stream, why)
+                                   : run_ticket<cutlass::bfloat16_t>(a, knobs, kAllReduce, stream, why);
   }
   if (ring)
     return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)
@@ -1045,7 +1046,7 @@ Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
 
 // GEMM+AllReduce: the same checks (out is M x N instead of M/W x N; the workspace is the same).
 Status can_implement(const GemmArArgs& a, std::string* why) {
-  if (const Status s = check_rs(a, true, why); s != Status::kOk) return s;
+  if (const Status s = check_rs(a, true, FusedKnobs::from_env(), why); s != Status::kOk) return s;
   if (a.algo == ArAlgo::kOneShot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   return Status::kOk;
