@@ -981,7 +981,7 @@ elif [ "$part" = tk ]; then
   # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench
   # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, a trace of world 4 (the
   # ticket kernel's per-call compute against the default kernel's), and more shapes as time allows.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "tickets"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
   bench() {  # bench <world> <shapes> <order: - or common> <cap s>
     local t=$(( $(left) - 10 )); [ "$t" -gt "$4" ] && t=$4
@@ -1000,6 +1000,50 @@ elif [ "$part" = tk ]; then
   bench 4 2048x8192x28672,1024x4096x8192 - 100
   bench 3 12288x8192x6144 - 60
   bench 4 16384x8192x4096 common 60
+elif [ "$part" = tk2 ]; then
+  # branch rs-ticket2 (not run): the ticket kernel with (a) the fixup's batched loads and (b) the claimed end phase
+  # (only the last eighth of the grid waits for the reduced chunks; the others copy what is ready and leave, so that
+  # no block holds an SM that a late cluster of the slowest rank needs under MPS). Part tk ran rs-ticket on
+  # 2026-12-07: green, ticket/unfused 1.60 at world 4 and 3.7 (RS) / 7.4 (AR) at world 2. Here: the ticket tests
+  # (9 cases with the end-phase variants; TK_K to cut), bench tp --ticket at worlds 4 and 2, world 2 again with the
+  # old end (TANDEM_RS_TICKET_END_WAITERS=0) and on a resident-sized grid (TANDEM_TP_FUSED_SMS=30); on an H200 the
+  # FP8 op at its worst shapes with the H100 table's rows against the shipped choice; traces at worlds 2 and 4.
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-420} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
+  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
+    local w=$1 shapes=$2 label=$3 cap=$4; shift 4
+    local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+    [ "$t" -gt 20 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
+      --shapes $shapes --out "$W/tk2/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
+      sed "s/^/w$w $label: /" | cut -c1-300
+    rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  }
+  trace() {  # trace <world> <cap s>
+    local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
+    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
+      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
+      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
+      --out "$W/tk2/trace_w$1" 2>&1 | tail -16 | cut -c1-250
+    tar czf "$OUT/tk2.tgz" -C "$W" tk2
+  }
+  bench 2 16384x8192x4096 base 80
+  bench 2 16384x8192x4096 end0 80 TANDEM_RS_TICKET_END_WAITERS=0
+  bench 4 16384x8192x4096,8192x4096x8192 base 100
+  trace 2 60
+  trace 4 60
+  bench 2 16384x8192x4096 sms30 70 TANDEM_TP_FUSED_SMS=30
+  if nvidia-smi -L | grep -q H200; then
+    for table in shipped h100; do
+      t=$(( $(left) - 5 )); [ "$t" -gt 30 ] && t=30
+      [ "$t" -gt 10 ] && env $([ $table = h100 ] && echo TANDEM_GEMM_TUNE_FILE=python/tandem/ops/gemm_tune_h100.json) \
+        timeout -s INT -k 5 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --no-variants --reps 5 \
+        --shapes 16384x28672x8192,5000x3008x8208,256x28672x8192 --out "$W/tk2/fp8_$table" 2>&1 | \
+        grep -E "^\| [0-9]|geometric" | sed "s/^/$table: /" | cut -c1-160
+      rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
+    done
+  fi
+  bench 3 12288x8192x6144 base 60
+  bench 4 2048x8192x28672,1024x4096x8192 base 80
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
   # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):

@@ -70,6 +70,10 @@ struct RsParams {
   // by the reduce blocks and by GEMM blocks done with their GEMM (run_joined).
   bool join;
   int join_items;
+  // Ticket mode's end phase: the last end_waiters blocks to reach it wait for the reduced chunks; the others copy
+  // the slices they can claim of chunks already reduced and leave, so that they hold no SM while waiting (0: every
+  // block waits and copies a fixed share of each chunk).
+  int end_waiters;
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk

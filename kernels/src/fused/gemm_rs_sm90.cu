@@ -204,21 +204,78 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   const int64_t lo = nvec * b / nb, hi = nvec * (b + 1) / nb;
   p.timeline.stamp(kSlotGatherStart);
   const int chunks = p.gather_out != nullptr ? world : 1;
-  for (int d = 0; d < chunks; ++d) {
-    const int q = (rank + d) % world;
-    // several writers (whichever ranks completed q's count): no single peer, .sys scope
-    if (threadIdx.x == 0 && st == Status::kOk)
-      st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
-    if (!block_ok(st)) break;
-    const uint4* src = reinterpret_cast<const uint4*>(q == rank ? p.partial : peer_ptr(comm, p.partial, q));
-    if (src == nullptr) break;
-    char* dst = p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(q) * chunk_bytes : p.out;
-    copy_slice(reinterpret_cast<uint4*>(dst), src, lo, hi);
+  const auto chunk_src = [&](int q) {
+    return reinterpret_cast<const uint4*>(q == rank ? p.partial : peer_ptr(comm, p.partial, q));
+  };
+  const auto chunk_dst = [&](int q) {
+    return reinterpret_cast<uint4*>(p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(q) * chunk_bytes
+                                                            : p.out);
+  };
+  if (p.end_waiters > 0) {
+    // Claimed end. Under MPS a rank's clusters are not all resident at once: the late ones start when blocks of
+    // any rank on the GPU exit, so a block that waits here holds an SM that the slowest rank's late clusters may
+    // need, and every rank then waits for that rank (2026-12-07, H100: at world 4 the late blocks of one rank
+    // started when another rank's grid ended; at world 2 the ticket kernel took 9.3 ms against 2.5 unfused).
+    // So only the last end_waiters blocks to get here wait; the others copy what is already reduced and leave.
+    // Whoever is here claims the copy's slices, so the waiters (the last to arrive: none arrives after them)
+    // complete whatever the others left. The block's broadcast word is its ticket word (the fixup's, free after
+    // the GEMM calls; global memory, ordered for the block by __syncthreads), not shared memory, whose first bytes
+    // are the GEMM pipeline's barriers.
+    volatile uint32_t* word = p.gemm[0].scheduler.ticket.scratch + b;
+    const int64_t slices = 4 * nb;
+    bool waiter = false;  // (thread 0's)
+    if (threadIdx.x == 0) {
+      const uint64_t a = atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->ticket_end_arrivals), 1ull);
+      waiter = a + static_cast<uint64_t>(p.end_waiters) >= static_cast<uint64_t>(nb);
+    }
+    for (int d = 0; d < chunks; ++d) {
+      const int q = (rank + d) % world;
+      if (threadIdx.x == 0) {
+        bool ready = false;
+        if (st == Status::kOk) {
+          if (waiter) {  // several writers (whichever ranks completed q's count): no single peer
+            st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
+            ready = st == Status::kOk;
+          } else {
+            ready = test(comm, &ctl->reduced[q], Cmp::kGe, e);
+          }
+        }
+        word[0] = ready ? 1u : 0u;
+      }
+      __syncthreads();
+      const bool ready = word[0] != 0u;
+      __syncthreads();  // (every thread read word[0] before thread 0 writes a claim into it)
+      const uint4* src = ready ? chunk_src(q) : nullptr;
+      if (src == nullptr) break;  // not reduced yet: the waiters copy it (and any later chunk)
+      for (;;) {
+        if (threadIdx.x == 0)
+          word[0] = static_cast<uint32_t>(
+              atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->ticket_copy_claim[d]), 1ull));
+        __syncthreads();
+        const int64_t s = word[0];
+        __syncthreads();
+        if (s >= slices) break;
+        copy_slice(chunk_dst(q), src, nvec * s / slices, nvec * (s + 1) / slices);
+      }
+    }
+  } else {
+    for (int d = 0; d < chunks; ++d) {
+      const int q = (rank + d) % world;
+      // several writers (whichever ranks completed q's count): no single peer, .sys scope
+      if (threadIdx.x == 0 && st == Status::kOk)
+        st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
+      if (!block_ok(st)) break;
+      const uint4* src = chunk_src(q);
+      if (src == nullptr) break;
+      copy_slice(chunk_dst(q), src, lo, hi);
+    }
   }
   __syncthreads();
   p.timeline.stamp(kSlotEnd);
   finish_block(ctl, static_cast<uint64_t>(nb), e, [&] {
     if (p.claims != nullptr) gemm::tile_claims_reset(p.claims, gemm::kClaimCalls);
+    ctl->ticket_end_arrivals = 0;  // (every block is past the end phase; the next launch is stream-ordered)
+    for (int d = 0; d < chunks; ++d) ctl->ticket_copy_claim[d] = 0;
     for (int q = 0; q < world; ++q) (void)signal(comm, &ctl->ready[rank], e, SignalOp::kSet, q);
   });
 }
@@ -824,6 +881,8 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
   p.reduce_rows_y = 0;
   p.reduce_blocks = 0;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  p.end_waiters = knobs.ticket_end_waiters < 0 ? (p.gemm_blocks + 7) / 8
+                                                : std::min(knobs.ticket_end_waiters, p.gemm_blocks);
   detail::g_last_fused_ticket = true;
   detail::g_last_fused_claims = true;
   const cudaError_t err = launch_clustered(gemm_rs_ticket_kernel<Element, Kernel>, gg, Kernel::MaxThreadsPerBlock,

@@ -43,7 +43,9 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
                                    // one completing s + 1, and one word would go back to step s
   uint64_t ticket_reduced;         // RS/AR ticket mode, at a chunk's owner: tiles of its chunk reduced this launch
                                    // (any rank's last arriver counts; the completer resets it: ticket_scheduler.hpp)
-  uint64_t pad1[3];
+  uint64_t ticket_end_arrivals;    // local, ticket mode: blocks that reached the end phase this launch (reset by the
+                                   // last block): the last end_waiters of them wait for the reduced chunks
+  uint64_t pad1[2];
   uint64_t local_count[kMaxWorld]; // local: AG blocks done sending to peer p / RS GEMM blocks done with chunk o
   uint64_t arrive[kMaxWorld];      // AG: chunk of rank r landed here; RS: rank r's partial of my rows is complete
   uint64_t ready[kMaxWorld];       // AG: rank p finished reading its gathered A of that epoch;
@@ -64,6 +66,8 @@ struct alignas(128) Control : runtime::ControlHeader {  // epoch, done_blocks: t
   uint64_t piece_done[8];
   uint64_t piece_signaled[8];
   uint64_t piece_lock[8];
+  uint64_t ticket_copy_claim[8];   // local, ticket mode: chunk d's next unclaimed slice of the end copy (reset by
+                                   // the last block)
 };
 static_assert(sizeof(Control) <= 4096, "control block must fit its 4 KiB");
 constexpr size_t kControlBytes = 4096;
@@ -163,6 +167,9 @@ extern bool g_last_fused_ticket;  // host: ... was the ticket reduction (the las
 //   TANDEM_RS_TICKET=1    the fused GEMM+RS and two-shot GEMM+AR (one node) by tickets: no reduce role, no waits in
 //                         the GEMM; each tile's last rank to finish it adds every rank's partial (ticket_scheduler.hpp,
 //                         gemm_rs_sm90.cu; off by default until measured)
+//   TANDEM_RS_TICKET_END_WAITERS=n  the ticket kernel's end: the last n blocks to reach it wait for the reduced
+//                         chunks, the others copy what is ready and leave (default: an eighth of the grid; 0: every
+//                         block waits and copies a fixed share)
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
@@ -179,6 +186,8 @@ struct FusedKnobs {
   int gemm_tile_m = 128;  // TANDEM_TP_GEMM_TILE=256x128: the fused GEMM roles in 256x128 tiles
   bool ring = false;      // TANDEM_RS_RING=1: the fused GEMM+RS as a ring, its adds in the GEMM epilogues
   bool ticket = false;    // TANDEM_RS_TICKET=1: the fused GEMM+RS by tickets, the last arriver of a tile reduces it
+  int ticket_end_waiters = -1;  // TANDEM_RS_TICKET_END_WAITERS: blocks that wait at the ticket kernel's end (-1:
+                                // an eighth of the grid; 0: every block waits and copies a fixed share)
   static FusedKnobs from_env();
 };
 
