@@ -123,12 +123,19 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
     _check_tile_claims(res, world, ["bfloat16"], late_rank=1)
 
 
-@pytest.mark.parametrize("world,late,end_waiters", [(2, False, None), (2, True, None), (3, False, None),
-                                                     (3, True, None), (4, False, None), (4, True, None),
-                                                     (2, True, "1"), (4, True, "1"), (3, False, "0")])
-def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(run_ranks, world, late, end_waiters):
+_TICKET_CASES = [(2, False, {}), (2, True, {}), (3, False, {}), (3, True, {}), (4, False, {}), (4, True, {}),
+                 (2, True, {"TANDEM_RS_TICKET_END_WAITERS": "1"}), (4, True, {"TANDEM_RS_TICKET_END_WAITERS": "1"}),
+                 (3, False, {"TANDEM_RS_TICKET_END_WAITERS": "0"}), (2, True, {"TANDEM_RS_TICKET_DIRECT": "0"}),
+                 (4, False, {"TANDEM_RS_TICKET_DIRECT": "0", "TANDEM_RS_TICKET_END_WAITERS": "0"})]
+
+
+@pytest.mark.parametrize("world,late,knobs", _TICKET_CASES,
+                         ids=[f"{w}-{'late' if l else 'ontime'}-" + ("-".join(f"{k[10:]}={v}" for k, v in e.items())
+                                                                     or "default") for w, l, e in _TICKET_CASES])
+def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(run_ranks, world, late, knobs):
     # TANDEM_RS_TICKET=1: no reduce role and no wait inside the GEMM; each tile's last rank to finish it adds every
-    # rank's partial (rank order, fp32) into the owner's staging. Ragged rows (300 a chunk), N not a multiple of the
+    # rank's partial (rank order, fp32): the owner into its output, any other rank into the owner's staging, which
+    # the owner's end copies (the tiles it flagged). Ragged rows (300 a chunk), N not a multiple of the
     # 256-wide tile (520), K not a multiple of 64; three launches in a row with new values (the tickets and counts
     # must be back at zero); two-shot AR (every rank the same bytes); random data against the fp32 sum and the
     # default kernel. With `late`, rank 1's clusters from grid row 1 start 3 ms late (TANDEM_TP_LATE): the other
@@ -136,13 +143,11 @@ def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(r
     shapes = [(1024, 4096, 512), (300, 520, 1032), (2048, 512, 256), (4096, 4096, 256)]
     # The end phase (TANDEM_RS_TICKET_END_WAITERS): by default an eighth of the grid waits for the reduced chunks and
     # the other blocks copy what is ready and leave; "1": one block waits (every other block leaves at once, the
-    # copy is all claimed slices); "0": every block waits and copies a fixed share.
-    rank_env = {r: {} for r in range(world)}
+    # copy is all claimed units); "0": every block waits and copies a fixed share. TANDEM_RS_TICKET_DIRECT=0: the
+    # owner too reduces into its staging and flags the tile, so that every tile takes the flagged copy.
+    rank_env = {r: dict(knobs) for r in range(world)}
     if late:
         rank_env[1]["TANDEM_TP_LATE"] = "1:3000"
-    if end_waiters is not None:
-        for r in range(world):
-            rank_env[r]["TANDEM_RS_TICKET_END_WAITERS"] = end_waiters
     res = run_ranks(f"{W}:rs_ticket", world, rs_shapes=shapes, dtypes=["bfloat16", "float16"], repeats=3,
                     rank_env=rank_env, timeout_s=300)
     for r in res:

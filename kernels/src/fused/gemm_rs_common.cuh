@@ -74,6 +74,10 @@ struct RsParams {
   // the slices they can claim of chunks already reduced and leave, so that they hold no SM while waiting (0: every
   // block waits and copies a fixed share of each chunk).
   int end_waiters;
+  // Ticket mode: the owner's sums land in its output directly; the tiles another rank reduced are in the staging,
+  // flagged here (this rank's heap, [tile] of its chunk in 128x256 tiles), and the end copies only those.
+  uint32_t* ticket_staged;
+  int32_t ticket_tiles_m, ticket_tiles_n;
 };
 
 // Timeline slots (runtime::Timeline). GEMM blocks: 0 start; step s: 1+3s chunk free (waits done), 2+3s chunk

@@ -40,14 +40,17 @@
 // o = r+1, r+2, ..., r (one call each) and, per output tile, the scheduler's fixup (ticket_scheduler.hpp) stores
 // the tile's partial into r's slot, draws a ticket at o, and the rank drawing the W-th ticket adds all W partials
 // (rank order, fp32, each partial rounded to the element type first, one final rounding: deterministic whoever
-// reduces) into o's staging rows; the thread completing o's count of reduced tiles signals reduced[o] = e (RS: to
-// o; AR: to every rank). So a tile is reduced where its last partial lands, and a rank that MPS started late or
-// that runs slow only makes the others do more of the reducing. Per launch (epoch e) on rank r:
+// reduces) into o's output rows when it is o itself (o computes its own chunk last, so it is nearly always the last
+// arriver; AR: into o's staging too), else into o's staging rows, flagging the tile there; the thread completing
+// o's count of reduced tiles signals reduced[o] = e (RS: to o; AR: to every rank). So a tile is reduced where its
+// last partial lands, and a rank that MPS started late or that runs slow only makes the others do more of the
+// reducing. Per launch (epoch e) on rank r:
 //   start    wait ready[q] >= e - 1 from every q (q's last arrivers finished reading r's slots of e - 1, and q's
 //            end finished reading the staging this launch overwrites)
 //   GEMM     W calls, tickets in the fixups (no waits)
-//   end      RS: wait reduced[r] >= e, copy r's staging into out; AR: for every q (r first) wait reduced[q] >= e
-//            and copy q's staging (peer mapping) into out rows of chunk q
+//   end      wait reduced[r] >= e, copy the flagged tiles of r's staging (those another rank reduced) into out;
+//            AR: then for every other q wait reduced[q] >= e and copy q's staging (peer mapping) into out rows of
+//            chunk q. Only the last blocks to get here wait; the others copy what is ready and leave.
 //   finish   the last block sets ready[r] = e on every rank
 // Its workspace is its own (tp.py keys it apart): the tickets and the count are zero between its launches only.
 //
@@ -169,6 +172,9 @@ __device__ __forceinline__ void run_ring_steps(const RsParams<GemmKernel>& p, ch
   p.timeline.stamp(kSlotGatherEnd);
 }
 
+// The ticket mode's tiles (the core's CooperativeConfig: run_ticket checks) and their layout in the workspace.
+constexpr int kTicketTileM = 128, kTicketTileN = 256;
+
 // The ticket mode's kernel (protocol at the top of this file): every block computes; p.partial is this rank's
 // staging (the sums of its chunk, symmetric: AR ranks read each other's).
 template <class Element, class GemmKernel>
@@ -196,33 +202,71 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     __syncthreads();  // the next call's pipelines start over in the same shared memory
   }
   even_out_registers<GemmKernel>();  // every warp runs the end phase: one register count again
-  // The owners' sums: RS this rank's chunk into out; AR every chunk (this rank's first) into out rows of that chunk.
-  // The staging was written by plain stores of other ranks' last arrivers, published by the completer's signal.
+  // The end: this rank's own chunk holds its sums already (the fixup stored them into the output) but for the tiles
+  // another rank reduced, which are in the staging and flagged; those are copied. AR: every other chunk q is
+  // copied whole from q's staging (peer mapping) into out rows of that chunk. The staging and the flags were
+  // written by other ranks' last arrivers, published by the completer's signal.
   const size_t chunk_bytes = static_cast<size_t>(p.chunk_elems) * sizeof(Element);
   const int64_t nvec = static_cast<int64_t>(chunk_bytes / 16);
   const int64_t b = runtime::grid_block_index(), nb = static_cast<int64_t>(gridDim.x) * gridDim.y;
-  const int64_t lo = nvec * b / nb, hi = nvec * (b + 1) / nb;
   p.timeline.stamp(kSlotGatherStart);
   const int chunks = p.gather_out != nullptr ? world : 1;
-  const auto chunk_src = [&](int q) {
-    return reinterpret_cast<const uint4*>(q == rank ? p.partial : peer_ptr(comm, p.partial, q));
-  };
   const auto chunk_dst = [&](int q) {
     return reinterpret_cast<uint4*>(p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(q) * chunk_bytes
                                                             : p.out);
+  };
+  // the units of chunk d's copy (d = 0: this rank's own): groups of 32 tiles of the own chunk (a warp reads their
+  // flags at once), 4 slices a block of a peer's
+  constexpr int kFlagGroup = 32;
+  const int64_t own_tiles = static_cast<int64_t>(p.ticket_tiles_m) * p.ticket_tiles_n;
+  const int64_t peer_slices = 4 * nb;
+  const auto units = [&](int d) { return d == 0 ? (own_tiles + kFlagGroup - 1) / kFlagGroup : peer_slices; };
+  // copies unit u of chunk d (block-uniform: every thread calls it with the same arguments); false if a peer has
+  // no mapping (refused on the host)
+  const auto copy_unit = [&](int d, int64_t u) {
+    const int q = (rank + d) % world;
+    if (d != 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial, q));
+      if (src == nullptr) return false;
+      copy_slice(chunk_dst(q), src, nvec * u / peer_slices, nvec * (u + 1) / peer_slices);
+      return true;
+    }
+    // Every warp reads the group's flags (lane l: tile 32u + l); the barrier keeps warp 0's clearing after them.
+    volatile uint32_t* flags = p.ticket_staged;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int64_t my_tile = u * kFlagGroup + lane;
+    const bool flagged = my_tile < own_tiles && flags[my_tile] != 0u;
+    const uint32_t group = __ballot_sync(0xffffffffu, flagged);
+    __syncthreads();
+    const int64_t cols = p.chunk_elems / p.chunk_rows;
+    const uint4* src = reinterpret_cast<const uint4*>(p.partial);
+    uint4* dst = chunk_dst(rank);
+    for (uint32_t rest = group; rest != 0u; rest &= rest - 1u) {
+      const int64_t tile = u * kFlagGroup + (__ffs(rest) - 1);
+      const int64_t m0 = (tile / p.ticket_tiles_n) * kTicketTileM, n0 = (tile % p.ticket_tiles_n) * kTicketTileN;
+      const int64_t rows = min(static_cast<int64_t>(kTicketTileM), p.chunk_rows - m0);
+      const int64_t per_row = min(static_cast<int64_t>(kTicketTileN), cols - n0) / 8;  // 16-byte vectors
+#pragma unroll 4
+      for (int64_t v = threadIdx.x; v < rows * per_row; v += blockDim.x) {
+        const int64_t at = ((m0 + v / per_row) * cols + n0) / 8 + v % per_row;
+        dst[at] = __ldcg(src + at);  // (L1-bypassing: another rank wrote it this launch)
+      }
+    }
+    // (zero between launches: the next launch's flags come after this rank's ready[], which follows this)
+    if (threadIdx.x < 32 && flagged) flags[my_tile] = 0u;
+    return true;
   };
   if (p.end_waiters > 0) {
     // Claimed end. Under MPS a rank's clusters are not all resident at once: the late ones start when blocks of
     // any rank on the GPU exit, so a block that waits here holds an SM that the slowest rank's late clusters may
     // need, and every rank then waits for that rank (2026-12-07, H100: at world 4 the late blocks of one rank
-    // started when another rank's grid ended; at world 2 the ticket kernel took 9.3 ms against 2.5 unfused).
-    // So only the last end_waiters blocks to get here wait; the others copy what is already reduced and leave.
-    // Whoever is here claims the copy's slices, so the waiters (the last to arrive: none arrives after them)
-    // complete whatever the others left. The block's broadcast word is its ticket word (the fixup's, free after
-    // the GEMM calls; global memory, ordered for the block by __syncthreads), not shared memory, whose first bytes
-    // are the GEMM pipeline's barriers.
+    // started when another rank's grid ended; at world 2 the ticket kernel took 9.3 ms against 2.5 unfused, and
+    // 34 ms for AR with every block waiting). So only the last end_waiters blocks to get here wait; the others
+    // copy what is already reduced (skipping chunks that are not) and leave. Whoever is here claims the copy's
+    // units, so the waiters (the last to arrive: none arrives after them) complete whatever the others left. The
+    // block's broadcast word is its ticket word (the fixup's, free after the GEMM calls; global memory, ordered
+    // for the block by __syncthreads), not shared memory, whose first bytes are the GEMM pipeline's barriers.
     volatile uint32_t* word = p.gemm[0].scheduler.ticket.scratch + b;
-    const int64_t slices = 4 * nb;
     bool waiter = false;  // (thread 0's)
     if (threadIdx.x == 0) {
       const uint64_t a = atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->ticket_end_arrivals), 1ull);
@@ -245,17 +289,17 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       __syncthreads();
       const bool ready = word[0] != 0u;
       __syncthreads();  // (every thread read word[0] before thread 0 writes a claim into it)
-      const uint4* src = ready ? chunk_src(q) : nullptr;
-      if (src == nullptr) break;  // not reduced yet: the waiters copy it (and any later chunk)
+      if (!ready) continue;  // not reduced yet: the waiters copy it; a later chunk may be
+      bool mapped = true;
       for (;;) {
         if (threadIdx.x == 0)
           word[0] = static_cast<uint32_t>(
               atomicAdd(reinterpret_cast<unsigned long long*>(&ctl->ticket_copy_claim[d]), 1ull));
         __syncthreads();
-        const int64_t s = word[0];
+        const int64_t u = word[0];
         __syncthreads();
-        if (s >= slices) break;
-        copy_slice(chunk_dst(q), src, nvec * s / slices, nvec * (s + 1) / slices);
+        if (u >= units(d) || !mapped) break;
+        mapped = copy_unit(d, u);
       }
     }
   } else {
@@ -265,9 +309,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       if (threadIdx.x == 0 && st == Status::kOk)
         st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
       if (!block_ok(st)) break;
-      const uint4* src = chunk_src(q);
-      if (src == nullptr) break;
-      copy_slice(chunk_dst(q), src, lo, hi);
+      bool mapped = true;
+      for (int64_t u = b; u < units(d) && mapped; u += nb) mapped = copy_unit(d, u);
     }
   }
   __syncthreads();
@@ -438,15 +481,15 @@ size_t acc_offset(const GemmRsArgs& a) {
 // workspace_size serves every mode; tp.py gives the ticket mode a workspace of its own): the partial slots of every
 // chunk from kPartialOffset (W x tiles x 128x256 elements, fragment order), the staging (this rank's chunk's sums,
 // (M / W) x N), then past every other mode's bytes the tickets (one word a tile of a chunk: only the ticket mode
-// ever writes them, so they stay zero between its launches) and the blocks' broadcast words.
+// ever writes them, so they stay zero between its launches), the staged flags (one word a tile, likewise) and the
+// blocks' broadcast words.
 size_t default_workspace_size(const GemmRsArgs& a) {  // every mode's bytes but the ticket mode's
   return acc_offset(a) + static_cast<size_t>(a.m / (a.comm.world > 0 ? a.comm.world : 1)) * a.n * sizeof(float);
 }
-constexpr int kTicketTileM = 128, kTicketTileN = 256;
 struct TicketLayout {
   int tiles_m = 0, tiles_n = 0;
   size_t chunk_slot_bytes = 0;
-  size_t slots = 0, staging = 0, tickets = 0, scratch = 0, end = 0;
+  size_t slots = 0, staging = 0, tickets = 0, staged = 0, scratch = 0, end = 0;
 };
 TicketLayout ticket_layout(const GemmRsArgs& a) {
   TicketLayout l;
@@ -460,7 +503,8 @@ TicketLayout ticket_layout(const GemmRsArgs& a) {
   const size_t others_end = default_workspace_size(a);
   const size_t staging_end = l.staging + round256(static_cast<size_t>(mr) * a.n * 2);
   l.tickets = round256(others_end > staging_end ? others_end : staging_end);
-  l.scratch = l.tickets + round256(sizeof(uint64_t) * l.tiles_m * l.tiles_n);
+  l.staged = l.tickets + round256(sizeof(uint64_t) * l.tiles_m * l.tiles_n);
+  l.scratch = l.staged + round256(sizeof(uint32_t) * l.tiles_m * l.tiles_n);
   l.end = l.scratch + round256(sizeof(uint32_t) * kMaxGemmBlocks);
   return l;
 }
@@ -851,6 +895,10 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
     t.tickets = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, ws + l.tickets));
     t.reduced_count = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, &p.ctl->ticket_reduced));
     t.staging = on_rank(a.comm, o, ws + l.staging);
+    // this rank's own chunk: its sums go to its output rows (AR: rows o of the M x N output)
+    if (o == rank && knobs.ticket_direct)
+      t.direct = static_cast<char*>(a.out) + (all_reduce ? static_cast<size_t>(rank) * mr * a.n * sizeof(Element) : 0);
+    t.staged = reinterpret_cast<uint32_t*>(on_rank(a.comm, o, ws + l.staged));
     t.reduced_flag = &p.ctl->reduced[o];
     t.scratch = reinterpret_cast<uint32_t*>(ws + l.scratch);
     t.rows = mr;
@@ -881,6 +929,9 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
   p.reduce_rows_y = 0;
   p.reduce_blocks = 0;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
+  p.ticket_staged = reinterpret_cast<uint32_t*>(ws + l.staged);
+  p.ticket_tiles_m = l.tiles_m;
+  p.ticket_tiles_n = l.tiles_n;
   p.end_waiters = knobs.ticket_end_waiters < 0 ? (p.gemm_blocks + 7) / 8
                                                 : std::min(knobs.ticket_end_waiters, p.gemm_blocks);
   detail::g_last_fused_ticket = true;

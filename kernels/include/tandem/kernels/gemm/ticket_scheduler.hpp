@@ -11,9 +11,11 @@
 //   3. the rank that draws k = W - 1 (every other rank's slot is stored: each stored before its ticket) resets
 //      the ticket, reads every other rank's slot through the peer mappings, adds the W partials in rank order
 //      0, 1, ..., W-1 in fp32 (its own read back from its slot, rounded as the others were), and stores the sum,
-//      rounded once, into o's staging rows (row-major); then it counts the tile at o (fetch-add, acq_rel), and
-//      the thread that completes the chunk's count resets it and signals reduced[o] = epoch to the ranks that
-//      read the staging (RS: o; AR: every rank)
+//      rounded once: the owner itself (rank o, the usual last arriver: o computes its own chunk last) straight
+//      into its output rows (`direct`; AR: into o's staging rows too, which the other ranks copy), any other rank
+//      into o's staging rows (row-major), marking the tile in o's `staged` flags so that o's end copies it; then
+//      it counts the tile at o (fetch-add, acq_rel), and the thread that completes the chunk's count resets it
+//      and signals reduced[o] = epoch to the ranks that read the staging (RS: o; AR: every rank)
 //   4. CUTLASS's epilogue never runs (compute_epilogue is false): the staging is the only output
 // Nothing here waits. A tile's reduction happens on whichever rank finishes it last, so a rank that MPS starts
 // late, or that is slow, never holds the others back inside the GEMM; only the end of the launch waits for the
@@ -23,12 +25,14 @@
 // Memory ordering: the slot stores of a tile's 256 threads -> named barrier -> thread 0's fence.acq_rel and
 // ticket (acq_rel RMW at the scope covering every reader: .gpu when every rank is on this GPU, else .sys) -> the
 // last arriver's ticket RMW acquires them (an RMW chain is a release sequence) -> named barrier -> its threads'
-// loads. The staging stores are published the same way by the count's RMW chain, and the completer's signal
-// (a release) passes everything it acquired on to the readers' acquire-wait.
+// loads. The staging stores and the staged flags are published the same way by the count's RMW chain, and the
+// completer's signal (a release) passes everything it acquired on to the readers' acquire-wait. The owner's direct
+// stores need no publishing for RS (its own end phase and the stream follow them); AR's readers read the staging.
 //
 // Reset: tickets and the count are reset by the thread that completes them, so they are zero between launches;
 // the next launch's first ticket comes after every rank's ready[] of this one (gemm_rs_sm90.cu), which the
-// resets precede. A launch cut short by an abort leaves them behind: the communicator is failed then anyway.
+// resets precede. The staged flags are cleared by the owner's end as it copies each flagged tile, before its
+// ready[]. A launch cut short by an abort leaves them behind: the communicator is failed then anyway.
 #pragma once
 
 #include "cutlass/arch/barrier.h"
@@ -42,6 +46,8 @@ struct TicketReduce {
   uint64_t* tickets = nullptr;        // the owner's heap (mapped here): [tile], zero between launches
   uint64_t* reduced_count = nullptr;  // the owner's heap (mapped here): tiles of the chunk reduced this launch
   char* staging = nullptr;            // the owner's heap (mapped here): the chunk's sums, row-major, ld = cols
+  char* direct = nullptr;             // the owner's call only (o == this rank): its output rows of the chunk, ld = cols
+  uint32_t* staged = nullptr;         // the owner's heap (mapped here): [tile], 1 = the sum is in the staging only
   uint64_t* reduced_flag = nullptr;   // this rank's symmetric address of the word signalled when the chunk is done
   uint32_t* scratch = nullptr;        // this rank's workspace: a word a GEMM block (the end phase's broadcast)
   int32_t rows = 0;                   // the chunk's rows
@@ -124,7 +130,8 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
   CUTLASS_HOST_DEVICE static bool can_implement(Arguments const& args) {
     const auto& t = args.ticket;
     return Base::can_implement(args) && t.slots != nullptr && t.tickets != nullptr && t.reduced_count != nullptr &&
-           t.staging != nullptr && t.reduced_flag != nullptr && t.scratch != nullptr && t.cols % 8 == 0;
+           t.staging != nullptr && t.staged != nullptr && t.reduced_flag != nullptr && t.scratch != nullptr &&
+           t.cols % 8 == 0;
   }
 
   CUTLASS_HOST_DEVICE TandemTicketScheduler() {}
@@ -217,8 +224,14 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
         }
       }
     }
-    // 4. the sums, rounded once, into the owner's staging rows. The accumulators of an SM90 MMA come in pairs of
-    // adjacent columns of one row (values 2i, 2i+1: the C layout's first value mode): one 4-byte store a pair.
+    // 4. the sums, rounded once, into the owner's output rows when the owner reduces (its end then has nothing to
+    // copy for the tile: the end copy was 1-2 ms of the ticket kernel at world 4, 2026-12-07), else into the
+    // owner's staging rows; AR's owner stores both (the other ranks copy its staging). The accumulators of an SM90
+    // MMA come in pairs of adjacent columns of one row (values 2i, 2i+1: the C layout's first value mode): one
+    // 4-byte store a pair.
+    const bool owner_reduces = t.direct != nullptr;
+    char* const dst = owner_reduces ? t.direct : t.staging;
+    const bool to_staging_too = owner_reduces && t.notify_all != 0;
     auto thr = TiledMma{}.get_thread_slice(tid);
     auto coords = thr.partition_C(cute::make_identity_tensor(cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileN>{})));
     static_assert(decltype(cute::size(coords))::value == kValues, "one coordinate an accumulator");
@@ -229,11 +242,16 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
       const int m = m0 + get<0>(c), n = n0 + get<1>(c);
       if (m < t.rows && n < t.cols) {
         const uint32_t pair = uint32_t(bits_of<Element>(acc(i))) | (uint32_t(bits_of<Element>(acc(i + 1))) << 16);
-        *reinterpret_cast<uint32_t*>(t.staging + (int64_t(m) * t.cols + n) * int64_t(sizeof(Element))) = pair;
+        const int64_t at = (int64_t(m) * t.cols + n) * int64_t(sizeof(Element));
+        *reinterpret_cast<uint32_t*>(dst + at) = pair;
+        if (to_staging_too) *reinterpret_cast<uint32_t*>(t.staging + at) = pair;
       }
     }
     barrier();
     if (tid == 0) {
+      // (the flag and the staging rows are released together by the count's RMW below; the owner's end acquires
+      // them through reduced[o] and clears the flag when it has copied the tile)
+      if (!owner_reduces) *reinterpret_cast<volatile uint32_t*>(t.staged + tile) = 1u;
       fence_acq_rel(sys);
       const uint64_t done = fetch_add_acq_rel(t.reduced_count, 1, sys) + 1;
       if (done == uint64_t(t.tiles_m) * uint64_t(t.tiles_n)) {  // the chunk's last tile: its staging is complete
