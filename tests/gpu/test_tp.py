@@ -134,8 +134,8 @@ _TICKET_CASES = [(2, False, {}), (2, True, {}), (3, False, {}), (3, True, {}), (
                                                                      or "default") for w, l, e in _TICKET_CASES])
 def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(run_ranks, world, late, knobs):
     # TANDEM_RS_TICKET=1: no reduce role and no wait inside the GEMM; each tile's last rank to finish it adds every
-    # rank's partial (rank order, fp32): the owner into its output, any other rank into the owner's staging, which
-    # the owner's end copies (the tiles it flagged). Ragged rows (300 a chunk), N not a multiple of the
+    # rank's partial (rank order, fp32): the owner into its output, any other rank into the owner's staging,
+    # flagging the tile there for the owner's end to copy. Ragged rows (300 a chunk), N not a multiple of the
     # 256-wide tile (520), K not a multiple of 64; three launches in a row with new values (the tickets and counts
     # must be back at zero); two-shot AR (every rank the same bytes); random data against the fp32 sum and the
     # default kernel. With `late`, rank 1's clusters from grid row 1 start 3 ms late (TANDEM_TP_LATE): the other

@@ -429,8 +429,9 @@ def _ticket_reference(owner, world, parts, mr, dtype):
 def rs_ticket(rs_shapes, dtypes, repeats):
     """The fused GEMM+RS / two-shot GEMM+AR by tickets (TANDEM_RS_TICKET=1: no reduce role, no waits in the GEMM;
     each tile's last rank to finish it adds every rank's partial): structured data bit-exact against the ticket
-    order (_ticket_reference), `repeats` launches in a row with new values each (a ticket or count left from the
-    previous launch, or a slot read before it was stored, shows as wrong elements or a timeout); the host's record
+    order (_ticket_reference), `repeats` launches in a row with new values each (a ticket, count or staged flag
+    left from the previous launch, or a slot read before it was stored, shows as wrong elements or a timeout); the
+    host's record
     that the ticket kernel ran; AR: every chunk the owner's sum, the same bytes on every rank; random data against
     the fp32 sum and against the default kernel, and the ticket kernel again on doubled inputs (exact: x 2 commutes
     with every rounding); the default kernel once the knob is gone (its own workspace)."""
@@ -494,14 +495,18 @@ def rs_ticket(rs_shapes, dtypes, repeats):
                 # Who reduces a tile must not change its bits: the same random inputs with each rank in turn
                 # starting its clusters from grid row 0 late (TANDEM_TP_LATE, read at every launch: the other
                 # ranks then draw the last tickets of the tiles it computes last), bit for bit against none late.
-                # With random data a sum in arrival order would differ in many elements.
+                # With random data a sum in arrival order would differ in many elements. The inputs alternate
+                # between x 4 and x 2 (exact: powers of two commute with every rounding), so that a staged tile
+                # left flagged by a launch whose reducers differed (its owner would copy the old sum over the new)
+                # shows as wrong elements.
                 differ = []
                 for late_rank in range(world):
                     _set_env(TANDEM_TP_LATE="0:2000" if rank == late_rank else None)
-                    again = tp.gemm_rs(comm, ra, rb, mode="fused")
+                    scale = 4 if late_rank % 2 == 0 else 2  # (the launch before: ra * 2)
+                    again = tp.gemm_rs(comm, ra * scale, rb, mode="fused")
                     torch.cuda.synchronize()
                     comm.check()
-                    differ.append(int((again != ticket).sum()))
+                    differ.append(int((again != ticket * scale).sum()))
                 _set_env(TANDEM_TP_LATE=late0)
                 out["random"][-1]["late_rank_differs"] = differ
                 tp.release_workspaces(comm)  # (three workspaces a shape: the heap holds one shape's)

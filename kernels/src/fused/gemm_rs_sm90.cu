@@ -215,46 +215,60 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     return reinterpret_cast<uint4*>(p.gather_out != nullptr ? p.gather_out + static_cast<size_t>(q) * chunk_bytes
                                                             : p.out);
   };
-  // the units of chunk d's copy (d = 0: this rank's own): groups of 32 tiles of the own chunk (a warp reads their
-  // flags at once), 4 slices a block of a peer's
-  constexpr int kFlagGroup = 32;
+  // The units of chunk d's copy (d = 0: this rank's own): groups of `group` tiles of the own chunk (a warp reads
+  // their flags at once; at most 32, and small enough for 4 groups a block, so that a late rank's chunk-wide
+  // flagged copy still spreads over the grid), 4 slices a block of a peer's.
   const int64_t own_tiles = static_cast<int64_t>(p.ticket_tiles_m) * p.ticket_tiles_n;
   const int64_t peer_slices = 4 * nb;
-  const auto units = [&](int d) { return d == 0 ? (own_tiles + kFlagGroup - 1) / kFlagGroup : peer_slices; };
-  // copies unit u of chunk d (block-uniform: every thread calls it with the same arguments); false if a peer has
-  // no mapping (refused on the host)
-  const auto copy_unit = [&](int d, int64_t u) {
+  const int group = static_cast<int>(max(int64_t{1}, min(int64_t{32}, own_tiles / (4 * nb))));
+  const auto units = [&](int d) { return d == 0 ? (own_tiles + group - 1) / group : peer_slices; };
+  // where chunk d's copy reads (a peer without a mapping is refused on the host: null skips the chunk)
+  const auto chunk_src = [&](int d) {
     const int q = (rank + d) % world;
+    return reinterpret_cast<const uint4*>(d == 0 ? p.partial : peer_ptr(comm, p.partial, q));
+  };
+  // copies unit u of chunk d (block-uniform: every thread calls it with the same arguments)
+  const auto copy_unit = [&](int d, const uint4* src, int64_t u) {
     if (d != 0) {
-      const uint4* src = reinterpret_cast<const uint4*>(peer_ptr(comm, p.partial, q));
-      if (src == nullptr) return false;
-      copy_slice(chunk_dst(q), src, nvec * u / peer_slices, nvec * (u + 1) / peer_slices);
-      return true;
+      copy_slice(chunk_dst((rank + d) % world), src, nvec * u / peer_slices, nvec * (u + 1) / peer_slices);
+      return;
     }
-    // Every warp reads the group's flags (lane l: tile 32u + l); the barrier keeps warp 0's clearing after them.
+    // Every warp reads the group's flags (lane l: tile group * u + l); the barrier keeps warp 0's clearing after
+    // every warp's read.
     volatile uint32_t* flags = p.ticket_staged;
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int64_t my_tile = u * kFlagGroup + lane;
-    const bool flagged = my_tile < own_tiles && flags[my_tile] != 0u;
-    const uint32_t group = __ballot_sync(0xffffffffu, flagged);
+    const int64_t my_tile = u * group + lane;
+    const bool flagged = lane < group && my_tile < own_tiles && flags[my_tile] != 0u;
+    const uint32_t flagged_lanes = __ballot_sync(0xffffffffu, flagged);
     __syncthreads();
     const int64_t cols = p.chunk_elems / p.chunk_rows;
-    const uint4* src = reinterpret_cast<const uint4*>(p.partial);
     uint4* dst = chunk_dst(rank);
-    for (uint32_t rest = group; rest != 0u; rest &= rest - 1u) {
-      const int64_t tile = u * kFlagGroup + (__ffs(rest) - 1);
+    for (uint32_t rest = flagged_lanes; rest != 0u; rest &= rest - 1u) {
+      const int64_t tile = u * group + (__ffs(rest) - 1);
       const int64_t m0 = (tile / p.ticket_tiles_n) * kTicketTileM, n0 = (tile % p.ticket_tiles_n) * kTicketTileN;
-      const int64_t rows = min(static_cast<int64_t>(kTicketTileM), p.chunk_rows - m0);
-      const int64_t per_row = min(static_cast<int64_t>(kTicketTileN), cols - n0) / 8;  // 16-byte vectors
-#pragma unroll 4
-      for (int64_t v = threadIdx.x; v < rows * per_row; v += blockDim.x) {
-        const int64_t at = ((m0 + v / per_row) * cols + n0) / 8 + v % per_row;
-        dst[at] = __ldcg(src + at);  // (L1-bypassing: another rank wrote it this launch)
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kTicketTileM), p.chunk_rows - m0));
+      const int per_row = static_cast<int>(min(static_cast<int64_t>(kTicketTileN), cols - n0) / 8);  // 16 B vectors
+      const int n_vec = rows * per_row;
+      const uint4* from = src + (m0 * cols + n0) / 8;
+      uint4* to = dst + (m0 * cols + n0) / 8;
+      const int64_t row_vec = cols / 8;
+      // 4 loads in flight a thread before their stores (L1-bypassing: another rank wrote them this launch)
+      for (int v0 = static_cast<int>(threadIdx.x); v0 < n_vec; v0 += 4 * static_cast<int>(blockDim.x)) {
+        uint4 x[4];
+        int64_t at[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int v = v0 + j * static_cast<int>(blockDim.x);
+          at[j] = (v / per_row) * row_vec + v % per_row;
+          if (v < n_vec) x[j] = __ldcg(from + at[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (v0 + j * static_cast<int>(blockDim.x) < n_vec) to[at[j]] = x[j];
       }
     }
     // (zero between launches: the next launch's flags come after this rank's ready[], which follows this)
     if (threadIdx.x < 32 && flagged) flags[my_tile] = 0u;
-    return true;
   };
   if (p.end_waiters > 0) {
     // Claimed end. Under MPS a rank's clusters are not all resident at once: the late ones start when blocks of
@@ -289,8 +303,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       __syncthreads();
       const bool ready = word[0] != 0u;
       __syncthreads();  // (every thread read word[0] before thread 0 writes a claim into it)
-      if (!ready) continue;  // not reduced yet: the waiters copy it; a later chunk may be
-      bool mapped = true;
+      const uint4* src = chunk_src(d);
+      if (!ready || src == nullptr) continue;  // not reduced yet: the waiters copy it; a later chunk may be
       for (;;) {
         if (threadIdx.x == 0)
           word[0] = static_cast<uint32_t>(
@@ -298,8 +312,8 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
         __syncthreads();
         const int64_t u = word[0];
         __syncthreads();
-        if (u >= units(d) || !mapped) break;
-        mapped = copy_unit(d, u);
+        if (u >= units(d)) break;
+        copy_unit(d, src, u);
       }
     }
   } else {
@@ -309,8 +323,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       if (threadIdx.x == 0 && st == Status::kOk)
         st = wait_until_backoff(comm, &ctl->reduced[q], Cmp::kGe, e, kRolePollNs, -1);
       if (!block_ok(st)) break;
-      bool mapped = true;
-      for (int64_t u = b; u < units(d) && mapped; u += nb) mapped = copy_unit(d, u);
+      const uint4* src = chunk_src(d);
+      if (src == nullptr) break;
+      for (int64_t u = b; u < units(d); u += nb) copy_unit(d, src, u);
     }
   }
   __syncthreads();

@@ -16,7 +16,7 @@
 //      into o's staging rows (row-major), marking the tile in o's `staged` flags so that o's end copies it; then
 //      it counts the tile at o (fetch-add, acq_rel), and the thread that completes the chunk's count resets it
 //      and signals reduced[o] = epoch to the ranks that read the staging (RS: o; AR: every rank)
-//   4. CUTLASS's epilogue never runs (compute_epilogue is false): the staging is the only output
+//   4. CUTLASS's epilogue never runs (compute_epilogue is false): the fixup's stores (output, staging) are all
 // Nothing here waits. A tile's reduction happens on whichever rank finishes it last, so a rank that MPS starts
 // late, or that is slow, never holds the others back inside the GEMM; only the end of the launch waits for the
 // chunk's count (gemm_rs_sm90.cu). The sum is deterministic (rank order, one rounding of each partial, fp32,
