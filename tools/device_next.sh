@@ -1046,13 +1046,15 @@ elif [ "$part" = tk2 ]; then
   bench 4 2048x8192x28672,1024x4096x8192 base 80
 elif [ "$part" = tk3 ]; then
   # branch rs-ticket3 (not run): the ticket kernel's owner stores its sums straight into its output (its end copies
-  # only the tiles another rank reduced, flagged in its staging); the claimed end skips a chunk not yet reduced.
+  # only the tiles another rank reduced, flagged in its staging); the claimed end skips a chunk not yet reduced;
+  # rounds (TANDEM_RS_TICKET_ROUNDS, off by default).
   # tk2 (2026-12-07 07:51, H100) had the end copy as the loss: world 4 RS ticket 3.56 ms (claimed end; 3.49 with the
   # old end) against 2.64 unfused, the owner's last GEMM step 0.95 ms against 0.48 for the others. Here: the ticket
-  # tests (11 cases, with TANDEM_RS_TICKET_DIRECT=0: every tile through the flagged copy), traces at worlds 4 and 2
-  # (variants: default fused; ticket; ticket through the staging; ticket in the common chunk order, whose last
-  # arrivers spread over the launch now that the fixup's loads are batched; ticket with the old end), then bench
-  # tp --ticket at worlds 4, 2, 3.
+  # tests (14 cases, with TANDEM_RS_TICKET_DIRECT=0: every tile through the flagged copy, and in rounds), traces at
+  # worlds 4 and 2 (variants: default fused; ticket; in 4 and 2 rounds (TANDEM_RS_TICKET_ROUNDS: the owner's fixups
+  # beside the next round's GEMM instead of all at the end); through the staging; in the common chunk order, whose
+  # last arrivers spread over the launch; with the old end), then bench tp --ticket at worlds 4 (also in 4 rounds),
+  # 2, 3.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
@@ -1067,13 +1069,14 @@ elif [ "$part" = tk3 ]; then
     local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
     [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
       --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
-      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_DIRECT=0;TANDEM_RS_TICKET=1,TANDEM_RS_ORDER=common;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
-      --out "$W/tk3/trace_w$1" 2>&1 | tail -26 | cut -c1-250
+      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=4;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=2;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_DIRECT=0;TANDEM_RS_TICKET=1,TANDEM_RS_ORDER=common;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
+      --out "$W/tk3/trace_w$1" 2>&1 | tail -36 | cut -c1-250
     tar czf "$OUT/tk3.tgz" -C "$W" tk3
   }
-  trace 4 75
+  trace 4 100
   bench 4 16384x8192x4096,8192x4096x8192 big 100
-  trace 2 60
+  bench 4 16384x8192x4096,8192x4096x8192 rounds4 90 TANDEM_RS_TICKET_ROUNDS=4
+  trace 2 80
   bench 2 16384x8192x4096 big 70
   bench 3 12288x8192x6144 big 60
   bench 4 2048x8192x28672,1024x4096x8192 small 80

@@ -126,7 +126,9 @@ def test_tile_claims_with_one_ranks_clusters_late_match_torch(run_ranks, world):
 _TICKET_CASES = [(2, False, {}), (2, True, {}), (3, False, {}), (3, True, {}), (4, False, {}), (4, True, {}),
                  (2, True, {"TANDEM_RS_TICKET_END_WAITERS": "1"}), (4, True, {"TANDEM_RS_TICKET_END_WAITERS": "1"}),
                  (3, False, {"TANDEM_RS_TICKET_END_WAITERS": "0"}), (2, True, {"TANDEM_RS_TICKET_DIRECT": "0"}),
-                 (4, False, {"TANDEM_RS_TICKET_DIRECT": "0", "TANDEM_RS_TICKET_END_WAITERS": "0"})]
+                 (4, False, {"TANDEM_RS_TICKET_DIRECT": "0", "TANDEM_RS_TICKET_END_WAITERS": "0"}),
+                 (4, True, {"TANDEM_RS_TICKET_ROUNDS": "4"}), (2, False, {"TANDEM_RS_TICKET_ROUNDS": "3"}),
+                 (3, True, {"TANDEM_RS_TICKET_ROUNDS": "2", "TANDEM_RS_TICKET_DIRECT": "0"})]
 
 
 @pytest.mark.parametrize("world,late,knobs", _TICKET_CASES,
@@ -145,6 +147,8 @@ def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(r
     # the other blocks copy what is ready and leave; "1": one block waits (every other block leaves at once, the
     # copy is all claimed units); "0": every block waits and copies a fixed share. TANDEM_RS_TICKET_DIRECT=0: the
     # owner too reduces into its staging and flags the tile, so that every tile takes the flagged copy.
+    # TANDEM_RS_TICKET_ROUNDS=P: P rounds of a piece of every chunk (the shapes' chunks have 2, 3, 8 and 32 tile rows:
+    # fewer pieces where a chunk has fewer cluster rows).
     rank_env = {r: dict(knobs) for r in range(world)}
     if late:
         rank_env[1]["TANDEM_TP_LATE"] = "1:3000"

@@ -53,7 +53,7 @@ SLOTS = K.tp_timeline_slots()
 KNOBS = ("TANDEM_TP_SWIZZLE", "TANDEM_TP_RASTER", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE", "TANDEM_RS_PIECES",
          "TANDEM_TP_TRACE", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE", "TANDEM_RS_JOIN", "TANDEM_TP_GEMM_TILE",
          "TANDEM_RS_RING", "TANDEM_RS_TICKET", "TANDEM_RS_TICKET_END_WAITERS",
-         "TANDEM_RS_TICKET_DIRECT")
+         "TANDEM_RS_TICKET_DIRECT", "TANDEM_RS_TICKET_ROUNDS")
 comm = Communicator(heap_bytes=4 << 30, timeout_s=60)
 rank, world, sms = comm.rank, comm.world_size, comm.sm_count
 stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731

@@ -47,7 +47,8 @@
 // reducing. Per launch (epoch e) on rank r:
 //   start    wait ready[q] >= e - 1 from every q (q's last arrivers finished reading r's slots of e - 1, and q's
 //            end finished reading the staging this launch overwrites)
-//   GEMM     W calls, tickets in the fixups (no waits)
+//   GEMM     W calls, tickets in the fixups (no waits); in P rounds (TANDEM_RS_TICKET_ROUNDS) W x P calls, round j
+//            the pieces j of the chunks in the same order, so the owner reduces its own pieces in every round
 //   end      wait reduced[r] >= e, copy the flagged tiles of r's staging (those another rank reduced) into out;
 //            AR: then for every other q wait reduced[q] >= e and copy q's staging (peer mapping) into out rows of
 //            chunk q. Only the last blocks to get here wait; the others copy what is ready and leave.
@@ -194,12 +195,23 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   if (p.late_us != 0 && static_cast<int>(blockIdx.y) >= p.late_cluster) runtime::hold_block_us(p.late_us);
   // A failed wait leaves the abort flag up; the GEMM still runs so that every block stays in step.
   __syncthreads();
-  for (int s = 0; s < world; ++s) {
-    p.timeline.stamp(1 + 3 * s);
-    GemmKernel op;
-    op(p.gemm[s], smem);
-    p.timeline.stamp(2 + 3 * s);
-    __syncthreads();  // the next call's pipelines start over in the same shared memory
+  // Rounds (p.pieces > 1, TANDEM_RS_TICKET_ROUNDS): round j computes piece j of every chunk in the same chunk order,
+  // so the owner's fixups (it reduces its own piece last in each round) happen in every round, beside the next
+  // round's GEMM on the SMs that finished first, instead of all at the end with no GEMM left to hide them. The
+  // trace stamps of step s are the last round's.
+  constexpr bool kRounds = GemmKernel::TileScheduler::kPieceCalls;
+  const int rounds = kRounds ? p.pieces : 1;
+  for (int j = 0; j < rounds; ++j) {
+    for (int s = 0; s < world; ++s) {
+      // The scheduler reads this call's piece (after the barrier below).
+      if (kRounds && threadIdx.x == 0) p.piece_of_block[runtime::grid_block_index()] = j;
+      __syncthreads();
+      p.timeline.stamp(1 + 3 * s);
+      GemmKernel op;
+      op(p.gemm[s], smem);
+      p.timeline.stamp(2 + 3 * s);
+      __syncthreads();  // the next call's pipelines start over in the same shared memory
+    }
   }
   even_out_registers<GemmKernel>();  // every warp runs the end phase: one register count again
   // The end: this rank's own chunk holds its sums already (the fixup stored them into the output) but for the tiles
@@ -840,15 +852,28 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
 template <class Element>
 using TicketTiledMma = typename gemm::detail::Sm90Gemm<Element, gemm::ArrivalClaimsSchedulerTag>::Mainloop::TiledMma;
 
-template <class Element>
-using TicketGemm = gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>>>;
-template <class Element>
-using TicketKernel = typename TicketGemm<Element>::Kernel;
+template <class Element, bool kRounds = false>
+using TicketGemm =
+    gemm::detail::Sm90Gemm<Element, gemm::TicketClaimsSchedulerTag<Element, TicketTiledMma<Element>, kRounds>>;
+template <class Element, bool kRounds = false>
+using TicketKernel = typename TicketGemm<Element, kRounds>::Kernel;
 
-template <class Element>
+// The ticket kernel's rounds (TANDEM_RS_TICKET_ROUNDS=P > 1): P pieces of each chunk, of whole cluster rows (the
+// pieces' plan with swizzle 1, the ticket calls' walk); fewer where the chunk has fewer cluster rows; 1 = none.
+PiecePlan ticket_rounds(const GemmRsArgs& a, const FusedKnobs& knobs) {
+  if (knobs.ticket_rounds <= 1) return PiecePlan{};
+  FusedKnobs k{};
+  k.pieces = std::min(knobs.ticket_rounds, kMaxPieces);
+  k.swizzle = 1;
+  SmPlan plan = a.plan;
+  plan.comm_blocks = 0;
+  return piece_plan(a, plan, /*one_shot=*/false, k, kTicketTileM, kTicketTileN);
+}
+
+template <class Element, bool kRounds>
 Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce, cudaStream_t stream,
                   std::string* why) {
-  using G = TicketGemm<Element>;
+  using G = TicketGemm<Element, kRounds>;
   using Kernel = typename G::Kernel;
   static_assert(kConfigTileM<gemm::detail::CooperativeConfig> == kTicketTileM &&
                     kConfigTileN<gemm::detail::CooperativeConfig> == kTicketTileN,
@@ -872,7 +897,11 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
   p.ranks_per_node = world;
   p.chunk_elems = static_cast<int64_t>(mr) * a.n;
   p.chunk_rows = mr;
-  p.pieces = 1;
+  const PiecePlan rounds = kRounds ? ticket_rounds(a, knobs) : PiecePlan{};
+  if (kRounds && rounds.pieces <= 1) return fail(why, "the ticket kernel in rounds without rounds", Status::kInternal);
+  p.pieces = rounds.pieces;
+  p.piece_rows = rounds.rows;
+  p.piece_of_block = reinterpret_cast<int32_t*>(ws + kPieceTableOffset);
   p.mode = RsMode::kFused;
   p.timeline.stamps = timeline_for_launch(stream);
   p.claims = reinterpret_cast<gemm::TileClaims*>(ws + kClaimOffset);
@@ -905,6 +934,11 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
     args.scheduler.arrival.claims = p.claims;
     args.scheduler.arrival.claim_call = s;  // one counter a call, later calls larger (the ring tags' order)
     args.scheduler.arrival.epoch_counter = &p.ctl->epoch;
+    if constexpr (kRounds) {  // round j's call s: piece j of chunk o, claim counter j * W + s
+      args.scheduler.arrival.piece_len = rounds.len;
+      args.scheduler.arrival.piece_of_block = p.piece_of_block;
+      args.scheduler.arrival.claim_stride = world;
+    }
     gemm::TicketReduce& t = args.scheduler.ticket;
     t.slots = ws + l.slots + static_cast<size_t>(o) * l.chunk_slot_bytes;
     t.tickets = reinterpret_cast<uint64_t*>(on_rank(a.comm, o, ws + l.tickets));
@@ -936,11 +970,22 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
     args.scheduler.arrival.gemm_block_y0 = 0;
     p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
     p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+    if constexpr (kRounds) {
+      // the pieces' assumptions about CUTLASS's walk, checked against the scheduler it made (as run_typed does)
+      const auto& sp = p.gemm[s].scheduler;
+      const int64_t tiles_n = static_cast<int64_t>(sp.divmod_cluster_blk_major_.divisor);
+      if (sp.raster_order_ != decltype(sp.raster_order_)::AlongN ||
+          rounds.len != (rounds.rows / kTicketTileM) * tiles_n ||
+          (rounds.rows / (2 * kTicketTileM)) % (1 << sp.log_swizzle_size_) != 0)
+        return fail(why, "the ticket rounds do not match the GEMM scheduler's order", Status::kInternal);
+    }
   }
   if (gg.y > static_cast<unsigned>(gemm::kClaimClusters))
     return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
   if (gg.x * gg.y > static_cast<unsigned>(kMaxGemmBlocks))
     return fail(why, "too many GEMM blocks for the ticket broadcast words", Status::kInternal);
+  if (world * (kRounds ? rounds.pieces : 1) > gemm::kClaimCalls)
+    return fail(why, "too many ticket calls for the tile claims", Status::kInternal);
   p.reduce_rows_y = 0;
   p.reduce_blocks = 0;
   p.gemm_blocks = static_cast<int>(gg.x * gg.y);
@@ -967,10 +1012,10 @@ cudaError_t preload_rs_kernel() {
   return cudaFuncGetAttributes(&attr, gemm_rs_kernel<Element, K, kPieces>);
 }
 
-template <class Element>
+template <class Element, bool kRounds>
 cudaError_t preload_rs_ticket_kernel() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, gemm_rs_ticket_kernel<Element, TicketKernel<Element>>);
+  return cudaFuncGetAttributes(&attr, gemm_rs_ticket_kernel<Element, TicketKernel<Element, kRounds>>);
 }
 
 template <class Element, bool kClaims>
@@ -997,8 +1042,10 @@ cudaError_t preload_rs_kernels() {
                            preload_rs_kernel<cutlass::half_t, true, false>(),
                            preload_rs_ring_kernel<cutlass::bfloat16_t, true>(),
                            preload_rs_ring_kernel<cutlass::half_t, true>(),
-                           preload_rs_ticket_kernel<cutlass::bfloat16_t>(),
-                           preload_rs_ticket_kernel<cutlass::half_t>()};
+                           preload_rs_ticket_kernel<cutlass::bfloat16_t, false>(),
+                           preload_rs_ticket_kernel<cutlass::half_t, false>(),
+                           preload_rs_ticket_kernel<cutlass::bfloat16_t, true>(),
+                           preload_rs_ticket_kernel<cutlass::half_t, true>()};
   for (cudaError_t x : e)
     if (x != cudaSuccess) return x;
   return cudaSuccess;
@@ -1080,8 +1127,11 @@ static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStrea
     detail::g_last_fused_joined = false;
   }
   if (ticket) {
-    return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t>(a, knobs, kAllReduce, stream, why)
-                                   : run_ticket<cutlass::bfloat16_t>(a, knobs, kAllReduce, stream, why);
+    if (ticket_rounds(a, knobs).pieces > 1)
+      return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t, true>(a, knobs, kAllReduce, stream, why)
+                                     : run_ticket<cutlass::bfloat16_t, true>(a, knobs, kAllReduce, stream, why);
+    return a.dtype == DType::kFP16 ? run_ticket<cutlass::half_t, false>(a, knobs, kAllReduce, stream, why)
+                                   : run_ticket<cutlass::bfloat16_t, false>(a, knobs, kAllReduce, stream, why);
   }
   if (ring)
     return a.dtype == DType::kFP16 ? run_ring<cutlass::half_t, true>(a, kAllReduce, stream, why)

@@ -172,6 +172,8 @@ extern bool g_last_fused_ticket;  // host: ... was the ticket reduction (the las
 //                         block waits and copies a fixed share)
 //   TANDEM_RS_TICKET_DIRECT=0  the ticket kernel's owner reduces its own tiles into its staging and flags them, as
 //                         other ranks do (default: straight into its output, so that its end copies nothing for them)
+//   TANDEM_RS_TICKET_ROUNDS=P  the ticket kernel in P rounds (at most 8): round j computes piece j of every chunk, so
+//                         the owner's fixups of its own pieces run beside the next round's GEMM (default 1: none)
 //   TANDEM_TP_GEMM_TILE=256x128  the fused GEMM roles (AG+GEMM, GEMM+RS/AR) in 256x128 tiles, with tile claims
 //                         (default 128x256; TANDEM_TP_CLAIM=0 keeps 128x256)
 //   TANDEM_TP_LATE=c:us   (tests) the fused GEMM role's clusters from row c of its grid on start us microseconds
@@ -191,6 +193,7 @@ struct FusedKnobs {
   int ticket_end_waiters = -1;  // TANDEM_RS_TICKET_END_WAITERS: blocks that wait at the ticket kernel's end (-1:
                                 // an eighth of the grid; 0: every block waits and copies a fixed share)
   bool ticket_direct = true;    // TANDEM_RS_TICKET_DIRECT=0: the owner's sums go through its staging too
+  int ticket_rounds = 1;        // TANDEM_RS_TICKET_ROUNDS=P: the ticket kernel in P rounds (a piece of every chunk each)
   static FusedKnobs from_env();
 };
 

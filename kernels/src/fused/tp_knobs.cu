@@ -58,6 +58,7 @@ FusedKnobs FusedKnobs::from_env() {
   k.ticket = env_is("TANDEM_RS_TICKET", "1");
   if (const char* v = std::getenv("TANDEM_RS_TICKET_END_WAITERS")) k.ticket_end_waiters = std::atoi(v);
   k.ticket_direct = !env_is("TANDEM_RS_TICKET_DIRECT", "0");
+  if (const char* v = std::getenv("TANDEM_RS_TICKET_ROUNDS")) k.ticket_rounds = std::atoi(v);
   runtime::late_blocks_from_env("TANDEM_TP_LATE", &k.late_cluster, &k.late_us);
   return k;
 }

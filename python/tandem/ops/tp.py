@@ -62,8 +62,8 @@ def fused_split(comm, op, m, n, k, sm_count) -> int:
 # best, wrong sums at worst. So they are part of what the ranks agree on whenever a fused kernel may run. Left
 # out: diagnostics and per-rank timing (TANDEM_TP_TRACE, TANDEM_TP_LATE, TANDEM_TP_POLL_NS,
 # TANDEM_RS_STREAM_LOADS, TANDEM_TP_FUSED_SMS, TANDEM_RS_TICKET_END_WAITERS: which of a rank's own blocks wait at
-# the ticket kernel's end, TANDEM_RS_TICKET_DIRECT: whether a rank's own sums go through its staging), which change
-# no cross-rank protocol.
+# the ticket kernel's end, TANDEM_RS_TICKET_DIRECT: whether a rank's own sums go through its staging,
+# TANDEM_RS_TICKET_ROUNDS: the order of a rank's own ticket calls), which change no cross-rank protocol.
 _ENV = os.environ
 FUSED_PROTOCOL_KNOBS = ("TANDEM_RS_TICKET", "TANDEM_RS_RING", "TANDEM_RS_PIECES", "TANDEM_RS_ORDER", "TANDEM_RS_REDUCE",
                         "TANDEM_RS_JOIN", "TANDEM_TP_CLAIM", "TANDEM_TP_GEMM_TILE", "TANDEM_TP_SWIZZLE",

@@ -57,6 +57,7 @@ class TandemArrivalScheduler : public PersistentTileSchedulerSm90 {
  public:
   using WorkTileInfo = typename Base::WorkTileInfo;
   static constexpr bool kTileClaims = kClaims;  // for the kernels around it
+  static constexpr bool kPieceCalls = kPieces;   // each call computes the piece piece_of_block names
   struct Arguments : Base::Arguments {
     tandem::kernels::gemm::ArrivalSchedule arrival{};
   };

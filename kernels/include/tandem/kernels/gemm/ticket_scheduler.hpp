@@ -59,9 +59,10 @@ struct TicketReduce {
   int32_t sys_scope = 1;              // 1: a rank on another GPU reads or counts (.sys); 0: all on this GPU (.gpu)
 };
 
-// The scheduler's tag: tile claims (TandemArrivalScheduler<false, true>) plus the ticket fixup, for a GEMM of
-// `Element` whose mainloop is `TiledMma` (its thread -> accumulator coordinate map places the sums).
-template <class Element, class TiledMma>
+// The scheduler's tag: tile claims (TandemArrivalScheduler<kPieces, true>) plus the ticket fixup, for a GEMM of
+// `Element` whose mainloop is `TiledMma` (its thread -> accumulator coordinate map places the sums). kPieces: each
+// call computes one piece of its chunk (ArrivalSchedule::piece_len; the ticket kernel in rounds).
+template <class Element, class TiledMma, bool kPieces = false>
 struct TicketClaimsSchedulerTag {};
 
 namespace ticket_detail {
@@ -96,9 +97,9 @@ __device__ __forceinline__ float value_of(uint32_t word, int half) {
 
 namespace cutlass::gemm::kernel::detail {
 
-template <class Element, class TiledMma, class TileShape, int kClusterM>
-class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kClusterM> {
-  using Base = TandemArrivalScheduler<false, true, kClusterM>;
+template <class Element, class TiledMma, class TileShape, int kClusterM, bool kPieces>
+class TandemTicketScheduler : public TandemArrivalScheduler<kPieces, true, kClusterM> {
+  using Base = TandemArrivalScheduler<kPieces, true, kClusterM>;
   static constexpr int kTileM = static_cast<int>(decltype(cute::size<0>(TileShape{}))::value);
   static constexpr int kTileN = static_cast<int>(decltype(cute::size<1>(TileShape{}))::value);
   static constexpr int kThreads = static_cast<int>(decltype(cute::size(TiledMma{}))::value);
@@ -266,11 +267,11 @@ class TandemTicketScheduler : public TandemArrivalScheduler<false, true, kCluste
   }
 };
 
-template <class Element, class TiledMma, class ArchTag, class TileShape, class ClusterShape,
+template <class Element, class TiledMma, bool kPieces, class ArchTag, class TileShape, class ClusterShape,
           uint32_t SchedulerPipelineStageCount>
-struct TileSchedulerSelector<tandem::kernels::gemm::TicketClaimsSchedulerTag<Element, TiledMma>, ArchTag, TileShape,
-                             ClusterShape, SchedulerPipelineStageCount> {
-  using Scheduler = TandemTicketScheduler<Element, TiledMma, TileShape, kArrivalClusterM<ClusterShape>>;
+struct TileSchedulerSelector<tandem::kernels::gemm::TicketClaimsSchedulerTag<Element, TiledMma, kPieces>, ArchTag,
+                             TileShape, ClusterShape, SchedulerPipelineStageCount> {
+  using Scheduler = TandemTicketScheduler<Element, TiledMma, TileShape, kArrivalClusterM<ClusterShape>, kPieces>;
 };
 
 }  // namespace cutlass::gemm::kernel::detail
