@@ -1055,7 +1055,7 @@ elif [ "$part" = tk3 ]; then
   # beside the next round's GEMM instead of all at the end); through the staging; in the common chunk order, whose
   # last arrivers spread over the launch; with the old end), then bench tp --ticket at worlds 4 (also in 4 rounds),
   # 2, 3.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-330} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-380} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4
@@ -1073,13 +1073,13 @@ elif [ "$part" = tk3 ]; then
       --out "$W/tk3/trace_w$1" 2>&1 | tail -36 | cut -c1-250
     tar czf "$OUT/tk3.tgz" -C "$W" tk3
   }
-  trace 4 100
-  bench 4 16384x8192x4096,8192x4096x8192 big 100
-  bench 4 16384x8192x4096,8192x4096x8192 rounds4 90 TANDEM_RS_TICKET_ROUNDS=4
-  trace 2 80
-  bench 2 16384x8192x4096 big 70
-  bench 3 12288x8192x6144 big 60
-  bench 4 2048x8192x28672,1024x4096x8192 small 80
+  trace 4 90
+  bench 4 16384x8192x4096,8192x4096x8192 big 80
+  bench 4 16384x8192x4096,8192x4096x8192 rounds4 70 TANDEM_RS_TICKET_ROUNDS=4
+  trace 2 70
+  bench 2 16384x8192x4096 big 50
+  bench 3 12288x8192x6144 big 50
+  bench 4 2048x8192x28672,1024x4096x8192 small 60
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
   # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):

@@ -147,8 +147,9 @@ def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(r
     # the other blocks copy what is ready and leave; "1": one block waits (every other block leaves at once, the
     # copy is all claimed units); "0": every block waits and copies a fixed share. TANDEM_RS_TICKET_DIRECT=0: the
     # owner too reduces into its staging and flags the tile, so that every tile takes the flagged copy.
-    # TANDEM_RS_TICKET_ROUNDS=P: P rounds of a piece of every chunk (the shapes' chunks have 2, 3, 8 and 32 tile rows:
-    # fewer pieces where a chunk has fewer cluster rows).
+    # TANDEM_RS_TICKET_ROUNDS=P: P rounds of a piece of every chunk (the shapes' chunks have 8, 3, 16 and 32 tile
+    # rows, 4, 2, 8 and 16 cluster rows: fewer pieces where a chunk has fewer cluster rows, short last pieces at
+    # P = 3); every launch must have run in more than one round.
     rank_env = {r: dict(knobs) for r in range(world)}
     if late:
         rank_env[1]["TANDEM_TP_LATE"] = "1:3000"
@@ -156,9 +157,15 @@ def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(r
                     rank_env=rank_env, timeout_s=300)
     for r in res:
         assert len(r["exact"]) == 2 * len(shapes) * 3 and len(r["random"]) == 2 * len(shapes)
+        asked_rounds = int(knobs.get("TANDEM_RS_TICKET_ROUNDS", "1"))
         for c in r["exact"]:
             assert c["ticket"] and c["wrong"] == 0 and c["rel"] < 1e-2, c
             assert c["ar_ticket"] and c["ar_wrong"] == 0, c
+            # rounds of whole 256-row cluster rows: P rounds of ceil(rows / P) each, so fewer where that divides
+            # unevenly (4 cluster rows in 3 rounds: 2 of 2)
+            clusters = ((c["shape"][0] // world + 127) // 128 + 1) // 2
+            per = -(-clusters // asked_rounds)
+            assert c["rounds"] == c["ar_rounds"] == (-(-clusters // per) if asked_rounds > 1 else 1), c
         for c in r["random"]:
             # one rounding of each partial and of the sum: as close to the fp32 sum as the default kernel
             assert c["ticket"] and c["finite"], c

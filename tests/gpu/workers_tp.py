@@ -459,12 +459,14 @@ def rs_ticket(rs_shapes, dtypes, repeats):
                     torch.cuda.synchronize()
                     comm.check()
                     ran = bool(K.tp_last_fused_rs_ticket())
+                    rounds = int(K.tp_last_fused_rs_pieces())  # the ticket kernel's rounds (TANDEM_RS_TICKET_ROUNDS)
                     got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
                     torch.cuda.synchronize()
                     comm.check()
                     ref_ar = torch.cat([_ticket_reference(q, world, parts, mr, dtype) for q in range(world)])
                     out["exact"].append(dict(
                         shape=[m, n, k], dtype=name, rep=rep, ticket=ran, ar_ticket=bool(K.tp_last_fused_rs_ticket()),
+                        rounds=rounds, ar_rounds=int(K.tp_last_fused_rs_pieces()),
                         wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
                         ar_digest=_digest(got_ar),
                         rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))

@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
   __syncthreads();
   // Rounds (p.pieces > 1, TANDEM_RS_TICKET_ROUNDS): round j computes piece j of every chunk in the same chunk order,
   // so the owner's fixups (it reduces its own piece last in each round) happen in every round, beside the next
-  // round's GEMM on the SMs that finished first, instead of all at the end with no GEMM left to hide them. The
-  // trace stamps of step s are the last round's.
+  // round's GEMM on the SMs that finished first, instead of all at the end with no GEMM left to hide them. Trace
+  // stamps: whole chunks as the other kernels' steps (1 + 3s start, 2 + 3s end); rounds as pieces (call c = jW + s
+  // ends at slot 1 + c, the last slots shared past 39: tools/diag/tp_trace.py reads them so).
   constexpr bool kRounds = GemmKernel::TileScheduler::kPieceCalls;
   const int rounds = kRounds ? p.pieces : 1;
   for (int j = 0; j < rounds; ++j) {
@@ -206,10 +207,11 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
       // The scheduler reads this call's piece (after the barrier below).
       if (kRounds && threadIdx.x == 0) p.piece_of_block[runtime::grid_block_index()] = j;
       __syncthreads();
-      p.timeline.stamp(1 + 3 * s);
+      if (!kRounds) p.timeline.stamp(1 + 3 * s);
       GemmKernel op;
       op(p.gemm[s], smem);
-      p.timeline.stamp(2 + 3 * s);
+      const int call = j * world + s;
+      p.timeline.stamp(!kRounds ? 2 + 3 * s : (1 + call < kSlotGatherStart ? 1 + call : kSlotGatherStart - 1));
       __syncthreads();  // the next call's pipelines start over in the same shared memory
     }
   }
@@ -996,6 +998,7 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
                                                 : std::min(knobs.ticket_end_waiters, p.gemm_blocks);
   detail::g_last_fused_ticket = true;
   detail::g_last_fused_claims = true;
+  detail::g_last_fused_pieces = kRounds ? rounds.pieces : 1;  // (the rounds, as pieces: tests and traces read it)
   const cudaError_t err = launch_clustered(gemm_rs_ticket_kernel<Element, Kernel>, gg, Kernel::MaxThreadsPerBlock,
                                            Kernel::SharedStorageSize, stream, p);
   return err == cudaSuccess ? Status::kOk
