@@ -473,7 +473,11 @@ void bind_kernels(py::module_& m) {
         .def_readwrite("n", &tp::GemmRsArgs::n)
         .def_readwrite("k", &tp::GemmRsArgs::k)
         .def_readwrite("lda", &tp::GemmRsArgs::lda)
-        .def_readwrite("ldb", &tp::GemmRsArgs::ldb);
+        .def_readwrite("ldb", &tp::GemmRsArgs::ldb)
+        .def_readwrite("ticket", &tp::GemmRsArgs::ticket,
+                       "the fused reduction: -1 as TANDEM_RS_TICKET says, 0 the reduce role, 1 tickets (one node)")
+        .def_readwrite("ticket_rounds", &tp::GemmRsArgs::ticket_rounds,
+                       "the ticket kernel's rounds: -1 as TANDEM_RS_TICKET_ROUNDS says, else 1 (none) to 8");
     def_address(cls, "a", &tp::GemmRsArgs::a);
     def_address(cls, "b", &tp::GemmRsArgs::b);
     def_address(cls, "out", &tp::GemmRsArgs::out);

@@ -1,7 +1,8 @@
 """`python -m tandem tune -n N`: measure the TP ops' modes and SM splits on this machine and write the table that
 mode="auto" reads (tandem.ops.tp_plan). Every rank runs every candidate at once, as the ops run in a job: the
-unfused path, the pipelined mode (one node) and the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a
-quarter of the rank's SMs.
+unfused path, the pipelined mode (one node), the fused kernel at comm_blocks 2, 4, 6, 8, 12, 16, ... up to a
+quarter of the rank's SMs, and for GEMM+RS/AR on one node the fused kernel by tickets in 1, 2 and 4 rounds (mode
+"ticket" in the table, comm_blocks its rounds).
 
     python -m tandem tune -n 4 [--shapes MxNxK,...] [--out FILE] [--reps 5]
     python -m tandem tune --from-bench docs/results/tp_w2.json docs/results/tp_w4.json [--out FILE]
@@ -18,6 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+
+# The ticket kernel's rounds that tune times (1: none); TANDEM_RS_TICKET_ROUNDS's values
+TICKET_ROUNDS = (1, 2, 4)
 
 
 def candidates(sms: int) -> list:
@@ -44,15 +49,29 @@ def run(case_list, reps, path):
         fn, a, b = rank_problem(op, m, n, k, world)
         kk = a.shape[1]  # the rank's K: the table is keyed by the problem the op sees
         results = {}
-        pipelined = [("pipelined", 0)] if comm.native.num_nodes == 1 else []
-        for mode, c in [("unfused", 0)] + pipelined + [("fused", c) for c in candidates(sms)]:
+        one_node = comm.native.num_nodes == 1
+        pipelined = [("pipelined", 0)] if one_node else []
+        # GEMM+RS/AR by tickets (one node): timed through its knobs as mode="fused" (the knobs are part of a
+        # prepared call's signature), tabled as mode "ticket" with its rounds
+        tickets = [("ticket", r) for r in TICKET_ROUNDS] if one_node and op != "ag_gemm" else []
+        for mode, c in [("unfused", 0)] + pipelined + [("fused", c) for c in candidates(sms)] + tickets:
             comm.barrier()
+            saved = {v: os.environ.get(v) for v in ("TANDEM_RS_TICKET", "TANDEM_RS_TICKET_ROUNDS")}
+            if mode == "ticket":
+                os.environ.update(TANDEM_RS_TICKET="1", TANDEM_RS_TICKET_ROUNDS=str(c))
             try:
-                results[(mode, c)] = common.time_launches(lambda: fn(comm, a, b, mode=mode, comm_blocks=c),
-                                                          warmup=2, reps=reps) * 1e3
+                call_mode, blocks = ("fused", 0) if mode == "ticket" else (mode, c)
+                results[(mode, c)] = common.time_launches(
+                    lambda: fn(comm, a, b, mode=call_mode, comm_blocks=blocks), warmup=2, reps=reps) * 1e3
             except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is not a candidate
                 if rank == 0:
                     print(f"  {label} {op} {mode} {c}: {str(e).splitlines()[0][:120]}")
+            finally:
+                for v, old in saved.items():
+                    if old is None:
+                        os.environ.pop(v, None)
+                    else:
+                        os.environ[v] = old
         comm.check()
         tp.release_workspaces(comm)
         # every rank must pick the same: rank 0's timings decide (the ranks agree on keys, not on timings)
@@ -67,7 +86,7 @@ def run(case_list, reps, path):
     comm.destroy()
 
 
-_BENCH_MODES = ("fused", "unfused", "pipelined")
+_BENCH_MODES = ("fused", "unfused", "pipelined", "ticket")  # ticket: bench tp --ticket's column (no rounds)
 
 
 def _commit_of(data, row) -> str:
@@ -94,9 +113,10 @@ def rows_from_bench(paths) -> list:
             mode = min(times, key=times.get)
             world = int(r["world"])
             k_rank = int(r["k"]) if r["op"] == "ag_gemm" else int(r["k"]) // world
+            # (the ticket column ran without rounds: its entry's number is 1, the rounds)
             rows.append(dict(op=r["op"], world=world, sms=int(r["sm_count"]), m=int(r["m"]), n=int(r["n"]), k=k_rank,
-                             mode=mode, comm_blocks=0, ms=times[mode],
-                             candidates={f"{mo}:0": t for mo, t in times.items()},
+                             mode=mode, comm_blocks=1 if mode == "ticket" else 0, ms=times[mode],
+                             candidates={f"{mo}:{1 if mo == 'ticket' else 0}": t for mo, t in times.items()},
                              source=f"bench {os.path.basename(path)} {_commit_of(data, r)}"))
     return rows
 

@@ -259,3 +259,48 @@ def test_the_shipped_table_is_the_gpu_models_own(monkeypatch, tmp_path):
     assert tp_plan.lookup("gemm_rs", 4, 32, 16384, 8192, 4096) == ("pipelined", 0)
     monkeypatch.setattr(_tune_table, "_device_name", lambda: "NVIDIA H200")
     assert tp_plan.lookup("gemm_rs", 4, 32, 16384, 8192, 4096) is None
+
+
+def test_a_ticket_entry_is_auto_s_plan_on_one_node_and_sets_the_launch_fields(tmp_path, monkeypatch):
+    # A table row of mode "ticket" (GEMM+RS/AR by tickets; comm_blocks = its rounds) is what auto runs on one node;
+    # across nodes the entry is skipped for the model, which never picks "ticket" itself.
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(tmp_path / "tune.json"))
+    shape = dict(m=16384, n=8192, k=1024)
+    tp_plan.write_table([dict(op="gemm_rs", world=4, sms=32, mode="ticket", comm_blocks=4, ms=2.0, **shape),
+                         dict(op="gemm_ar", world=4, sms=32, mode="ticket", comm_blocks=1, ms=3.0, **shape)])
+    assert tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 1024) == ("ticket", 4)
+    assert tp_plan.choose("gemm_ar", 4, 32, 16384, 8192, 1024) == ("ticket", 1)
+    assert tp_plan.lookup("gemm_rs", 4, 30, 16384, 8192, 1024) == ("ticket", 4)  # a nearby count: rounds as they are
+    across = tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 1024, nodes=2)
+    assert across[0] != "ticket" and across == tp_plan.model("gemm_rs", 4, 32, 16384, 8192, 1024, nodes=2,
+                                                            pipelined=False)[:2]
+    tp = pytest.importorskip("tandem.ops.tp")
+    # the launch: the fused kernel, no reduce role, the ticket kernel chosen by the call's own fields
+    assert tp.plan_launch_fields(("ticket", 4), 0) == (True, 0, {"ticket": 1, "ticket_rounds": 4})
+    assert tp.plan_launch_fields(("ticket", 0), 6) == (True, 0, {"ticket": 1, "ticket_rounds": 1})
+    assert tp.plan_launch_fields(("fused", 8), 0) == (True, 8, {})
+    assert tp.plan_launch_fields(("fused", 8), 4) == (True, 4, {})  # the caller's comm_blocks first
+    assert tp.plan_launch_fields(("unfused", 0), 0) == (False, 0, {})
+    assert tp.plan_launch_fields(None, 2) == (None, 2, {})
+
+
+def test_tune_from_bench_tables_the_ticket_column(tmp_path, monkeypatch):
+    # bench tp --ticket's ticket_ms is a candidate like the modes' columns; fastest, it is tabled as mode "ticket"
+    # with 1 round (the column ran without rounds)
+    from tandem import tune
+
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    path = tmp_path / "tp_w4.json"
+    rows = [dict(op="gemm_rs", m=16384, n=8192, k=4096, world=4, sm_count=32, fused_ms=4.0, unfused_ms=2.6,
+                 pipelined_ms=3.0, ticket_ms=2.1, run={"commit": "abc1234"}),
+            dict(op="gemm_ar", m=16384, n=8192, k=4096, world=4, sm_count=32, fused_ms=5.6, unfused_ms=3.4,
+                 pipelined_ms=3.7, ticket_ms=5.8, run={"commit": "abc1234"})]
+    path.write_text(json.dumps(rows))
+    got = tune.rows_from_bench([str(path)])
+    assert [(r["op"], r["mode"], r["comm_blocks"]) for r in got] == [("gemm_rs", "ticket", 1), ("gemm_ar", "unfused", 0)]
+    assert got[0]["candidates"] == {"fused:0": 4.0, "unfused:0": 2.6, "pipelined:0": 3.0, "ticket:1": 2.1}
+    out = str(tmp_path / "table.json")
+    assert tune.main(["--from-bench", str(path), "--out", out]) == 0
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", out)
+    assert tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 1024) == ("ticket", 1)

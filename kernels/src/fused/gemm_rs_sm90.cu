@@ -1061,13 +1061,21 @@ cudaError_t preload_kernels() {
   return cudaSuccess;
 }
 
-// The default layout's bytes; with TANDEM_RS_TICKET=1 (which the ranks agree on; tp.py keys that workspace apart)
+// The default layout's bytes; with tickets (TANDEM_RS_TICKET=1 or GemmRsArgs::ticket = 1, which the ranks agree
+// on; tp.py keys that workspace apart)
 // the ticket layout's, which holds every mode's (a workspace made without the knob stays valid for the modes that
 // are not the ticket's: check_rs asks for the ticket's bytes only for a fused launch with the knob).
 size_t workspace_bytes(const GemmRsArgs& a, bool ticket) {
   return ticket ? ticket_layout(a).end : default_workspace_size(a);
 }
-size_t workspace_size(const GemmRsArgs& a) { return workspace_bytes(a, FusedKnobs::from_env().ticket); }
+// The environment's knobs with the call's own choices over them (GemmRsArgs::ticket, ticket_rounds: auto's plan).
+static FusedKnobs knobs_of(const GemmRsArgs& a) {
+  FusedKnobs k = FusedKnobs::from_env();
+  if (a.ticket >= 0) k.ticket = a.ticket == 1;
+  if (a.ticket_rounds >= 0) k.ticket_rounds = a.ticket_rounds;
+  return k;
+}
+size_t workspace_size(const GemmRsArgs& a) { return workspace_bytes(a, knobs_of(a).ticket); }
 
 // `knobs`: the launch's (dispatch reads them once), or this moment's for can_implement.
 static Status check_rs(const GemmRsArgs& a, bool fused, const FusedKnobs& knobs, std::string* why) {
@@ -1090,12 +1098,12 @@ static Status check_rs(const GemmRsArgs& a, bool fused, const FusedKnobs& knobs,
                       workspace_bytes(a, fused && knobs.ticket), plan, why);
 }
 
-Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, FusedKnobs::from_env(), why); }
+Status can_implement(const GemmRsArgs& a, std::string* why) { return check_rs(a, true, knobs_of(a), why); }
 
 template <bool kAllReduce>
 static Status dispatch(const GemmRsArgs& a, bool fused, bool one_shot, cudaStream_t stream, std::string* why,
                        Stages stages = Stages::kAll) {
-  const FusedKnobs knobs = FusedKnobs::from_env();  // read once a launch: the checks and the dispatch agree
+  const FusedKnobs knobs = knobs_of(a);  // read once a launch: the checks and the dispatch agree
   if (const Status s = check_rs(a, fused, knobs, why); s != Status::kOk) return s;
   if (one_shot && a.comm.world > kMaxFusedRsWorld) return fail(why, "the one-shot all-reduce takes at most 8 ranks");
   if (one_shot && topology_of(a).N > 1)
@@ -1165,7 +1173,7 @@ Status run_unfused(const GemmRsArgs& a, cudaStream_t stream, std::string* why) {
 
 // GEMM+AllReduce: the same checks (out is M x N instead of M/W x N; the workspace is the same).
 Status can_implement(const GemmArArgs& a, std::string* why) {
-  if (const Status s = check_rs(a, true, FusedKnobs::from_env(), why); s != Status::kOk) return s;
+  if (const Status s = check_rs(a, true, knobs_of(a), why); s != Status::kOk) return s;
   if (a.algo == ArAlgo::kOneShot && topology_of(a).N > 1)
     return fail(why, "the one-shot all-reduce reads every partial by load/store: one node only (use two_shot)");
   return Status::kOk;

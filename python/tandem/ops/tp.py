@@ -75,11 +75,27 @@ def fused_knob_values() -> tuple:
     return tuple(map(_ENV.get, FUSED_PROTOCOL_KNOBS))
 
 
+# auto's plans that run the fused kernel: "fused" (comm_blocks = the reduce role's SMs) and, for GEMM+RS/AR on one
+# node, "ticket" (the ticket kernel: no reduce role; the plan's number is its rounds, 0 or 1 = none).
+_FUSED_PLANS = ("fused", "ticket")
+
+
+def plan_launch_fields(plan, comm_blocks: int) -> tuple:
+    """(fused, comm_blocks, ticket fields) of auto's plan for the GEMM+RS/AR launch: whether it runs the fused
+    kernel, the reduce role's SMs (the caller's comm_blocks first), and the GemmRsArgs fields that choose the ticket
+    kernel ({} leaves it to TANDEM_RS_TICKET)."""
+    if plan is None:
+        return None, int(comm_blocks), {}
+    if plan[0] == "ticket":
+        return True, 0, {"ticket": 1, "ticket_rounds": max(1, int(plan[1]))}
+    return plan[0] == "fused", int(comm_blocks) or int(plan[1]), {}
+
+
 def fused_knobs(mode: str, plan) -> dict:
     """{"knobs": ((name, value), ...)} of the FUSED_PROTOCOL_KNOBS set in this process when the call may run a
     fused kernel (mode "fused", or "auto" with a fused plan), for the op key; {} otherwise (unset knobs and
     non-fused calls leave the key as it was)."""
-    if mode not in ("fused", "auto") or (mode == "auto" and (plan is None or plan[0] != "fused")):
+    if mode not in ("fused", "auto") or (mode == "auto" and (plan is None or plan[0] not in _FUSED_PLANS)):
         return {}
     set_ = tuple((name, v) for name, v in zip(FUSED_PROTOCOL_KNOBS, fused_knob_values()) if v)
     return {"knobs": set_} if set_ else {}
@@ -132,16 +148,18 @@ def _ag_pipelined_workspace(comm, m_local: int, k: int, dtype, agree: tuple) -> 
                       loaders=_PIPELINED_LOADERS, agree=agree)
 
 
-def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple) -> torch.Tensor:
-    """The GEMM+RS/AR workspace (`op`) for this shape, as ag_workspace."""
+def _rs_workspace(comm, op: str, m: int, n: int, dtype, agree: tuple, ticket: bool = False) -> torch.Tensor:
+    """The GEMM+RS/AR workspace (`op`) for this shape, as ag_workspace; `ticket`: the ticket kernel's layout
+    whatever TANDEM_RS_TICKET says (auto's plan "ticket")."""
     return rt.workspace(comm, (op, rt.token(comm), m, n, dtype),
-                        native().kernels.workspace_size(comm.native, _rs_shape_args(m, n)), agree=agree)
+                        native().kernels.workspace_size(comm.native, _rs_shape_args(m, n, ticket=ticket)),
+                        agree=agree)
 
 
-def _rs_shape_args(m: int, n: int, k: int = 8):
-    """GemmRsArgs with the fields the workspace layout depends on (M, N; the world and SMs are the
-    communicator's)."""
-    return rt.kernel_args("GemmRsArgs", m=m, n=n, k=k, lda=k, ldb=n)
+def _rs_shape_args(m: int, n: int, k: int = 8, ticket: bool = False):
+    """GemmRsArgs with the fields the workspace layout depends on (M, N, the ticket kernel's choice; the world and
+    SMs are the communicator's)."""
+    return rt.kernel_args("GemmRsArgs", m=m, n=n, k=k, lda=k, ldb=n, **({"ticket": 1} if ticket else {}))
 
 
 def _prepare_ag(comm, a_local, b, mode, comm_blocks, sm_count):
@@ -273,20 +291,20 @@ def _prepare_rs(comm, a, b, mode, comm_blocks, sm_count, op="gemm_rs", algo="aut
         return pipelined_launch
     # The ticket mode (TANDEM_RS_TICKET=1) keeps per-tile tickets that only its own launches reset: a workspace of
     # its own, never shared with the other modes' launches (gemm_rs_sm90.cu).
-    ticket = _ENV.get("TANDEM_RS_TICKET") == "1" and "knobs" in fused_knobs(mode, plan)
-    ws = _rs_workspace(comm, op + ("_ticket" if ticket else ""), m, n, dtype, agree)
+    # Auto's plan "ticket" chooses it for this call (GemmRsArgs.ticket), the same workspace key.
+    fused_plan, blocks, ticket_fields = plan_launch_fields(plan, comm_blocks)
+    ticket = bool(ticket_fields) or (_ENV.get("TANDEM_RS_TICKET") == "1" and "knobs" in fused_knobs(mode, plan))
+    ws = _rs_workspace(comm, op + ("_ticket" if ticket else ""), m, n, dtype, agree, ticket=bool(ticket_fields))
     run = K.gemm_ar if all_reduce else K.gemm_rs
     if plan is not None:
-        mode = ("fused" if mode == "fused" else "auto") if plan[0] == "fused" else "unfused"
-        comm_blocks = comm_blocks or plan[1]
-    blocks = int(comm_blocks)
+        mode = ("fused" if mode == "fused" else "auto") if fused_plan else "unfused"
     # mode is now "fused", "auto" (a fused plan) or "unfused": the fused kernel's grid is one every rank's clusters
     # fit in (MPS)
     sms = int(sm_count) if mode == "unfused" else fused_sms(comm, op, sm_count)
     # the call's typed arguments, made once per signature; each call sets the addresses
     x = rt.kernel_args("GemmArArgs" if all_reduce else "GemmRsArgs", dtype=rt.DTYPES[dtype], m=m, n=n, k=k,
                        lda=a.stride(0), ldb=b.stride(0), workspace=ws.data_ptr(),
-                       plan=dict(sm_count=sms, comm_blocks=blocks))
+                       plan=dict(sm_count=sms, comm_blocks=blocks), **ticket_fields)
     if all_reduce:  # algo was checked by the op
         x.algo = getattr(K.ArAlgo, _AR_ALGOS[algo])
     chosen = "UNFUSED" if mode == "unfused" else "FUSED"

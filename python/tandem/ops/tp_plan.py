@@ -14,6 +14,8 @@ measured on the H200; a table entry always wins over the model).
 
 Tables: TANDEM_TP_TUNE_FILE, else ~/.cache/tandem/tp_tune.json, else the one shipped beside this file
 (tp_tune_h100.json on an H100, else tp_tune_h200.json: _tune_table.device_table), each a JSON list of rows {op, world, sms, mb, nb, kb, mode, comm_blocks, ms}.
+Modes: "fused" (comm_blocks: the reduce/copy role's SMs), "unfused", "pipelined" (one node), and for GEMM+RS/AR
+"ticket" (the fused kernel by tickets, one node; comm_blocks holds its rounds, TANDEM_RS_TICKET_ROUNDS's meaning).
 """
 
 from __future__ import annotations
@@ -214,12 +216,14 @@ def fused_split(op: str, world: int, sms: int, m: int, n: int, k: int) -> int:
 def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1, pipelined: bool = True):
     """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice. "pipelined" is
     never chosen across nodes (nodes > 1) or when the caller rules it out (pipelined=False: it restricted the
-    SMs): a table entry naming it is then skipped for the model."""
+    SMs), "ticket" (GEMM+RS/AR by tickets; its number is the kernel's rounds) never across nodes: a table entry
+    naming them is then skipped for the model, which never picks "ticket" itself (it has no term for it)."""
     if world == 1:
         return "unfused", 0
     ok = pipelined and nodes == 1
     hit = lookup(op, world, sms, m, n, k)
-    if hit is not None and (ok or hit[0] != "pipelined"):
+    # "ticket" (the fused GEMM+RS/AR by tickets, comm_blocks = its rounds) runs on one node only
+    if hit is not None and (ok or hit[0] != "pipelined") and (nodes == 1 or hit[0] != "ticket"):
         return hit
     mode, c, _ = model(op, world, sms, m, n, k, nodes=nodes, pipelined=ok)
     return mode, c

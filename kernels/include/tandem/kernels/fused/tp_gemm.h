@@ -73,6 +73,12 @@ struct GemmRsArgs {
   // Nodes of this many consecutive ranks (Communicator::uniform_ranks_per_node()); 0 or world: one node. Peers
   // of other nodes go through the communicator's proxy; chunks cross nodes once per node (hierarchical).
   int ranks_per_node = 0;
+  // The fused kernel's reduction (every rank the same: it is the cross-rank protocol): -1 as TANDEM_RS_TICKET says
+  // (the reduce role unless it is 1); 0 the reduce role; 1 tickets (one node: gemm_rs_sm90.cu). ticket_rounds: -1
+  // as TANDEM_RS_TICKET_ROUNDS says; else the ticket kernel's rounds (1: none). The workspace's size depends on
+  // `ticket` (workspace_size). tandem.ops.tp sets them from auto's plan "ticket".
+  int ticket = -1;
+  int ticket_rounds = -1;
 };
 
 // GEMM+AllReduce: the GemmRsArgs fields, with `out` a contiguous m x n matrix (every rank gets all rows).
