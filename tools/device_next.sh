@@ -981,7 +981,7 @@ elif [ "$part" = tk ]; then
   # last rank to finish it, no waits in the GEMM). Its test at worlds 2-4 with and without late clusters, then bench
   # tp --ticket (fused default, ticket, unfused, naive in the same run) at worlds 4 and 2, a trace of world 4 (the
   # ticket kernel's per-call compute against the default kernel's), and more shapes as time allows.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
   W=/tmp/tk; rm -rf "$W"; mkdir -p "$W/tk" "$OUT"
   bench() {  # bench <world> <shapes> <order: - or common> <cap s>
     local t=$(( $(left) - 10 )); [ "$t" -gt "$4" ] && t=$4
@@ -1008,7 +1008,7 @@ elif [ "$part" = tk2 ]; then
   # (9 cases with the end-phase variants; TK_K to cut), bench tp --ticket at worlds 4 and 2, world 2 again with the
   # old end (TANDEM_RS_TICKET_END_WAITERS=0) and on a resident-sized grid (TANDEM_TP_FUSED_SMS=30); on an H200 the
   # FP8 op at its worst shapes with the H100 table's rows against the shipped choice; traces at worlds 2 and 4.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-420} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-420} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4
@@ -1055,7 +1055,7 @@ elif [ "$part" = tk3 ]; then
   # beside the next round's GEMM instead of all at the end); through the staging; in the common chunk order, whose
   # last arrivers spread over the launch; with the old end), then bench tp --ticket at worlds 4 (also in 4 rounds),
   # 2, 3.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-380} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-tickets}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-380} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4
@@ -1080,6 +1080,11 @@ elif [ "$part" = tk3 ]; then
   bench 2 16384x8192x4096 big 50
   bench 3 12288x8192x6144 big 50
   bench 4 2048x8192x28672,1024x4096x8192 small 60
+  # auto's plan "ticket": tandem tune times it beside the other modes (1, 2, 4 rounds) and tables the fastest
+  t=$(( $(left) - 5 )); [ "$t" -gt 90 ] && t=90
+  [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem tune -n 4 --reps 5 \
+    --shapes 16384x8192x4096,8192x4096x8192 --out "$W/tk3/tune_w4.json" 2>&1 | grep -E "best|tuned|Error" | cut -c1-250
+  tar czf "$OUT/tk3.tgz" -C "$W" tk3
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
   # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):

@@ -57,6 +57,8 @@ def run(case_list, reps, path):
         for mode, c in [("unfused", 0)] + pipelined + [("fused", c) for c in candidates(sms)] + tickets:
             comm.barrier()
             saved = {v: os.environ.get(v) for v in ("TANDEM_RS_TICKET", "TANDEM_RS_TICKET_ROUNDS")}
+            for v in saved:  # (a ticket knob of the caller's shell would turn the other candidates into tickets)
+                os.environ.pop(v, None)
             if mode == "ticket":
                 os.environ.update(TANDEM_RS_TICKET="1", TANDEM_RS_TICKET_ROUNDS=str(c))
             try:
@@ -97,7 +99,8 @@ def _commit_of(data, row) -> str:
 
 def rows_from_bench(paths) -> list:
     """Table rows from `python -m tandem bench tp` outputs (tp_w*.json): per shape, the fastest of the modes the
-    benchmark timed in its run (fused at the op's default split, unfused, pipelined), every rank at once as here.
+    benchmark timed in its run (fused at the op's default split, unfused, pipelined, and with --ticket the ticket
+    kernel, tabled as mode "ticket" with the rounds it ran), every rank at once as here.
     The rank's K is the table's (RS/AR: K / world). Rows whose modes all failed are skipped."""
     import json
 
@@ -107,16 +110,20 @@ def rows_from_bench(paths) -> list:
             data = json.load(f)
         for r in data["data"]["rows"] if isinstance(data, dict) else data:
             times = {mode: r.get(f"{mode}_ms") for mode in _BENCH_MODES}
+            # the ticket column counts only where the ticket kernel ran and no knob but its rounds changed it
+            if r.get("ticket_ran") is False or set(r.get("ticket_knobs") or {}) - {"TANDEM_RS_TICKET_ROUNDS"}:
+                times.pop("ticket", None)
             times = {mode: t for mode, t in times.items() if t}
+            rounds = int(r.get("ticket_rounds") or 1)
             if not times:
                 continue
             mode = min(times, key=times.get)
             world = int(r["world"])
             k_rank = int(r["k"]) if r["op"] == "ag_gemm" else int(r["k"]) // world
-            # (the ticket column ran without rounds: its entry's number is 1, the rounds)
+            # (a ticket entry's number is the column's rounds: 1 where the bench did not record them)
             rows.append(dict(op=r["op"], world=world, sms=int(r["sm_count"]), m=int(r["m"]), n=int(r["n"]), k=k_rank,
-                             mode=mode, comm_blocks=1 if mode == "ticket" else 0, ms=times[mode],
-                             candidates={f"{mo}:{1 if mo == 'ticket' else 0}": t for mo, t in times.items()},
+                             mode=mode, comm_blocks=rounds if mode == "ticket" else 0, ms=times[mode],
+                             candidates={f"{mo}:{rounds if mo == 'ticket' else 0}": t for mo, t in times.items()},
                              source=f"bench {os.path.basename(path)} {_commit_of(data, r)}"))
     return rows
 

@@ -272,6 +272,8 @@ def test_a_ticket_entry_is_auto_s_plan_on_one_node_and_sets_the_launch_fields(tm
     assert tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 1024) == ("ticket", 4)
     assert tp_plan.choose("gemm_ar", 4, 32, 16384, 8192, 1024) == ("ticket", 1)
     assert tp_plan.lookup("gemm_rs", 4, 30, 16384, 8192, 1024) == ("ticket", 4)  # a nearby count: rounds as they are
+    tp_plan.write_table([dict(op="ag_gemm", world=4, sms=32, mode="ticket", comm_blocks=1, ms=2.0, **shape)])
+    assert tp_plan.choose("ag_gemm", 4, 32, 16384, 8192, 1024)[0] != "ticket"  # (a hand-made row: AG has no tickets)
     across = tp_plan.choose("gemm_rs", 4, 32, 16384, 8192, 1024, nodes=2)
     assert across[0] != "ticket" and across == tp_plan.model("gemm_rs", 4, 32, 16384, 8192, 1024, nodes=2,
                                                             pipelined=False)[:2]
@@ -295,11 +297,23 @@ def test_tune_from_bench_tables_the_ticket_column(tmp_path, monkeypatch):
     rows = [dict(op="gemm_rs", m=16384, n=8192, k=4096, world=4, sm_count=32, fused_ms=4.0, unfused_ms=2.6,
                  pipelined_ms=3.0, ticket_ms=2.1, run={"commit": "abc1234"}),
             dict(op="gemm_ar", m=16384, n=8192, k=4096, world=4, sm_count=32, fused_ms=5.6, unfused_ms=3.4,
-                 pipelined_ms=3.7, ticket_ms=5.8, run={"commit": "abc1234"})]
+                 pipelined_ms=3.7, ticket_ms=5.8, run={"commit": "abc1234"}),
+            # 4 rounds recorded: tabled with them; another knob beside it, or a column the kernel did not run: skipped
+            dict(op="gemm_rs", m=8192, n=4096, k=8192, world=4, sm_count=32, fused_ms=1.6, unfused_ms=1.3,
+                 pipelined_ms=1.4, ticket_ms=1.1, ticket_ran=True, ticket_rounds=4,
+                 ticket_knobs={"TANDEM_RS_TICKET_ROUNDS": "4"}, run={"commit": "abc1234"}),
+            dict(op="gemm_ar", m=8192, n=4096, k=8192, world=4, sm_count=32, fused_ms=2.1, unfused_ms=1.4,
+                 pipelined_ms=1.5, ticket_ms=1.0, ticket_ran=True, ticket_knobs={"TANDEM_RS_ORDER": "common"},
+                 run={"commit": "abc1234"}),
+            dict(op="gemm_ar", m=2048, n=8192, k=28672, world=4, sm_count=32, fused_ms=3.1, unfused_ms=1.8,
+                 pipelined_ms=2.4, ticket_ms=1.0, ticket_ran=False, run={"commit": "abc1234"})]
     path.write_text(json.dumps(rows))
     got = tune.rows_from_bench([str(path)])
-    assert [(r["op"], r["mode"], r["comm_blocks"]) for r in got] == [("gemm_rs", "ticket", 1), ("gemm_ar", "unfused", 0)]
+    assert [(r["op"], r["mode"], r["comm_blocks"]) for r in got] == [
+        ("gemm_rs", "ticket", 1), ("gemm_ar", "unfused", 0), ("gemm_rs", "ticket", 4), ("gemm_ar", "unfused", 0),
+        ("gemm_ar", "unfused", 0)]
     assert got[0]["candidates"] == {"fused:0": 4.0, "unfused:0": 2.6, "pipelined:0": 3.0, "ticket:1": 2.1}
+    assert "ticket:4" in got[2]["candidates"] and not any("ticket" in c for c in got[3]["candidates"])
     out = str(tmp_path / "table.json")
     assert tune.main(["--from-bench", str(path), "--out", out]) == 0
     monkeypatch.setenv("TANDEM_TP_TUNE_FILE", out)

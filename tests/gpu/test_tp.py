@@ -178,6 +178,23 @@ def test_fused_gemm_rs_and_ar_by_tickets_match_their_summation_order_and_torch(r
         assert len({r["exact"][i]["ar_digest"] for r in res}) == 1, i  # AR: the same bytes on every rank
 
 
+@pytest.mark.parametrize("world,rounds", [(2, 1), (4, 4)])
+def test_auto_runs_the_ticket_kernel_where_its_table_says_so(run_ranks, world, rounds):
+    # A tuned table row of mode "ticket" (rounds in comm_blocks) with TANDEM_RS_TICKET unset: mode="auto" runs the
+    # ticket kernel (the host's record) in those rounds, bit-exact against the ticket order and bit for bit as the
+    # knob's kernel; mode="fused" beside it still runs the default kernel on its own workspace; GEMM+AR two-shot too.
+    shapes = [(1024, 4096, 512), (300, 520, 1032)]
+    res = run_ranks(f"{W}:rs_ticket_auto", world, rs_shapes=shapes, rounds=rounds, timeout_s=240)
+    for r in res:
+        assert len(r) == len(shapes)
+        for c, (mr, _, _) in zip(r, shapes):
+            clusters = ((mr + 127) // 128 + 1) // 2
+            want = -(-clusters // -(-clusters // rounds)) if rounds > 1 else 1
+            assert c["plan"] == ["ticket", rounds] and c["ran"] == [True, want] and c["ran_ar"] == [True, want], c
+            assert c["wrong"] == 0 and c["ar_wrong"] == 0 and c["knob_differs"] == 0 and c["again_wrong"] == 0, c
+            assert not c["default_ticket"] and c["default_wrong"] == 0, c
+
+
 @pytest.mark.parametrize("late", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_fused_gemm_rs_and_ar_as_a_ring_match_their_summation_order_and_torch(run_ranks, world, late):

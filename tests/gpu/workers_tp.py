@@ -649,6 +649,69 @@ def rejects():
     return out
 
 
+def rs_ticket_auto(rs_shapes, rounds):
+    """Auto's plan "ticket" (a tuned table row of mode "ticket", TANDEM_RS_TICKET unset): mode="auto" runs the
+    ticket kernel in `rounds` rounds (the host's record: ticket, pieces), bit-exact against the ticket order and bit
+    for bit as the knob's ticket kernel; mode="fused" beside it runs the default kernel (its own order) on its own
+    workspace; GEMM+AR two-shot likewise. The table is this rank's own file (every rank writes the same rows)."""
+    import json
+    import tempfile
+
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
+    rank, world, sms = comm.rank, comm.world_size, comm.sm_count
+    table = os.path.join(tempfile.mkdtemp(prefix=f"tandem_auto_ticket_r{rank}_"), "tp_tune.json")
+    # (k: the rank's K, what the op sees and auto_plan keys on)
+    rows = [dict(op=op, world=world, sms=sms, m=mr * world, n=n, k=k, mode="ticket", comm_blocks=rounds,
+                 ms=1.0) for (mr, n, k) in rs_shapes for op in ("gemm_rs", "gemm_ar")]
+    with open(table, "w") as f:
+        json.dump(rows, f)
+    _set_env(TANDEM_TP_TUNE_FILE=table, TANDEM_RS_TICKET=None, TANDEM_RS_TICKET_ROUNDS=None)
+    out = []
+    try:
+        for (mr, n, k) in rs_shapes:
+            m = mr * world
+            dtype = torch.bfloat16
+            parts = _rs_partials(world, m, n, k, dtype)
+            a, b = parts[rank]
+            plan = tp.auto_plan(comm, "gemm_rs", m, n, a.shape[1])
+            got = tp.gemm_rs(comm, a, b, mode="auto")
+            torch.cuda.synchronize()
+            comm.check()
+            ran = (bool(K.tp_last_fused_rs_ticket()), int(K.tp_last_fused_rs_pieces()))
+            got_ar = tp.gemm_ar(comm, a, b, mode="auto", algo="two_shot")
+            torch.cuda.synchronize()
+            comm.check()
+            ran_ar = (bool(K.tp_last_fused_rs_ticket()), int(K.tp_last_fused_rs_pieces()))
+            default = tp.gemm_rs(comm, a, b, mode="fused")
+            torch.cuda.synchronize()
+            comm.check()
+            default_ticket = bool(K.tp_last_fused_rs_ticket())
+            _set_env(TANDEM_RS_TICKET=1, TANDEM_RS_TICKET_ROUNDS=rounds)
+            knob = tp.gemm_rs(comm, a, b, mode="fused")
+            torch.cuda.synchronize()
+            comm.check()
+            _set_env(TANDEM_RS_TICKET=None, TANDEM_RS_TICKET_ROUNDS=None)
+            again = tp.gemm_rs(comm, a * 2, b, mode="auto")  # the auto ticket's workspace again, after the others
+            torch.cuda.synchronize()
+            comm.check()
+            ref = _ticket_reference(rank, world, parts, mr, dtype)
+            ref_ar = torch.cat([_ticket_reference(q, world, parts, mr, dtype) for q in range(world)])
+            out.append(dict(shape=[m, n, k], plan=list(plan), ran=list(ran), ran_ar=list(ran_ar),
+                            wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
+                            default_ticket=default_ticket,
+                            default_wrong=int((default != _rs_reference(rank, world, parts, mr, dtype)).sum()),
+                            knob_differs=int((knob != got).sum()), again_wrong=int((again != got * 2).sum())))
+            tp.release_workspaces(comm)
+    finally:
+        _set_env(TANDEM_TP_TUNE_FILE=None, TANDEM_RS_TICKET=None, TANDEM_RS_TICKET_ROUNDS=None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return out
+
+
 def _rs_reference_nodes(owner, world, L, parts, mr, dtype):
     """The cross-node order (gemm_rs_sm90.cu): the other nodes' partials (n-1, n-2, ...), each the fp32 sum of its
     ranks j = 0 .. L-1 rounded once, then the owner's node's partials (l-1, l-2, ..., l); one final rounding."""

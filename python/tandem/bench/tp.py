@@ -47,6 +47,10 @@ COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", 
 RING_COLUMNS = ["fused ring ms", "ring/naive", "ring/max(GEMM, coll)"]
 # bench tp --ticket: the fused GEMM+RS / GEMM+AR by tickets (TANDEM_RS_TICKET=1), beside the default fused kernel
 TICKET_COLUMNS = ["fused ticket ms", "ticket/naive", "ticket/unfused", "ticket/max(GEMM, coll)"]
+# knobs that change what the ticket column runs, recorded in its rows (tandem tune --from-bench tables the column
+# only when none but the rounds was set)
+TICKET_RUN_KNOBS = ("TANDEM_RS_TICKET_ROUNDS", "TANDEM_RS_TICKET_DIRECT", "TANDEM_RS_TICKET_END_WAITERS",
+                    "TANDEM_RS_ORDER", "TANDEM_TP_FUSED_SMS", "TANDEM_TP_CLAIM", "TANDEM_TP_LATE")
 
 
 def cases(world: int, shapes=None) -> list:
@@ -249,6 +253,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             try:
                 r[f"{key}_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
                 r[f"{key}_ran"] = bool(ran())
+                if key == "ticket":  # what the column ran: its rounds (as pieces) and the knobs set beside it
+                    r["ticket_rounds"] = int(K.tp_last_fused_rs_pieces()) if r["ticket_ran"] else None
+                    r["ticket_knobs"] = {v: os.environ[v] for v in TICKET_RUN_KNOBS if os.environ.get(v)}
             finally:
                 os.environ.pop(knob, None)
         r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))

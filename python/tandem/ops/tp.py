@@ -82,8 +82,9 @@ _FUSED_PLANS = ("fused", "ticket")
 
 def plan_launch_fields(plan, comm_blocks: int) -> tuple:
     """(fused, comm_blocks, ticket fields) of auto's plan for the GEMM+RS/AR launch: whether it runs the fused
-    kernel, the reduce role's SMs (the caller's comm_blocks first), and the GemmRsArgs fields that choose the ticket
-    kernel ({} leaves it to TANDEM_RS_TICKET)."""
+    kernel, the reduce role's SMs (the caller's comm_blocks first; none for "ticket", which has no reduce role, so a
+    caller's comm_blocks does not apply to it), and the GemmRsArgs fields that choose the ticket kernel ({} leaves
+    it to TANDEM_RS_TICKET; a ticket plan overrides TANDEM_RS_TICKET=0)."""
     if plan is None:
         return None, int(comm_blocks), {}
     if plan[0] == "ticket":

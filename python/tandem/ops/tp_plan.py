@@ -216,14 +216,14 @@ def fused_split(op: str, world: int, sms: int, m: int, n: int, k: int) -> int:
 def choose(op: str, world: int, sms: int, m: int, n: int, k: int, nodes: int = 1, pipelined: bool = True):
     """(mode, comm_blocks) for mode="auto": the tuned table's entry, else the cost model's choice. "pipelined" is
     never chosen across nodes (nodes > 1) or when the caller rules it out (pipelined=False: it restricted the
-    SMs), "ticket" (GEMM+RS/AR by tickets; its number is the kernel's rounds) never across nodes: a table entry
+    SMs), "ticket" (GEMM+RS/AR by tickets; its number is the kernel's rounds) never across nodes nor for AG: an entry
     naming them is then skipped for the model, which never picks "ticket" itself (it has no term for it)."""
     if world == 1:
         return "unfused", 0
     ok = pipelined and nodes == 1
     hit = lookup(op, world, sms, m, n, k)
     # "ticket" (the fused GEMM+RS/AR by tickets, comm_blocks = its rounds) runs on one node only
-    if hit is not None and (ok or hit[0] != "pipelined") and (nodes == 1 or hit[0] != "ticket"):
+    if hit is not None and (ok or hit[0] != "pipelined") and ((nodes == 1 and op != "ag_gemm") or hit[0] != "ticket"):
         return hit
     mode, c, _ = model(op, world, sms, m, n, k, nodes=nodes, pipelined=ok)
     return mode, c
