@@ -1055,7 +1055,7 @@ elif [ "$part" = tk3 ]; then
   # beside the next round's GEMM instead of all at the end); through the staging; in the common chunk order, whose
   # last arrivers spread over the launch; with the old end), then bench tp --ticket at worlds 4 (also in 4 rounds),
   # 2, 3.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-380} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-340} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4
