@@ -1054,8 +1054,9 @@ elif [ "$part" = tk3 ]; then
   # worlds 4 and 2 (variants: default fused; ticket; in 4 and 2 rounds (TANDEM_RS_TICKET_ROUNDS: the owner's fixups
   # beside the next round's GEMM instead of all at the end); through the staging; in the common chunk order, whose
   # last arrivers spread over the launch; with the old end), then bench tp --ticket at worlds 4 (also in 4 rounds),
-  # 2, 3.
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-340} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
+  # 2, 3. Also auto's "ticket" plan (2 tests, tandem tune) and the ring's 6 tests (its host side shares the ticket
+  # kernel's per-call setup, set_step_params, since 2026-12-07 09:25).
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket or as_a_ring}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
   bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
     local w=$1 shapes=$2 label=$3 cap=$4; shift 4

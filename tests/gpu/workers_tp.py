@@ -309,6 +309,30 @@ def tile_claims(ag_shapes, rs_shapes, dtypes, repeats, late=None):
     return out
 
 
+def _exact_rs_and_ar(comm, parts, mr, reference, flags):
+    """One launch each of the fused GEMM+RS and two-shot GEMM+AR on structured data (`parts`: every rank's A and
+    B), bit for bit against `reference(owner, world, parts, mr, dtype)`, the kernel's summation order, for this
+    rank's rows and (AR) every owner's; `flags()`: the host's record of what the launch ran, read after each (the
+    AR's keys get an "ar_" prefix)."""
+    rank, world = comm.rank, comm.world_size
+    a, b = parts[rank]
+    dtype = a.dtype
+    ref = reference(rank, world, parts, mr, dtype)
+    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
+    got = tp.gemm_rs(comm, a, b, mode="fused")
+    torch.cuda.synchronize()
+    comm.check()
+    rs_flags = flags()
+    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
+    torch.cuda.synchronize()
+    comm.check()
+    ar_flags = {f"ar_{key}": v for key, v in flags().items()}
+    ref_ar = torch.cat([reference(q, world, parts, mr, dtype) for q in range(world)])
+    return dict(**rs_flags, **ar_flags, wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
+                ar_digest=_digest(got_ar),
+                rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6)))
+
+
 def rs_ring(rs_shapes, dtypes, repeats):
     """The fused GEMM+RS as a ring (TANDEM_RS_RING=1: no reduce role; each step's GEMM epilogue adds the right
     neighbour's running sum): structured data bit-exact against the ring's summation order (the pipelined mode's,
@@ -335,25 +359,10 @@ def rs_ring(rs_shapes, dtypes, repeats):
                     # new values every launch (A scaled by rep + 1: still exact), so that a slot read before its
                     # step was stored, or left from the previous launch, shows as wrong elements
                     parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
-                    a, b = parts[rank]
-                    ref = _ring_reference(rank, world, parts, mr, dtype)
-                    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
-                    got = tp.gemm_rs(comm, a, b, mode="fused")
-                    torch.cuda.synchronize()
-                    comm.check()
-                    ran = bool(K.tp_last_fused_rs_ring())
-                    claimed = bool(K.tp_last_fused_claims())
                     # two-shot AR: every chunk is its owner's ring sum, on every rank
-                    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
-                    torch.cuda.synchronize()
-                    comm.check()
-                    ref_ar = torch.cat([_ring_reference(q, world, parts, mr, dtype) for q in range(world)])
-                    out["exact"].append(dict(
-                        shape=[m, n, k], dtype=name, rep=rep, ring=ran, ar_ring=bool(K.tp_last_fused_rs_ring()),
-                        claims=claimed, ar_claims=bool(K.tp_last_fused_claims()),
-                        wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
-                        ar_digest=_digest(got_ar),
-                        rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
+                    out["exact"].append(dict(shape=[m, n, k], dtype=name, rep=rep, **_exact_rs_and_ar(
+                        comm, parts, mr, _ring_reference,
+                        lambda: dict(ring=bool(K.tp_last_fused_rs_ring()), claims=bool(K.tp_last_fused_claims())))))
                 # random data: the ring against the fp32 sum and against the default kernel (reduce role)
                 _set_env(TANDEM_TP_CLAIM=None)
                 # default, ring, ring (new values), default again on the RS workspace, and default, ring,
@@ -452,24 +461,11 @@ def rs_ticket(rs_shapes, dtypes, repeats):
                 for rep in range(repeats):
                     _set_env(TANDEM_RS_TICKET=1)
                     parts = [(pa * (rep + 1), pb) for pa, pb in _rs_partials(world, m, n, k, dtype)]
-                    a, b = parts[rank]
-                    ref = _ticket_reference(rank, world, parts, mr, dtype)
-                    exact_sum = sum((pa.float() @ pb.float()) for pa, pb in parts)[rank * mr:(rank + 1) * mr]
-                    got = tp.gemm_rs(comm, a, b, mode="fused")
-                    torch.cuda.synchronize()
-                    comm.check()
-                    ran = bool(K.tp_last_fused_rs_ticket())
-                    rounds = int(K.tp_last_fused_rs_pieces())  # the ticket kernel's rounds (TANDEM_RS_TICKET_ROUNDS)
-                    got_ar = tp.gemm_ar(comm, a, b, mode="fused", algo="two_shot")
-                    torch.cuda.synchronize()
-                    comm.check()
-                    ref_ar = torch.cat([_ticket_reference(q, world, parts, mr, dtype) for q in range(world)])
-                    out["exact"].append(dict(
-                        shape=[m, n, k], dtype=name, rep=rep, ticket=ran, ar_ticket=bool(K.tp_last_fused_rs_ticket()),
-                        rounds=rounds, ar_rounds=int(K.tp_last_fused_rs_pieces()),
-                        wrong=int((got != ref).sum()), ar_wrong=int((got_ar != ref_ar).sum()),
-                        ar_digest=_digest(got_ar),
-                        rel=float((got.float() - exact_sum).norm() / exact_sum.norm().clamp_min(1e-6))))
+                    # (rounds: the ticket kernel's, TANDEM_RS_TICKET_ROUNDS, as the host records them)
+                    out["exact"].append(dict(shape=[m, n, k], dtype=name, rep=rep, **_exact_rs_and_ar(
+                        comm, parts, mr, _ticket_reference,
+                        lambda: dict(ticket=bool(K.tp_last_fused_rs_ticket()),
+                                     rounds=int(K.tp_last_fused_rs_pieces())))))
                 ra = _random((m, k), 40 + rank, dtype)
                 rb = _random((k, n), 50, dtype)
                 _set_env(TANDEM_RS_TICKET=None)

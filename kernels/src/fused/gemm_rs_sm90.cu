@@ -756,6 +756,42 @@ char* on_rank(const tandem::DeviceComm& comm, int q, const void* local) {
 // The ring (protocol at the top of this file): W steps of the core's GEMM over every SM of the plan, step s's
 // epilogue adding the right neighbour's step s-1 sum as CUTLASS's source C (read from its heap through the peer
 // mapping: TMA descriptors on peer memory, one node only).
+// The calls of the kernels whose every block computes (the ring's steps, the ticket kernel's calls): one chunk of
+// `rows` rows a call, no arrival waits (the ring waits before the call; the tickets never wait), raster along N,
+// tile claims numbered by the call (later calls larger: the ring tags' order).
+template <class Args>
+void set_step_scheduler(Args& args, int rows, const tandem::DeviceComm& comm, gemm::TileClaims* claims, int call,
+                        const uint64_t* epoch_counter) {
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = Raster::AlongN;
+  args.scheduler.arrival.chunks = 1;
+  args.scheduler.arrival.chunk_rows = rows;
+  args.scheduler.arrival.comm = comm;
+  args.scheduler.arrival.claims = claims;
+  args.scheduler.arrival.claim_call = call;
+  args.scheduler.arrival.epoch_counter = epoch_counter;
+}
+
+// Call s's kernel parameters into p.gemm[s], after CUTLASS's checks; the first call fixes the grid (gg: the
+// persistent grid as (2, clusters), no role rows) that every call is numbered over. `what` names the call.
+template <class Kernel, class Args, class P>
+Status set_step_params(Args& args, int s, const char* what, dim3& gg, P& p, std::string* why) {
+  if (!Kernel::can_implement(args)) return fail(why, std::string("CUTLASS cannot implement this ") + what);
+  if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
+  if (s == 0) {
+    gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
+    if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
+      return fail(why, "unexpected GEMM grid shape", Status::kInternal);
+    gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
+  }
+  args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
+  args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
+  args.scheduler.arrival.gemm_block_y0 = 0;
+  p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
+  p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+  return Status::kOk;
+}
+
 template <class Element, bool kClaims>
 Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::string* why) {
   using G = gemm::detail::Sm90Gemm<Element, RsSchedulerTag<false, kClaims>>;
@@ -813,28 +849,10 @@ Status run_ring(const GemmRsArgs& a, bool all_reduce, cudaStream_t stream, std::
       g.beta = 1.0f;
     }
     auto args = G::arguments(g);
-    using Raster = decltype(args.scheduler.raster_order);
-    args.scheduler.raster_order = Raster::AlongN;
-    args.scheduler.arrival.chunks = 1;  // no arrival waits: the step's wait is before the GEMM (run_ring_steps)
-    args.scheduler.arrival.chunk_rows = mr;
-    args.scheduler.arrival.comm = a.comm;
-    // claims: one counter a step, numbered by the step (later calls have larger numbers: the ring tags' order)
-    args.scheduler.arrival.claims = p.claims;
-    args.scheduler.arrival.claim_call = s;
-    args.scheduler.arrival.epoch_counter = kClaims ? &p.ctl->epoch : nullptr;
-    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ring step");
-    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
-    if (s == 0) {
-      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
-      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
-        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
-      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
-    }
-    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
-    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
-    args.scheduler.arrival.gemm_block_y0 = 0;
-    p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
-    p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+    // (the step's wait is before the GEMM: run_ring_steps)
+    set_step_scheduler(args, mr, a.comm, p.claims, s, kClaims ? &p.ctl->epoch : nullptr);
+    if (const Status st = set_step_params<Kernel>(args, s, "GEMM+RS ring step", gg, p, why); st != Status::kOk)
+      return st;
   }
   if (kClaims && gg.y > static_cast<unsigned>(gemm::kClaimClusters))
     return fail(why, "too many GEMM clusters for the tile claims", Status::kInternal);
@@ -928,14 +946,7 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
     g.ldd = a.n;
     g.sm_count = a.plan.sm_count;  // 0: every SM of the device
     auto args = G::arguments(g);
-    using Raster = decltype(args.scheduler.raster_order);
-    args.scheduler.raster_order = Raster::AlongN;
-    args.scheduler.arrival.chunks = 1;  // no arrival waits
-    args.scheduler.arrival.chunk_rows = mr;
-    args.scheduler.arrival.comm = a.comm;
-    args.scheduler.arrival.claims = p.claims;
-    args.scheduler.arrival.claim_call = s;  // one counter a call, later calls larger (the ring tags' order)
-    args.scheduler.arrival.epoch_counter = &p.ctl->epoch;
+    set_step_scheduler(args, mr, a.comm, p.claims, s, &p.ctl->epoch);
     if constexpr (kRounds) {  // round j's call s: piece j of chunk o, claim counter j * W + s
       args.scheduler.arrival.piece_len = rounds.len;
       args.scheduler.arrival.piece_of_block = p.piece_of_block;
@@ -959,19 +970,8 @@ Status run_ticket(const GemmRsArgs& a, const FusedKnobs& knobs, bool all_reduce,
     t.owner = o;
     t.notify_all = all_reduce ? 1 : 0;
     t.sys_scope = sys ? 1 : 0;
-    if (!Kernel::can_implement(args)) return fail(why, "CUTLASS cannot implement this GEMM+RS ticket call");
-    if (Kernel::get_workspace_size(args) != 0) return fail(why, "unexpected CUTLASS workspace", Status::kInternal);
-    if (s == 0) {
-      gg = Kernel::get_grid_shape(Kernel::to_underlying_arguments(args, nullptr));
-      if (gg.z != 1 || (gg.x != kClusterX && gg.y != 1) || (gg.x * gg.y) % kClusterX)
-        return fail(why, "unexpected GEMM grid shape", Status::kInternal);
-      gg = dim3(kClusterX, gg.x * gg.y / kClusterX, 1);
-    }
-    args.scheduler.arrival.gemm_grid_x = static_cast<int32_t>(gg.x);
-    args.scheduler.arrival.gemm_grid_y = static_cast<int32_t>(gg.y);
-    args.scheduler.arrival.gemm_block_y0 = 0;
-    p.gemm[s] = Kernel::to_underlying_arguments(args, nullptr);
-    p.chunk_tiles = static_cast<int64_t>(p.gemm[s].scheduler.blocks_per_problem_);
+    if (const Status st = set_step_params<Kernel>(args, s, "GEMM+RS ticket call", gg, p, why); st != Status::kOk)
+      return st;
     if constexpr (kRounds) {
       // the pieces' assumptions about CUTLASS's walk, checked against the scheduler it made (as run_typed does)
       const auto& sp = p.gemm[s].scheduler;
