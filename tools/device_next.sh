@@ -349,13 +349,14 @@
 # main 70a6ce0 (test_tp 64, test_moe 30, 7, 22 passed). main's module: .carry/prebuilt-main (SOURCES dbdf029). Next:
 #   1. tk3 on branch rs-ticket3 (the owner's sums straight into its output; the end copies only flagged tiles):
 #        cd /work/main && git checkout --detach rs-ticket3 && rm -rf .carry/prebuilt &&
-#        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES fa8f8c2 == bash tools/native_sources_hash.sh)
+#        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES b0bbe21 == bash tools/native_sources_hash.sh)
 #        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash
 #            tools/device_next.sh tk3", carry=[".whl", ".carry/prebuilt"])
-#      14 ticket tests, traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs through-the-staging vs common
-#      order vs the old end),
-#      bench tp --ticket at worlds 4, 2, 3. Green: merge. If the ticket beats unfused at a shape, make it a plan of
-#      auto's (tp_plan / the tune table) and rerun bench tp for issue 21's table.
+#      16 ticket tests (auto's plan "ticket" among them), traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs
+#      through-the-staging vs common order vs the old end), tandem tune -n 4 with the ticket candidates,
+#      bench tp --ticket at worlds 4, 2, 3. Green: merge. If the ticket beats unfused at a shape: tandem tune -n 4 and
+#      -n 2 into the shipped tp_tune_h100/h200.json (auto's plan "ticket" is built on the branch), then bench tp for
+#      issue 21's table.
 #   2. On an H200: f8a, f8b, then `tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows (issue 23).
 #   3. The rest of the suite on main: test_gemm, test_transport, test_consumer, test_torchrun (not run since 1d71623).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
