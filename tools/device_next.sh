@@ -349,7 +349,7 @@
 # main 70a6ce0 (test_tp 64, test_moe 30, 7, 22 passed). main's module: .carry/prebuilt-main (SOURCES dbdf029). Next:
 #   1. tk3 on branch rs-ticket3 (the owner's sums straight into its output; the end copies only flagged tiles):
 #        cd /work/main && git checkout --detach rs-ticket3 && rm -rf .carry/prebuilt &&
-#        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES b0bbe21 == bash tools/native_sources_hash.sh)
+#        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES 4ac47c8 == bash tools/native_sources_hash.sh)
 #        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash
 #            tools/device_next.sh tk3", carry=[".whl", ".carry/prebuilt"])
 #      16 ticket tests (auto's plan "ticket" among them), traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs
