@@ -352,7 +352,7 @@
 #        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES 4ac47c8 == bash tools/native_sources_hash.sh)
 #        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash
 #            tools/device_next.sh tk3", carry=[".whl", ".carry/prebuilt"])
-#      16 ticket tests (auto's plan "ticket" among them), traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs
+#      16 ticket tests (auto's plan "ticket" among them) and the ring's 6, traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs
 #      through-the-staging vs common order vs the old end), tandem tune -n 4 with the ticket candidates,
 #      bench tp --ticket at worlds 4, 2, 3. Green: merge. If the ticket beats unfused at a shape: tandem tune -n 4 and
 #      -n 2 into the shipped tp_tune_h100/h200.json (auto's plan "ticket" is built on the branch), then bench tp for
