@@ -344,6 +344,21 @@
 #   3. On an H200: parts f8a and f8b (the FP8 sweep of every configuration, 12 shapes a call: one call of 24 ran
 #      past 330 s), then `tandem tune gemm --from-bench` of both into gemm_tune_h200.json's FP8 rows, and the op
 #      with that table (bench gemm --no-variants) in a later call.
+# 2026-12-07 08:40 (twenty-first session, 07:38-): one H100 from 07:51; tk2 ran (rs-ticket2 green, merged off by
+# default: batched fixup loads 1.6 -> 0.95 ms, the claimed end slower for RS), n1 + faults/train + ring attention on
+# main 70a6ce0 (test_tp 64, test_moe 30, 7, 22 passed). main's module: .carry/prebuilt-main (SOURCES dbdf029). Next:
+#   1. tk3 on branch rs-ticket3 (the owner's sums straight into its output; the end copies only flagged tiles):
+#        cd /work/main && git checkout --detach rs-ticket3 && rm -rf .carry/prebuilt &&
+#        cp -r .carry/prebuilt-rs-ticket3 .carry/prebuilt   (SOURCES 4ac47c8 == bash tools/native_sources_hash.sh)
+#        run(command="export OUT; nvidia-smi -L; TANDEM_COMMIT=<hash> CALL_S=560 timeout 570 bash
+#            tools/device_next.sh tk3", carry=[".whl", ".carry/prebuilt"])
+#      16 ticket tests (auto's plan "ticket" among them) and the ring's 6, traces at worlds 4 and 2 (ticket vs in 4 and 2 rounds vs
+#      through-the-staging vs common order vs the old end), tandem tune -n 4 with the ticket candidates,
+#      bench tp --ticket at worlds 4, 2, 3. Green: merge. If the ticket beats unfused at a shape: tandem tune -n 4 and
+#      -n 2 into the shipped tp_tune_h100/h200.json (auto's plan "ticket" is built on the branch), then bench tp for
+#      issue 21's table.
+#   2. On an H200: f8a, f8b, then `tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows (issue 23).
+#   3. The rest of the suite on main: test_gemm, test_transport, test_consumer, test_torchrun (not run since 1d71623).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
