@@ -654,6 +654,7 @@ def rs_ticket_auto(rs_shapes, rounds):
     import tempfile
 
     from tandem._native import native
+    from tandem.ops import tp_plan
 
     K = native().kernels
     comm = Communicator(heap_bytes=1 << 30, timeout_s=30)
@@ -662,8 +663,11 @@ def rs_ticket_auto(rs_shapes, rounds):
     # (k: the rank's K, what the op sees and auto_plan keys on)
     rows = [dict(op=op, world=world, sms=sms, m=mr * world, n=n, k=k, mode="ticket", comm_blocks=rounds,
                  ms=1.0) for (mr, n, k) in rs_shapes for op in ("gemm_rs", "gemm_ar")]
-    with open(table, "w") as f:
-        json.dump(rows, f)
+    # through the tuner's own writer (it adds the M/N/K buckets the lookup keys on); the rows it wrote are checked
+    # so that a table the lookup cannot read fails here, not as "auto picked unfused" below
+    tp_plan.write_table(rows, table)
+    with open(table) as f:
+        assert all(r["mode"] == "ticket" and "mb" in r for r in json.load(f))
     _set_env(TANDEM_TP_TUNE_FILE=table, TANDEM_RS_TICKET=None, TANDEM_RS_TICKET_ROUNDS=None)
     out = []
     try:
