@@ -359,6 +359,21 @@
 #      issue 21's table.
 #   2. On an H200: f8a, f8b, then `tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows (issue 23).
 #   3. The rest of the suite on main: test_gemm, test_transport, test_consumer, test_torchrun (not run since 1d71623).
+# 2026-12-07 10:50 (twenty-second session, 09:40-): two H100s, four calls, budget spent by 10:06. tk3 ran; rs-ticket3
+# merged into main by fast-forward (b3dd92e, off by default) after test_tp whole (71), test_gemm + test_transport +
+# test_torchrun (40) and test_consumer (6) passed there. main's module: .carry/prebuilt-main (SOURCES 4ac47c8). The
+# whole GPU suite is green at b3dd92e except test_moe, test_ring_attention, test_faults, test_tp_train (last green at
+# 70a6ce0; b3dd92e changed GEMM+RS host code and tests only). Next, in this order:
+#   1. On an H200 (a plain run may get one; never ask needs_h200 for it): f8a, f8b, then
+#      `python -m tandem tune gemm --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json --out
+#      python/tandem/ops/gemm_tune_h200.json` (merges the FP8 rows), then the FP8 op check (issue 23).
+#   2. On either card, one call: ticket AR at world 4 with every block waiting at the end (the 28-SM grid is
+#      resident there; END_WAITERS=0 was measured at world 2 only, where it is not):
+#        TANDEM_RS_TICKET_END_WAITERS=0 python -m tandem bench tp -n 4 --reps 5 --ticket --shapes 16384x8192x4096
+#      and moe_layer_steps.py at world 2 (deepseek 1k/4k: the per-step table was never saved; GEMM 1 is ~2x its
+#      weight-read bound by estimate): python -m tandem.launch -n 2 -- python tools/diag/moe_layer_steps.py
+#      --tokens 1024,4096 --reps 5 --out $OUT/steps
+#   3. test_moe, test_ring_attention, test_faults, test_tp_train on main (device_suite.sh with those files).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
