@@ -374,6 +374,10 @@
 #      weight-read bound by estimate): python -m tandem.launch -n 2 -- python tools/diag/moe_layer_steps.py
 #      --tokens 1024,4096 --reps 5 --out $OUT/steps
 #   3. test_moe, test_ring_attention, test_faults, test_tp_train on main (device_suite.sh with those files).
+#   4. The pipelined mode (cuBLAS + copy engines) beat unfused at worlds 2 and 3 (2.30 / 2.90 against 2.61 / 3.10
+#      ms, 2026-12-07) but not at world 4 (2.97 against 2.61): bench tp -n 4 --shapes 16384x8192x4096,8192x4096x8192
+#      with TANDEM_PIPELINE_SPLITS=1, 2, 4 and TANDEM_PIPELINE_COPY=sm (which of piece size, sync steps or the copy
+#      engines costs it at world 4); a winning setting goes into tune's candidates.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
