@@ -375,9 +375,13 @@
 #      --tokens 1024,4096 --reps 5 --out $OUT/steps
 #   3. test_moe, test_ring_attention, test_faults, test_tp_train on main (device_suite.sh with those files).
 #   4. The pipelined mode (cuBLAS + copy engines) beat unfused at worlds 2 and 3 (2.30 / 2.90 against 2.61 / 3.10
-#      ms, 2026-12-07) but not at world 4 (2.97 against 2.61): bench tp -n 4 --shapes 16384x8192x4096,8192x4096x8192
-#      with TANDEM_PIPELINE_SPLITS=1, 2, 4 and TANDEM_PIPELINE_COPY=sm (which of piece size, sync steps or the copy
-#      engines costs it at world 4); a winning setting goes into tune's candidates.
+#      ms, 2026-12-07) but not at world 4 (2.97 against 2.61): part tk4 (main) times it with 1 and 4 row pieces and
+#      with the copy kernel, beside the ticket kernel traced on the 28-SM grid and its AR with every block waiting;
+#      a winning setting goes into tune's candidates.
+# Order for the next call(s): mc1 on branch moe-gemm-c1 (new code: cd /work/main && git checkout --detach
+# moe-gemm-c1 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-gemm-c1 .carry/prebuilt; SOURCES a7882ac),
+# then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then item 1 if an
+# H200 came.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -1120,6 +1124,34 @@ elif [ "$part" = tk3 ]; then
   [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem tune -n 4 --reps 5 \
     --shapes 16384x8192x4096,8192x4096x8192 --out "$W/tk3/tune_w4.json" 2>&1 | grep -E "best|tuned|Error" | cut -c1-250
   tar czf "$OUT/tk3.tgz" -C "$W" tk3
+elif [ "$part" = tk4 ]; then
+  # issue 21, measurements only (main, no new code): (1) the ticket kernel traced on the fused grid the bench uses
+  # at world 4 (28 SMs a rank: every rank's clusters resident) with 10 reps, RS and AR, its default end and every
+  # block waiting (END_WAITERS=0: measured at world 2 only, where the grid is not resident) -- tk3's traces ran on
+  # 32 SMs with 2 reps, where one rank's late blocks decided every variant; (2) bench tp --ticket at world 4 with
+  # END_WAITERS=0; (3) the pipelined mode at world 4 with 1 and 4 row pieces a chunk and with the copy kernel
+  # instead of the copy engines (it beat unfused at worlds 2-3 but not 4 on 2026-12-07).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/tk4; rm -rf "$W"; mkdir -p "$W/tk4" "$OUT"
+  t=$(( $(left) - 20 )); [ "$t" -gt 150 ] && t=150
+  [ "$t" -gt 30 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096 --ops gemm_rs,gemm_ar --comm-blocks 0 --sm-counts 28 --reps 10 \
+    --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
+    --out "$W/tk4/trace_w4_28" 2>&1 | grep -E "^gemm_|span" | cut -c1-250
+  tar czf "$OUT/tk4.tgz" -C "$W" tk4
+  for v in end0 split1 split4 copysm; do
+    case $v in
+      end0) env_v="TANDEM_RS_TICKET_END_WAITERS=0"; extra="--ticket" ;;
+      split1) env_v="TANDEM_PIPELINE_SPLITS=1"; extra="" ;;
+      split4) env_v="TANDEM_PIPELINE_SPLITS=4"; extra="" ;;
+      copysm) env_v="TANDEM_PIPELINE_COPY=sm"; extra="" ;;
+    esac
+    t=$(( $(left) - 10 )); [ "$t" -gt 75 ] && t=75
+    [ "$t" -gt 25 ] && env $env_v timeout -s INT -k 5 $t python3 -m tandem bench tp -n 4 --reps 5 $extra \
+      --shapes 16384x8192x4096 --out "$W/tk4/bench_$v" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
+      sed "s/^/$v: /" | cut -c1-250
+    rm -f "$W"/tk4/*/*.png; tar czf "$OUT/tk4.tgz" -C "$W" tk4
+  done
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
   # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):
