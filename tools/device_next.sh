@@ -379,7 +379,7 @@
 #      with the copy kernel, beside the ticket kernel traced on the 28-SM grid and its AR with every block waiting;
 #      a winning setting goes into tune's candidates.
 # Order for the next call(s): mc1 on branch moe-gemm-c1 (new code: cd /work/main && git checkout --detach
-# moe-gemm-c1 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-gemm-c1 .carry/prebuilt; SOURCES a7882ac),
+# moe-gemm-c1 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-gemm-c1 .carry/prebuilt; SOURCES a719ad1),
 # then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then item 1 if an
 # H200 came.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
