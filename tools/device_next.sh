@@ -380,8 +380,9 @@
 #      a winning setting goes into tune's candidates.
 # Order for the next call(s): mc1 on branch moe-gemm-c1 (new code: cd /work/main && git checkout --detach
 # moe-gemm-c1 && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-gemm-c1 .carry/prebuilt; SOURCES a719ad1),
-# then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then item 1 if an
-# H200 came.
+# then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then an1 (issue
+# 25: ncu of tandem's attention forward beside cuDNN's at the two shapes furthest behind), then item 1 if an H200
+# came.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -1151,6 +1152,24 @@ elif [ "$part" = tk4 ]; then
       --shapes 16384x8192x4096 --out "$W/tk4/bench_$v" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
       sed "s/^/$v: /" | cut -c1-250
     rm -f "$W"/tk4/*/*.png; tar czf "$OUT/tk4.tgz" -C "$W" tk4
+  done
+elif [ "$part" = an1 ]; then
+  # issue 25: Nsight Compute on tandem's forward and SDPA cuDNN's at the two shapes furthest behind (B 8, S 2048,
+  # 32/8 heads, causal: 0.61-0.69 of cuDNN; B 1, S 8192, 16/16, non-causal: 0.77-0.79), one launch of each
+  # (tools/diag/attn_ncu.py), side by side: what cuDNN's kernel does better (tensor pipe, stalls, issue slots,
+  # grid and occupancy) decides the next change to the forward kernel.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/an1; rm -rf "$W"; mkdir -p "$W/an1" "$OUT"
+  for shape in "--batch 8 --seq 2048 --heads 32 --heads-kv 8 --causal" "--batch 1 --seq 8192 --heads 16 --heads-kv 16"; do
+    name=$(echo $shape | tr -dc 'a-z0-9' | cut -c1-40)
+    t=$(( $(left) - 10 )); [ "$t" -gt 150 ] && t=150
+    [ "$t" -gt 30 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- ncu --clock-control none --nvtx \
+      --nvtx-include "profile/" --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+      python3 tools/diag/attn_ncu.py $shape > "$W/an1/ncu_$name.txt" 2>&1
+    grep -E "max \||Duration|Compute \(SM\) Throughput|Issue Slots Busy|Grid Size|Registers Per|Achieved Occ|  [a-z_]*(ring|cudnn|fmha|sm90)[a-z_0-9]*" \
+      "$W/an1/ncu_$name.txt" | cut -c1-160 | head -24
+    tar czf "$OUT/an1.tgz" -C "$W" an1
   done
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
