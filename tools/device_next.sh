@@ -1155,6 +1155,12 @@ elif [ "$part" = tk4 ]; then
       sed "s/^/$v: /" | cut -c1-250
     rm -f "$W"/tk4/*/*.png; tar czf "$OUT/tk4.tgz" -C "$W" tk4
   done
+  # the core against cuBLAS on the share at the GEMM+RS rank GEMM (every rank at once, 20 reps; tk3's trace had
+  # the core 1.5x cuBLAS on 3 of 4 ranks with 2 reps, mps_grids 1.08x): what the ticket kernel's GEMM can reach
+  t=$(( $(left) - 5 )); [ "$t" -gt 120 ] && t=120
+  [ "$t" -gt 30 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
+    --shapes 16384x8192x1024 --reps 20 --out "$W/tk4/gemm_mps" 2>&1 | tail -14 | cut -c1-200
+  tar czf "$OUT/tk4.tgz" -C "$W" tk4
 elif [ "$part" = an1 ]; then
   # issue 25: Nsight Compute on tandem's forward and SDPA cuDNN's at the two shapes furthest behind (B 8, S 2048,
   # 32/8 heads, causal: 0.61-0.69 of cuDNN; B 1, S 8192, 16/16, non-causal: 0.77-0.79), one launch of each
