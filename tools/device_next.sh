@@ -378,7 +378,7 @@
 #      ms, 2026-12-07) but not at world 4 (2.97 against 2.61): part tk4 (main) times it with 1 and 4 row pieces and
 #      with the copy kernel, beside the ticket kernel traced on the 28-SM grid and its AR with every block waiting;
 #      a winning setting goes into tune's candidates.
-# Order for the next call(s): mc1 (tests) then mc2 (timings) on branch moe-dedup (new code: cd /work/main && git
+# Order for the next call(s): mc1 and mc3 (tests) then mc2 (timings) on branch moe-dedup (new code: cd /work/main && git
 # checkout --detach moe-dedup && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-dedup .carry/prebuilt; SOURCES
 # c0f99e6; it holds moe-gemm-c1: 1x1 grouped GEMM, GEMM 2 by tandem; and the dispatch's token once per rank). Merge
 # what passes (moe-gemm-c1 alone if only its tests pass: .carry/prebuilt-moe-gemm-c1, SOURCES a719ad1),
