@@ -382,7 +382,8 @@
 # checkout --detach moe-dedup && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-dedup .carry/prebuilt; SOURCES
 # c0f99e6; it holds moe-gemm-c1: 1x1 grouped GEMM, GEMM 2 by tandem; and the dispatch's token once per rank). Merge
 # what passes (moe-gemm-c1 alone if only its tests pass: .carry/prebuilt-moe-gemm-c1, SOURCES a719ad1),
-# then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then an1 (issue
+# then pr1 on branch tp-rounds (issue 21: the pipelined GEMM+RS/AR in rounds, new code: git checkout --detach
+# tp-rounds; .carry/prebuilt-tp-rounds, SOURCES 1cf97ea), then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then an1 (issue
 # 25: ncu of tandem's attention forward beside cuDNN's at the two shapes furthest behind), then item 1 if an H200
 # came.
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
