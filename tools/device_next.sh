@@ -359,33 +359,26 @@
 #      issue 21's table.
 #   2. On an H200: f8a, f8b, then `tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows (issue 23).
 #   3. The rest of the suite on main: test_gemm, test_transport, test_consumer, test_torchrun (not run since 1d71623).
-# 2026-12-07 10:50 (twenty-second session, 09:40-): two H100s, four calls, budget spent by 10:06. tk3 ran; rs-ticket3
-# merged into main by fast-forward (b3dd92e, off by default) after test_tp whole (71), test_gemm + test_transport +
-# test_torchrun (40) and test_consumer (6) passed there. main's module: .carry/prebuilt-main (SOURCES 4ac47c8). The
-# whole GPU suite is green at b3dd92e except test_moe, test_ring_attention, test_faults, test_tp_train (last green at
-# 70a6ce0; b3dd92e changed GEMM+RS host code and tests only). Next, in this order:
-#   1. On an H200 (a plain run may get one; never ask needs_h200 for it): f8a, f8b, then
-#      `python -m tandem tune gemm --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json --out
-#      python/tandem/ops/gemm_tune_h200.json` (merges the FP8 rows), then the FP8 op check (issue 23).
-#   2. On either card, one call: ticket AR at world 4 with every block waiting at the end (the 28-SM grid is
-#      resident there; END_WAITERS=0 was measured at world 2 only, where it is not):
-#        TANDEM_RS_TICKET_END_WAITERS=0 python -m tandem bench tp -n 4 --reps 5 --ticket --shapes 16384x8192x4096
-#      and moe_layer_steps.py at world 2 (deepseek 1k/4k: the per-step table was never saved; GEMM 1 is ~2x its
-#      weight-read bound by estimate): python -m tandem.launch -n 2 -- python tools/diag/moe_layer_steps.py
-#      --tokens 1024,4096 --reps 5 --out $OUT/steps
-#   3. test_moe, test_ring_attention, test_faults, test_tp_train on main (device_suite.sh with those files).
-#   4. The pipelined mode (cuBLAS + copy engines) beat unfused at worlds 2 and 3 (2.30 / 2.90 against 2.61 / 3.10
-#      ms, 2026-12-07) but not at world 4 (2.97 against 2.61): part tk4 (main) times it with 1 and 4 row pieces and
-#      with the copy kernel, beside the ticket kernel traced on the 28-SM grid and its AR with every block waiting;
-#      a winning setting goes into tune's candidates.
-# Order for the next call(s): mc1 and mc3 (tests) then mc2 (timings) on branch moe-dedup (new code: cd /work/main && git
-# checkout --detach moe-dedup && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-moe-dedup .carry/prebuilt; SOURCES
-# c0f99e6; it holds moe-gemm-c1: 1x1 grouped GEMM, GEMM 2 by tandem; and the dispatch's token once per rank). Merge
-# what passes (moe-gemm-c1 alone if only its tests pass: .carry/prebuilt-moe-gemm-c1, SOURCES a719ad1),
-# then pr1 on branch tp-rounds (issue 21: the pipelined GEMM+RS/AR in rounds, new code: git checkout --detach
-# tp-rounds; .carry/prebuilt-tp-rounds, SOURCES 1cf97ea), then tk4 and the rest of the suite (item 3) on main (.carry/prebuilt-main, SOURCES 4ac47c8), then an1 (issue
-# 25: ncu of tandem's attention forward beside cuDNN's at the two shapes furthest behind), then item 1 if an H200
-# came.
+# 2026-12-07 11:45 (twenty-second session, 09:40-12:40): two H100s, four calls, budget spent by 10:06. tk3 ran;
+# rs-ticket3 merged into main by fast-forward (b3dd92e, off by default) after test_tp whole (71), test_gemm +
+# test_transport + test_torchrun (40) and test_consumer (6) passed there. main's module: .carry/prebuilt-main (SOURCES
+# 4ac47c8). The GPU suite is green at b3dd92e except test_moe, test_ring_attention, test_faults, test_tp_train (last
+# green at 70a6ce0; b3dd92e changed GEMM+RS host code and tests only). Built since, none of it run. Next, one call
+# each, in this order (check out the branch detached, its module into .carry/prebuilt, SOURCES checked):
+#   1. pr1 on branch tp-rounds (issue 21: the pipelined GEMM+RS/AR in rounds; .carry/prebuilt-tp-rounds, SOURCES
+#      1cf97ea): its tests, then bench tp at worlds 4 and 2 with it. If it beats unfused: merge, make it a tune
+#      candidate (mode name of its own: tune refuses it as "pipelined"), rerun bench tp for issue 21's table.
+#   2. tk4 on main (.carry/prebuilt-main): the ticket kernel traced on the 28-SM grid (RS, AR), AR with every block
+#      waiting, the ring pipelined mode with 1 / 4 pieces and the copy kernel, the core against cuBLAS (20 reps).
+#   3. mc1, mc3, then mc2 on branch moe-dedup (.carry/prebuilt-moe-dedup, SOURCES c0f99e6; it holds moe-gemm-c1:
+#      the 1x1 grouped GEMM and GEMM 2 by tandem, plus the dispatch's token once per rank): the tests, then the
+#      timings (moe_layer_steps, bench moe --layer). Merge what passes (moe-gemm-c1 alone if only mc1 passes:
+#      .carry/prebuilt-moe-gemm-c1, SOURCES a719ad1); a knob becomes a default only where mc2 shows it faster.
+#   4. test_moe, test_ring_attention, test_faults, test_tp_train on main after the merges (device_suite.sh).
+#   5. an1 on main (issue 25: ncu of tandem's attention forward beside cuDNN's at the two shapes furthest behind).
+#   6. On an H200 (a plain run may get one; never ask needs_h200 for it): f8a, f8b, then `python -m tandem tune gemm
+#      --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json`, then the
+#      FP8 op check (issue 23).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
