@@ -394,6 +394,27 @@ defined=$(grep -cE "^(el)?if .*\[ \"\\\$part\" = ${part} \]" "$0")
 start=$(date +%s)
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
+# bench tp for one variant of a part: into $W/$part/bench_w<world>_<label>, $OUT/$part.tgz after it, the gemm_rs /
+# gemm_ar progress rows printed (a timeout still shows them); at most CAP s and the call's time left less 10.
+#   tp_bench FLAGS WORLD SHAPES LABEL CAP [VAR=value ...]     (FLAGS: e.g. --ticket, or "" for none)
+tp_bench() {
+  local flags=$1 w=$2 shapes=$3 label=$4 cap=$5; shift 5
+  local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
+  [ "$t" -gt 20 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 $flags \
+    --shapes $shapes --out "$W/$part/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
+    sed "s/^/w$w $label: /" | cut -c1-300
+  rm -f "$W/$part"/*/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
+}
+# tools/diag/tp_trace.py of GEMM+RS at 16384x8192x4096 (the fused grid at the rank's share, 2 reps) with VARIANTS,
+# into $W/$part/trace_w<world>, its last LINES lines printed; at most CAP s.
+#   tp_trace_rs WORLD CAP VARIANTS LINES
+tp_trace_rs() {
+  local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
+  [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
+    --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 --variants "$3" \
+    --out "$W/$part/trace_w$1" 2>&1 | tail -$4 | cut -c1-250
+  tar czf "$OUT/$part.tgz" -C "$W" "$part"
+}
 # One side of issue 22's before/after comparison: `tandem bench ARGS` with the side's tree and commit (before:
 # af75616's python/ and module in .carry/before; after: this tree), output in DIR/SIDE, at most CAP s and the
 # call's time left less 20 (skipped under 30); its plots dropped (at most 8 files come back).
@@ -1045,22 +1066,8 @@ elif [ "$part" = tk2 ]; then
   # FP8 op at its worst shapes with the H100 table's rows against the shipped choice; traces at worlds 2 and 4.
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-420} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket}"
   W=/tmp/tk2; rm -rf "$W"; mkdir -p "$W/tk2" "$OUT"
-  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
-    local w=$1 shapes=$2 label=$3 cap=$4; shift 4
-    local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
-    [ "$t" -gt 20 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
-      --shapes $shapes --out "$W/tk2/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
-      sed "s/^/w$w $label: /" | cut -c1-300
-    rm -f "$W"/tk2/*/*.png; tar czf "$OUT/tk2.tgz" -C "$W" tk2
-  }
-  trace() {  # trace <world> <cap s>
-    local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
-    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
-      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
-      --out "$W/tk2/trace_w$1" 2>&1 | tail -16 | cut -c1-250
-    tar czf "$OUT/tk2.tgz" -C "$W" tk2
-  }
+  bench() { tp_bench --ticket "$@"; }  # bench <world> <shapes> <label> <cap s> [VAR=value ...]
+  trace() { tp_trace_rs $1 $2 "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" 16; }
   bench 2 16384x8192x4096 base 80
   bench 2 16384x8192x4096 end0 80 TANDEM_RS_TICKET_END_WAITERS=0
   bench 4 16384x8192x4096,8192x4096x8192 base 100
@@ -1093,21 +1100,9 @@ elif [ "$part" = tk3 ]; then
   # kernel's per-call setup, set_step_params, since 2026-12-07 09:25).
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_tp.py -k "${TK_K:-ticket or as_a_ring}"
   W=/tmp/tk3; rm -rf "$W"; mkdir -p "$W/tk3" "$OUT"
-  bench() {  # bench <world> <shapes> <label> <cap s> [VAR=value ...]  (the progress rows: a timeout still shows them)
-    local w=$1 shapes=$2 label=$3 cap=$4; shift 4
-    local t=$(( $(left) - 10 )); [ "$t" -gt "$cap" ] && t=$cap
-    [ "$t" -gt 20 ] && env "$@" timeout -s INT -k 5 $t python3 -m tandem bench tp -n $w --reps 5 --ticket \
-      --shapes $shapes --out "$W/tk3/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
-      sed "s/^/w$w $label: /" | cut -c1-300
-    rm -f "$W"/tk3/*/*.png; tar czf "$OUT/tk3.tgz" -C "$W" tk3
-  }
-  trace() {  # trace <world> <cap s>
-    local t=$(( $(left) - 5 )); [ "$t" -gt "$2" ] && t=$2
-    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $1 -- python3 tools/diag/tp_trace.py \
-      --shapes 16384x8192x4096 --ops gemm_rs --comm-blocks 0 --reps 2 \
-      --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=4;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=2;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_DIRECT=0;TANDEM_RS_TICKET=1,TANDEM_RS_ORDER=common;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
-      --out "$W/tk3/trace_w$1" 2>&1 | tail -36 | cut -c1-250
-    tar czf "$OUT/tk3.tgz" -C "$W" tk3
+  bench() { tp_bench --ticket "$@"; }  # bench <world> <shapes> <label> <cap s> [VAR=value ...]
+  trace() {
+    tp_trace_rs $1 $2 "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=4;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_ROUNDS=2;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_DIRECT=0;TANDEM_RS_TICKET=1,TANDEM_RS_ORDER=common;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" 36
   }
   trace 4 90
   bench 4 16384x8192x4096,8192x4096x8192 big 80
@@ -1136,19 +1131,10 @@ elif [ "$part" = tk4 ]; then
     --variants "base;TANDEM_RS_TICKET=1;TANDEM_RS_TICKET=1,TANDEM_RS_TICKET_END_WAITERS=0" \
     --out "$W/tk4/trace_w4_28" 2>&1 | grep -E "^gemm_|span" | cut -c1-250
   tar czf "$OUT/tk4.tgz" -C "$W" tk4
-  for v in end0 split1 split4 copysm; do
-    case $v in
-      end0) env_v="TANDEM_RS_TICKET_END_WAITERS=0"; extra="--ticket" ;;
-      split1) env_v="TANDEM_PIPELINE_SPLITS=1"; extra="" ;;
-      split4) env_v="TANDEM_PIPELINE_SPLITS=4"; extra="" ;;
-      copysm) env_v="TANDEM_PIPELINE_COPY=sm"; extra="" ;;
-    esac
-    t=$(( $(left) - 10 )); [ "$t" -gt 75 ] && t=75
-    [ "$t" -gt 25 ] && env $env_v timeout -s INT -k 5 $t python3 -m tandem bench tp -n 4 --reps 5 $extra \
-      --shapes 16384x8192x4096 --out "$W/tk4/bench_$v" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
-      sed "s/^/$v: /" | cut -c1-250
-    rm -f "$W"/tk4/*/*.png; tar czf "$OUT/tk4.tgz" -C "$W" tk4
-  done
+  tp_bench --ticket 4 16384x8192x4096 end0 75 TANDEM_RS_TICKET_END_WAITERS=0
+  tp_bench "" 4 16384x8192x4096 split1 75 TANDEM_PIPELINE_SPLITS=1
+  tp_bench "" 4 16384x8192x4096 split4 75 TANDEM_PIPELINE_SPLITS=4
+  tp_bench "" 4 16384x8192x4096 copysm 75 TANDEM_PIPELINE_COPY=sm
   # the core against cuBLAS on the share at the GEMM+RS rank GEMM (every rank at once, 20 reps; tk3's trace had
   # the core 1.5x cuBLAS on 3 of 4 ranks with 2 reps, mps_grids 1.08x): what the ticket kernel's GEMM can reach
   t=$(( $(left) - 5 )); [ "$t" -gt 120 ] && t=120
