@@ -374,7 +374,9 @@
 #      the 1x1 grouped GEMM and GEMM 2 by tandem, plus the dispatch's token once per rank): the tests, then the
 #      timings (moe_layer_steps, bench moe --layer). Merge what passes (moe-gemm-c1 alone if only mc1 passes:
 #      .carry/prebuilt-moe-gemm-c1, SOURCES a719ad1); a knob becomes a default only where mc2 shows it faster.
-#   4. test_moe, test_ring_attention, test_faults, test_tp_train on main after the merges (device_suite.sh).
+#   4. test_moe, test_ring_attention, test_faults, test_tp_train on main after the merges (device_suite.sh), and
+#      test_tp whole on branch rs-step-params (a host-side dedup of the GEMM+RS launch setup, no kernel change;
+#      .carry/prebuilt-rs-step-params, SOURCES a37c421): merge it when test_tp passes.
 #   5. an1 on main (issue 25: ncu of tandem's attention forward beside cuDNN's at the two shapes furthest behind).
 #   6. On an H200 (a plain run may get one; never ask needs_h200 for it): f8a, f8b, then `python -m tandem tune gemm
 #      --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json`, then the
