@@ -1336,6 +1336,60 @@ elif [ "$part" = z2 ]; then
   t=$(( $(left) - 5 )); [ "$t" -gt 40 ] && timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
     --tokens 1024,4096 --out "$D/diag" 2>&1 | tail -6
   tar czf "$OUT/diag.tgz" -C "$D" diag
+elif [ "$part" = mc1 ]; then
+  D=/tmp/dn_mc1; rm -rf "$D"  # outputs outside $OUT (at most 8 files come back): only mc1.tgz there
+  # branch moe-dedup (= moe-gemm-c1 + the dispatch's token once per rank; none of it run): the unfused grouped GEMM
+  # in 1x1 clusters, raster along M
+  # (TANDEM_MOE_GEMM_CLUSTER=1). Why: at the DeepSeek config, 1k tokens a rank at world 2, an expert gets ~64 rows,
+  # one row tile, so one block of every 2x1 cluster has no rows and half the grid streams the weights, which are
+  # the GEMM's whole cost there (moe_ffn 14 ms against ~7 ms of weight reads for both ranks, 2026-12-06). Its test
+  # (worlds 1-4), then moe_ffn's steps at world 2 with each kernel (the dispatch step holds GEMM 1), then bench moe
+  # --layer with each (the whole op against the torch reference, same run).
+  # Also GEMM 2 by tandem's grouped GEMM as its own launch (TANDEM_MOE_GEMM2=tandem; torch._grouped_mm otherwise):
+  # variants t2 / t1 (GEMM 2 by tandem in 2x1 / 1x1; t1 also puts GEMM 1 in 1x1).
+  # Part mc1 is these tests, mc3 the dedup's (TANDEM_MOE_DEDUP=1, each token once per destination rank, worlds 1-4
+  # and 2 emulated nodes), mc2 the timings.
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py \
+    tests/cpu/test_typed_bindings.py --durations=0 \
+    -k "1x1_clusters or grouped_gemm or tandems_gemm2 or ffn_matches"
+elif [ "$part" = mc3 ]; then
+  # branch moe-dedup: the dispatch's token once per destination rank (its test at worlds 1-4 and across 2 emulated
+  # nodes), then test_moe's dispatch cases without it (the dispatch kernel's send path changed for both)
+  timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py --durations=0 \
+    -k "once_per_rank or dispatch_gemm_and_combine or emulated or late_block or repeated"
+elif [ "$part" = mc2 ]; then
+  D=/tmp/dn_mc1; rm -rf "$D"
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  mkdir -p "$D/mc1"
+  for v in c2 c1 t2 t1 d1; do
+    case $v in
+      d1) env_v="TANDEM_MOE_DEDUP=1" ;;
+      c1*) env_v="TANDEM_MOE_GEMM_CLUSTER=1" ;;
+      t2) env_v="TANDEM_MOE_GEMM2=tandem TANDEM_MOE_GEMM_CLUSTER=2" ;;
+      t1) env_v="TANDEM_MOE_GEMM2=tandem TANDEM_MOE_GEMM_CLUSTER=1" ;;
+      *) env_v="TANDEM_MOE_GEMM_CLUSTER=2" ;;
+    esac
+    mkdir -p "$D/mc1/steps_$v"
+    t=$(( $(left) - 200 )); [ "$t" -gt 45 ] && t=45
+    [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem.launch -n 2 -- \
+      python3 tools/diag/moe_layer_steps.py --tokens 1024,4096 --reps 5 --out "$D/mc1/steps_$v" 2>&1 | \
+      grep -E "^rank 0|Error" | head -6 | sed "s/^/$v: /"
+    tar czf "$OUT/mc1.tgz" -C "$D" mc1
+  done
+  for v in c2 c1 t1 d1; do
+    case $v in
+      d1) env_v="TANDEM_MOE_DEDUP=1" ;;
+      c1) env_v="TANDEM_MOE_GEMM_CLUSTER=1" ;;
+      t1) env_v="TANDEM_MOE_GEMM2=tandem TANDEM_MOE_GEMM_CLUSTER=1" ;;
+      *) env_v="TANDEM_MOE_GEMM_CLUSTER=2" ;;
+    esac
+    mkdir -p "$D/mc1/layer_$v"
+    share=1; [ $v = c2 ] && share=4; [ $v = c1 ] && share=3; [ $v = t1 ] && share=2  # an even share each
+    t=$(( ($(left) - 10) / share )); [ "$t" -gt 55 ] && t=55
+    [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
+      --tokens 1024,4096 --out "$D/mc1/layer_$v" 2>&1 | grep -E "^\| (small|deepseek)" | sed "s/^/$v: /"
+    rm -f "$D"/mc1/*/*.png; tar czf "$OUT/mc1.tgz" -C "$D" mc1
+  done
 elif [ "$part" = r2 ]; then
   D=/tmp/dn_r2; rm -rf "$D"  # outputs outside $OUT (at most 8 files come back): only diag.tgz there
   # branch ring-bwd-merge (in integ4; not run before): the ring backward with one block kernel call a step (causal:

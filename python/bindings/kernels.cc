@@ -563,11 +563,22 @@ void bind_kernels(py::module_& m) {
     return py::make_tuple(li.rows, li.offset, li.source, li.row_source, li.size);
   }, py::arg("shape"), py::arg("world"), "(rows, offset, source, row_source, size) of the dispatch layout array");
   k.def("moe_receive_capacity", &moe::receive_capacity, py::arg("shape"), py::arg("world"));
+  k.def(
+      "moe_dispatch_rows_sent",
+      [](uintptr_t workspace) { return moe::dispatch_rows_sent(reinterpret_cast<const void*>(workspace)); },
+      py::arg("workspace"),
+      "Diagnostic (tests): token rows the last dispatch on this workspace put with dedup (synchronous; -1: error).");
+  k.def("moe_last_grouped_gemm_cluster_rows", &moe::last_grouped_gemm_cluster_rows,
+        "Diagnostic (tests): the cluster rows of the last moe_grouped_gemm launch, 2 or 1; 0 before any.");
+  k.def("moe_last_gemm_cluster_rows", &moe::last_gemm_cluster_rows,
+        "Diagnostic (tests): the cluster rows of the last unfused grouped-GEMM launch, 2 (default) or 1 "
+        "(TANDEM_MOE_GEMM_CLUSTER=1); 0 before any.");
   {
     py::class_<moe::DispatchArgs> cls(k, "DispatchArgs");
     cls.def(py::init<>());
     def_dtype(cls);
-    cls.def_readwrite("shape", &moe::DispatchArgs::shape).def_readwrite("plan", &moe::DispatchArgs::plan);
+    cls.def_readwrite("shape", &moe::DispatchArgs::shape).def_readwrite("plan", &moe::DispatchArgs::plan)
+        .def_readwrite("dedup", &moe::DispatchArgs::dedup);
     def_address(cls, "x", &moe::DispatchArgs::x);
     def_address(cls, "topk_ids", &moe::DispatchArgs::topk_ids);
     def_address(cls, "w", &moe::DispatchArgs::w);
@@ -601,6 +612,34 @@ void bind_kernels(py::module_& m) {
     def_address(cls, "received", &moe::SwigluArgs::received);
     def_address(cls, "out", &moe::SwigluArgs::out);
   }
+  {
+    py::class_<moe::GroupedGemmArgs> cls(k, "GroupedGemmArgs");
+    cls.def(py::init<>());
+    def_dtype(cls);
+    cls.def_readwrite("experts", &moe::GroupedGemmArgs::experts)
+        .def_readwrite("n", &moe::GroupedGemmArgs::n)
+        .def_readwrite("k", &moe::GroupedGemmArgs::k)
+        .def_readwrite("sm_count", &moe::GroupedGemmArgs::sm_count)
+        .def_readwrite("cluster_rows", &moe::GroupedGemmArgs::cluster_rows);
+    def_address(cls, "a", &moe::GroupedGemmArgs::a);
+    def_address(cls, "w", &moe::GroupedGemmArgs::w);
+    def_address(cls, "d", &moe::GroupedGemmArgs::d);
+    def_address(cls, "expert_rows", &moe::GroupedGemmArgs::expert_rows);
+    def_address(cls, "expert_offset", &moe::GroupedGemmArgs::expert_offset);
+    def_address(cls, "workspace", &moe::GroupedGemmArgs::workspace);
+  }
+  k.def(
+      "moe_grouped_gemm_workspace_size", [](const moe::GroupedGemmArgs& args) { return moe::workspace_size(args); },
+      py::arg("args"), "Bytes of device memory moe_grouped_gemm needs for these arguments (0: experts out of range).");
+  k.def(
+      "moe_grouped_gemm",
+      [](const moe::GroupedGemmArgs& args, uintptr_t stream) {
+        std::string why;
+        check(moe::run(args, reinterpret_cast<cudaStream_t>(stream), &why), why, "moe_grouped_gemm", -1);
+      },
+      py::arg("args"), py::arg("stream"),
+      "The local experts' grouped GEMM on rows in the dispatch layout (moe.h: GroupedGemmArgs); throws if it does "
+      "not run. The launch goes to the current device.");
   k.def(
       "moe_swiglu",
       [](const moe::SwigluArgs& args, uintptr_t stream) {

@@ -26,6 +26,8 @@ CLASSES = {
     "CombineArgs": (dict(dim=64), ("z", "topk_weights", "topk_ids", "out", "layout", "workspace"),
                     dict(plan=dict(sm_count=32), shape=dict(tokens=5, max_tokens=7, topk=2, experts_per_rank=3))),
     "SwigluArgs": (dict(capacity=300, inter=136, sm_count=132), ("y", "received", "out"), {}),
+    "GroupedGemmArgs": (dict(experts=5, n=520, k=264, sm_count=132, cluster_rows=1),
+                        ("a", "w", "d", "expert_rows", "expert_offset", "workspace"), {}),
     "RingArgs": ({}, ("q", "k", "v", "o", "lse", "workspace"),
                  dict(plan=dict(sm_count=32, comm_blocks=2, kv_slots=4),
                       shape=dict(batch=2, seq_local=64, heads_q=8, heads_kv=2, head_dim=128, causal=True))),
@@ -113,6 +115,37 @@ def test_the_swiglu_launch_checks_before_it_touches_the_gpu(K):
         K.moe_swiglu(x, 0)
     x.capacity, x.out = 0, ADDR + 16  # no rows: nothing to launch
     K.moe_swiglu(x, 0)
+
+
+def test_the_grouped_gemm_launch_checks_before_it_touches_the_gpu(K):
+    # moe_grouped_gemm (moe.h: GroupedGemmArgs): its checks come before any CUDA call, so they run here
+    x = K.GroupedGemmArgs()
+    assert x.cluster_rows == 2 and K.moe_grouped_gemm_workspace_size(x) == 0  # no experts: nothing to size
+    with pytest.raises(TandemError, match=r"experts must be in \[1, 4096\]") as ei:
+        K.moe_grouped_gemm(x, 0)
+    assert (ei.value.status, ei.value.op) == (INVALID_ARGUMENT, "moe_grouped_gemm")
+    x.experts, x.n, x.k = 5, 520, 260  # K not a multiple of 8
+    with pytest.raises(TandemError, match="N and K must be positive multiples of 8"):
+        K.moe_grouped_gemm(x, 0)
+    x.k = 264
+    with pytest.raises(TandemError, match="null pointer"):
+        K.moe_grouped_gemm(x, 0)
+    x.a, x.w, x.d, x.expert_rows, x.expert_offset, x.workspace = ADDR, ADDR, ADDR + 8, ADDR, ADDR, ADDR
+    with pytest.raises(TandemError, match="16-byte aligned"):  # d
+        K.moe_grouped_gemm(x, 0)
+    x.d = ADDR + 16
+    with pytest.raises(TandemError, match="128-byte aligned"):  # the workspace (ADDR is 16-byte aligned only)
+        K.moe_grouped_gemm(x, 0)
+    x.workspace, x.cluster_rows = ADDR - 0x30, 3
+    with pytest.raises(TandemError, match="cluster_rows must be 1 or 2"):
+        K.moe_grouped_gemm(x, 0)
+    # the workspace: the per-expert arrays and CUTLASS's 1 MiB, growing with the experts
+    x.cluster_rows = 1
+    small = K.moe_grouped_gemm_workspace_size(x)
+    x.experts = 4096
+    assert small > 1 << 20 and K.moe_grouped_gemm_workspace_size(x) > small
+    x.experts = 4097
+    assert K.moe_grouped_gemm_workspace_size(x) == 0
 
 
 def test_a_gemm_configuration_that_cannot_run_raises_its_status(K):

@@ -28,6 +28,58 @@ def test_moe_dispatch_gemm_and_combine_match_torch(run_ranks, world):
     assert any(c["received"] > 0 for r in res for c in r)
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_moe_gemm_alone_in_1x1_clusters_matches_torch_and_the_default(run_ranks, world):
+    # TANDEM_MOE_GEMM_CLUSTER=1: the unfused path's grouped GEMM in 1x1 clusters, raster along M. Experts of 0 rows
+    # ("empty"), of under 128 (one row tile: the case it is for) and of several row tiles (the skewed expert 0:
+    # every token of every rank, up to 3 x 300 rows), N = 520 (a partial column tile); exact data against the torch
+    # reference, random data bit for bit against the 2x1 kernel (same tile and K order)
+    # ("empty_first": only odd experts routed, so local expert 0, the first group, has no rows on every rank)
+    cases = CASES + [("empty_first", 2)]
+    counts = [300, 0, 257, 129][:world] if world > 1 else [300]
+    res = run_ranks(f"{W}:gemm_cluster1", world, counts=counts, hidden=256, inter=520, epr=4, cases=cases,
+                    dtypes=["bfloat16", "float16"], timeout_s=240)
+    for r in res:
+        assert len(r) == 2 * len(cases), r
+        for c in r:
+            assert c["wrong_layout"] == 0 and c["wrong_y"] == 0 and c["wrong_out"] == 0, c
+            assert c["ran_rows"] == 1 and c["random_rows"] == 1 and c["default_rows"] == 2, c
+            # (the 1x1 output's block was NaN-filled before the call: a missed tile is not finite)
+            assert c["layouts_equal"] and c["random_finite"] and c["random_differ"] == 0, c
+            if c["kind"] == "empty_first":
+                assert c["expert0_rows"] == 0, c
+    # some expert spans more than two row tiles (skewed: expert 0 gets every token's slot 0 of every rank)
+    assert any(c["max_expert_rows"] > 256 for r in res for c in r)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_moe_dispatch_sends_a_token_once_per_rank(run_ranks, world, nodes):
+    # TANDEM_MOE_DEDUP=1 (issue 26 item 2): the unfused dispatch + GEMM and the dispatch alone send each token once
+    # per destination rank; k = 3 of 4 experts a rank routes most tokens to a rank twice or more. Exact data against
+    # the torch reference (layout, y, combine; the received rows), and the rows put = the distinct (token, rank)
+    # pairs (fewer than the (token, slot) pairs). The fused kernel sends per expert either way: still exact, and
+    # it puts no unique rows. Every (rank, token) row is distinct and each launch's data new (_X_SALT): a row from
+    # the wrong token, rank or launch shows; unfused three times in a row, then fused and unfused on the same
+    # workspace. nodes 2: 2 emulated nodes (the proxy path, TCP), world 4 only.
+    if nodes == 2 and world != 4:
+        pytest.skip("emulated nodes at world 4 only")
+    counts = [37, 0, 53, 129][:world] if world > 1 else [37]
+    cases = [("uniform", 3), ("skewed", 3), ("empty", 2)]
+    res = run_ranks(f"{W}:dedup", world, counts=counts, hidden=256, inter=520, epr=4, cases=cases,
+                    dtypes=["bfloat16", "float16"], timeout_s=300, **({"ranks_per_node": 2} if nodes == 2 else {}))
+    for r in res:
+        assert len(r) == 2 * len(cases) * 6, r
+        for c in r:
+            if c["mode"] == "dispatch":
+                assert c["wrong_rows"] == 0 and c["sent"] == c["want_sent"], c
+            else:
+                assert c["wrong_layout"] == 0 and c["wrong_y"] == 0 and c["wrong_out"] == 0, c
+                assert c["sent"] == (c["want_sent"] if c["mode"] == "unfused" else 0), c
+    # the dedup did send fewer rows than pairs somewhere (uniform k = 3 over 4 experts a rank)
+    assert any(c["mode"] == "unfused" and c["sent"] < c["pairs"] for r in res for c in r)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_moe_repeated_launches_and_cuda_graph(run_ranks, world):
     res = run_ranks(f"{W}:repeat_and_graph", world, counts=[200, 150, 64, 257][:world], hidden=512, inter=256,
@@ -140,6 +192,33 @@ def test_moe_ffn_matches_the_layer_on_one_device(run_ranks, world):
         for c in r["cases"]:
             assert c["finite"] and c["rel"] < 2e-2, c
     for r in res:  # after the cases: a CUDA graph replay with new inputs equals eager
+        assert r["graph_error"] is None and r["graph_same"], r
+
+
+def test_moe_grouped_gemm_rows_matches_torch_in_both_cluster_shapes(run_ranks):
+    # tandem's grouped GEMM as its own launch (moe.h: GroupedGemmArgs; moe_ffn's GEMM 2 with TANDEM_MOE_GEMM2=tandem):
+    # experts of 0 to 300 rows with unused rows between them, bit-exact against torch per expert, 2x1 and 1x1
+    res = run_ranks(f"{W}:grouped_rows", 1, dtypes=["bfloat16", "float16"], timeout_s=120)
+    for c in res[0]:
+        assert c["wrong"] == 0 and c["differ"] == 0 and c["nonfinite"] == 0 and c["ran"] == [2, 1], c
+        assert c["gaps_written"] == 0, c  # rows outside every expert are not written
+
+
+# moe_ffn with GEMM 2 by tandem's grouped GEMM (TANDEM_MOE_GEMM2=tandem) in 2x1 and 1x1 clusters (the 1x1 knob also
+# takes GEMM 1's unfused kernel): the same bound as the default chain
+@pytest.mark.parametrize("cluster", [2, 1])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_moe_ffn_with_tandems_gemm2_matches_the_layer_on_one_device(run_ranks, world, cluster):
+    counts = [37, 0, 53, 129][:world] if world > 1 else [37]
+    res = run_ranks(f"{W}:ffn", world, counts=counts, hidden=256, inter=136, epr=4, gemm2="tandem", cluster=cluster,
+                    cases=[("uniform", 2), ("skewed", 3), ("empty", 2)], timeout_s=240)
+    for r in res:
+        for c in r["cases"]:
+            assert c["finite"] and c["rel"] < 2e-2, c
+            # GEMM 2 ran as tandem's GroupedGemmArgs launch (its own record, apart from GEMM 1's kernel), in the
+            # clusters the knob names (a rank without tokens still runs it on the rows it received)
+            assert c["last_cluster_rows"] == cluster, c
+    for r in res:
         assert r["graph_error"] is None and r["graph_same"], r
 
 

@@ -23,10 +23,22 @@ def _tokens(counts, rank):
     return counts[rank]
 
 
+# Set by the dedup worker before each call (the same on every rank): 0 keeps every other test's data. Non-zero,
+# every (rank, token) row is distinct (its first three columns: token % 64, token // 64 + 4 rank, the salt), so a
+# row copied from the wrong token, rank or launch differs from the reference.
+_X_SALT = 0
+
+
 def _x(rank, tokens, hidden, dtype):
     i = torch.arange(tokens, device="cuda").view(-1, 1)
     j = torch.arange(hidden, device="cuda").view(1, -1)
-    return ((((i * 7 + j * 3 + rank * 5) % 17) - 8).to(dtype) / 8).contiguous()
+    x = ((((i * 7 + j * 3 + rank * 5) % 17) - 8).to(dtype) / 8).contiguous()
+    if _X_SALT and tokens and hidden >= 3:  # multiples of 1/64 in [-0.5, 0.5): exact in bf16 and fp16
+        t = torch.arange(tokens, device="cuda")
+        x[:, 0] = ((t % 64).float() / 64 - 0.5).to(dtype)
+        x[:, 1] = (((t // 64) + 4 * rank).float() / 64 - 0.5).to(dtype)
+        x[:, 2] = ((_X_SALT % 64) / 64 - 0.5)
+    return x
 
 
 def _w_expert(x, hidden, inter, dtype):
@@ -36,14 +48,17 @@ def _w_expert(x, hidden, inter, dtype):
 
 
 def _ids(kind, rank, tokens, k, experts):
-    g = torch.Generator(device="cpu").manual_seed(1000 * rank + {"uniform": 1, "skewed": 2, "empty": 3}[kind])
+    g = torch.Generator(device="cpu").manual_seed(1000 * rank + {"uniform": 1, "skewed": 2, "empty": 3,
+                                                                  "empty_first": 4}[kind])
     if kind == "uniform":
         ids = torch.rand(tokens, experts, generator=g).topk(k, dim=1).indices
     elif kind == "skewed":  # expert 0 in every token's first slot
         rest = torch.rand(tokens, experts - 1, generator=g).topk(k - 1, dim=1).indices + 1
         ids = torch.cat([torch.zeros(tokens, 1, dtype=torch.long), rest], dim=1)
-    else:  # only even experts: every odd expert receives nothing
+    elif kind == "empty":  # only even experts: every odd expert receives nothing
         ids = torch.rand(tokens, experts // 2, generator=g).topk(k, dim=1).indices * 2
+    else:  # "empty_first": only odd experts, so every rank's first local expert (even) receives nothing
+        ids = torch.rand(tokens, experts // 2, generator=g).topk(k, dim=1).indices * 2 + 1
     return ids.to(torch.int32).cuda()
 
 
@@ -107,6 +122,7 @@ def _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode, combine=True):
         wrong_layout += int((src != rs_ref[j]).sum()) if src.shape == rs_ref[j].shape else 1
     wrong_layout += int(lv["received"].item() != sum(rows_ref))
     return dict(kind=kind, k=k, epr=epr, mode=mode, dtype=str(dtype), tokens=counts[rank], received=sum(rows_ref),
+                max_expert_rows=max(rows_ref) if rows_ref else 0, expert0_rows=rows_ref[0] if rows_ref else 0,
                 wrong_y=wrong_y, wrong_layout=wrong_layout, wrong_out=int((out != out_ref).sum()))
 
 
@@ -367,14 +383,21 @@ def _ffn_weights(experts, hidden, inter):
     return w1, w2
 
 
-def ffn(counts, hidden, inter, epr, cases, gemm1="tandem"):
+def ffn(counts, hidden, inter, epr, cases, gemm1="tandem", gemm2=None, cluster=None):
     """moe_ffn on this rank's tokens against the layer on one device with every expert (tandem.ops.moe_layer.
     reference, fp32): relative Frobenius error per case, and a CUDA graph replay of the op equal to eager. gemm1:
     the op's GEMM 1 (moe_layer._GEMM1: tandem's grouped GEMM after the dispatch, or the dispatch alone then
-    torch._grouped_mm)."""
+    torch._grouped_mm); gemm2 / cluster: TANDEM_MOE_GEMM2 / TANDEM_MOE_GEMM_CLUSTER for the op's calls (None:
+    unset), and the cluster rows of the last GroupedGemmArgs launch (GEMM 2 by tandem; 0: none in this process)."""
+    from tandem._native import native
     from tandem.ops import moe_layer
 
     moe_layer._GEMM1 = gemm1
+    for name, v in (("TANDEM_MOE_GEMM2", gemm2), ("TANDEM_MOE_GEMM_CLUSTER", cluster)):
+        if v is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(v)
 
     comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
     rank, world = comm.rank, comm.world_size
@@ -393,7 +416,8 @@ def ffn(counts, hidden, inter, epr, cases, gemm1="tandem"):
         comm.check()
         rel = float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)) if counts[rank] else 0.0
         out.append(dict(kind=kind, k=k, tokens=counts[rank], rel=rel, shape=list(got.shape),
-                        finite=bool(torch.isfinite(got.float()).all())))
+                        finite=bool(torch.isfinite(got.float()).all()),
+                        last_cluster_rows=int(native().kernels.moe_last_grouped_gemm_cluster_rows())))
     # a CUDA graph of the op (warm-up on a side stream first: workspaces, agreement), then new tokens and another
     # routing copied into the captured inputs: the replay must equal eager on the new inputs (the expert offsets
     # are read on the device at replay, not baked into the graph). Its own result: a capture failure
@@ -424,9 +448,66 @@ def ffn(counts, hidden, inter, epr, cases, gemm1="tandem"):
         graph_same = bool(torch.equal(static, eager))
     except Exception as e:  # noqa: BLE001 - reported, the test decides
         graph_error = f"{type(e).__name__}: {str(e)[:300]}"
+    os.environ.pop("TANDEM_MOE_GEMM2", None)
+    os.environ.pop("TANDEM_MOE_GEMM_CLUSTER", None)
     tp.release_workspaces(comm)
     comm.destroy()
     return dict(cases=out, graph_same=graph_same, graph_error=graph_error)
+
+
+def grouped_rows(dtypes):
+    """tandem.ops.moe_layer.grouped_gemm_rows (moe.h: GroupedGemmArgs) on hand-made layouts: experts of 0, 1, 65,
+    128, 129 and 300 rows with gaps of unused rows between them, N = 520 (a partial column tile), K = 264, exact
+    data (multiples of 1/8: fp32 sums exact, one rounding) against torch per expert, in 2x1 and 1x1 clusters; the
+    bits must match torch's fp32 product rounded once, and the two cluster shapes each other."""
+    from tandem._native import native
+    from tandem.ops import moe_layer
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=64 << 20, timeout_s=30)
+    rows = [65, 0, 300, 1, 128, 129]
+    gap = 5
+    offs, at = [], 0
+    for r in rows:
+        offs.append(at)
+        at += r + gap
+    total, n, kk = at, 520, 264
+    res = []
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        i = torch.arange(total, device="cuda").view(-1, 1)
+        j = torch.arange(kk, device="cuda").view(1, -1)
+        a = ((((i * 7 + j * 3) % 17) - 8).to(dtype) / 8).contiguous()
+        w = torch.stack([_w_expert(e, kk, n, dtype) for e in range(len(rows))])
+        lv = dict(expert_rows=torch.tensor(rows, dtype=torch.int32, device="cuda"),
+                  expert_offset=torch.tensor(offs + [at], dtype=torch.int32, device="cuda"))
+        got = {}
+        for cluster in ("2", "1"):
+            os.environ["TANDEM_MOE_GEMM_CLUSTER"] = cluster
+            # the free block of z's size NaN-filled first: a row or tile the kernel misses is not finite
+            junk = torch.full((total, n), float("nan"), dtype=dtype, device="cuda")
+            del junk
+            z = moe_layer.grouped_gemm_rows(comm, a, w, lv)
+            torch.cuda.synchronize()
+            got[cluster] = (z, int(K.moe_last_grouped_gemm_cluster_rows()))
+        os.environ.pop("TANDEM_MOE_GEMM_CLUSTER", None)
+        wrong, differ, nonfinite = 0, 0, 0
+        for e, (r, o) in enumerate(zip(rows, offs)):
+            ref = (a[o:o + r].float() @ w[e].float()).to(dtype)
+            for cluster in ("2", "1"):
+                part = got[cluster][0][o:o + r]
+                wrong += int((part != ref).sum())
+                nonfinite += int((~torch.isfinite(part.float())).sum())
+            differ += int((got["2"][0][o:o + r] != got["1"][0][o:o + r]).sum())
+        # the rows between experts (and after the last) are not written: still the NaN of the fill
+        gaps_written = 0
+        for r, o in zip(rows, offs):
+            for cluster in ("2", "1"):
+                gaps_written += int(torch.isfinite(got[cluster][0][o + r:o + r + gap].float()).sum())
+        res.append(dict(dtype=name, wrong=wrong, differ=differ, nonfinite=nonfinite, gaps_written=gaps_written,
+                        ran=[got["2"][1], got["1"][1]], rows=sum(rows)))
+    comm.destroy()
+    return res
 
 
 # ---- the layer's backward (torch.ops.tandem.moe_ffn's autograd: tandem.ops.moe_backward) ---------------------------
@@ -526,3 +607,103 @@ def ffn_backward(counts, hidden, inter, epr, cases, compile_check=True):
     tp.release_workspaces(comm)
     comm.destroy()
     return dict(cases=results, **extra)
+
+
+def gemm_cluster1(counts, hidden, inter, epr, cases, dtypes=("bfloat16",)):
+    """The unfused GEMM in 1x1 clusters (TANDEM_MOE_GEMM_CLUSTER=1): exact data against the torch reference
+    (_case, mode "unfused") with the host's record that the 1x1 kernel ran, and random data bit for bit against the
+    default 2x1 kernel (same tile, mainloop and K order: the same bits), over the received rows."""
+    from tandem._native import native
+
+    K = native().kernels
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    mt = max(counts)
+    res = []
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for kind, k in cases:
+                os.environ["TANDEM_MOE_GEMM_CLUSTER"] = "1"
+                c = _case(comm, counts, kind, k, epr, hidden, inter, dtype, "unfused")
+                c["ran_rows"] = int(K.moe_last_gemm_cluster_rows())
+                # random data: the default kernel, then the 1x1 one, on the same inputs
+                g = torch.Generator(device="cuda").manual_seed(77 + rank)
+                x = torch.randn(counts[rank], hidden, device="cuda", dtype=dtype, generator=g)
+                w = torch.randn(epr, hidden, inter, device="cuda", dtype=dtype, generator=g) / hidden ** 0.5
+                ids = _ids(kind, rank, counts[rank], k, epr * world)
+                os.environ.pop("TANDEM_MOE_GEMM_CLUSTER", None)
+                y2, lay2 = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=mt, mode="unfused")
+                torch.cuda.synchronize()
+                default_rows = int(K.moe_last_gemm_cluster_rows())
+                # y2 stays alive, so the 1x1 call's output cannot be y2's block; the caching allocator's free
+                # block of this size is filled with NaN first, so a tile the 1x1 kernel misses shows as NaN
+                junk = torch.full_like(y2, float("nan"))
+                del junk
+                os.environ["TANDEM_MOE_GEMM_CLUSTER"] = "1"
+                y1, lay1 = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=mt, mode="unfused")
+                torch.cuda.synchronize()
+                comm.check()
+                n = int(lay1[0].item())
+                c.update(default_rows=default_rows, random_rows=int(K.moe_last_gemm_cluster_rows()),
+                         random_received=n, layouts_equal=bool(torch.equal(lay1, lay2)),
+                         random_differ=int((y1[:n] != y2[:n]).sum()), random_finite=bool(torch.isfinite(y1[:n]).all()))
+                res.append(c)
+    finally:
+        os.environ.pop("TANDEM_MOE_GEMM_CLUSTER", None)
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res
+
+
+def dedup(counts, hidden, inter, epr, cases, dtypes=("bfloat16",)):
+    """TANDEM_MOE_DEDUP=1 (moe.h: DispatchArgs::dedup): each token sent once per destination rank and copied into
+    its experts' rows there. moe_dispatch_gemm unfused (dedup) and fused (which sends per expert either way) against
+    the torch reference (_case: layout, y, combine bit-exact), the dispatch alone (its received rows bit-exact
+    against the reference's routed rows), and the rows the launch put: the number of distinct (token, destination
+    rank) pairs of this rank's routing, not the number of (token, slot) pairs."""
+    from tandem._native import native
+
+    global _X_SALT
+    K = native().kernels
+    comm = Communicator(heap_bytes=2 << 30, timeout_s=30)
+    rank, world = comm.rank, comm.world_size
+    mt = max(counts)
+    res = []
+    os.environ["TANDEM_MOE_DEDUP"] = "1"
+    try:
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            for kind, k in cases:
+                ids = _ids(kind, rank, counts[rank], k, epr * world)
+                want_rows = sum(len(set((ids[t] // epr).tolist())) for t in range(counts[rank]))
+                # unfused three times in a row (new data each time: a row left from the previous launch in the
+                # token buffer differs), then fused (per expert) on the same workspace, then unfused again
+                for mode in ("unfused", "unfused", "unfused", "fused", "unfused"):
+                    _X_SALT += 1
+                    c = _case(comm, counts, kind, k, epr, hidden, inter, dtype, mode)
+                    c["sent"] = int(K.moe_dispatch_rows_sent(moe.last_dispatch_workspace[rank]))
+                    c["want_sent"] = want_rows
+                    c["pairs"] = counts[rank] * k
+                    res.append(c)
+                # the dispatch alone (moe_ffn's backward's launch) with dedup
+                _X_SALT += 1
+                x = _x(rank, counts[rank], hidden, dtype)
+                rows, layout = moe.dispatch_rows(comm, x, ids, epr, mt)
+                torch.cuda.synchronize()
+                comm.check()
+                xs = [_x(s_, counts[s_], hidden, dtype) for s_ in range(world)]
+                all_ids = [_ids(kind, s_, counts[s_], k, epr * world) for s_ in range(world)]
+                ref = torch.cat([xs[s_][(all_ids[s_].view(-1) == rank * epr + j).nonzero().view(-1) // k]
+                                 for j in range(epr) for s_ in range(world)])
+                n = int(layout[0].item())
+                res.append(dict(kind=kind, k=k, mode="dispatch", dtype=name, received=n,
+                                wrong_rows=int((rows[:n] != ref).sum()) if rows[:n].shape == ref.shape else -1,
+                                sent=int(K.moe_dispatch_rows_sent(moe.last_dispatch_workspace[rank])),
+                                want_sent=want_rows))
+    finally:
+        os.environ.pop("TANDEM_MOE_DEDUP", None)
+        _X_SALT = 0
+    tp.release_workspaces(comm)
+    comm.destroy()
+    return res

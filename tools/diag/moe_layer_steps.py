@@ -65,7 +65,12 @@ def main(argv=None) -> int:
                        else moe_layer.swiglu(y, inter))
                 stamp()
                 lv = moe.layout_view(comm, layout, epr, tokens, k)
-                z = torch._grouped_mm(act, w2, offs=lv["expert_offset"][1:])
+                # the op's GEMM 2: torch._grouped_mm, or tandem's grouped GEMM (TANDEM_MOE_GEMM2=tandem, branch
+                # moe-gemm-c1)
+                if getattr(moe_layer, "_gemm2_kind", lambda: "torch")() == "tandem":
+                    z = moe_layer.grouped_gemm_rows(comm, act, w2, lv)
+                else:
+                    z = torch._grouped_mm(act, w2, offs=lv["expert_offset"][1:])
                 stamp()
                 out = moe.run_combine(comm, z, layout, ids, wts, tokens, 0, check_ids=False)
                 stamp()

@@ -1,6 +1,7 @@
 // tandem kernels (private) — the experts' grouped GEMM on CUTLASS 3's pointer-array kernel (sm90a): one group per
 // local expert, y_j (M_j x I) = x_j (M_j x H) @ W_j (H x I), bf16/fp16 in, fp32 accumulate, M_j read from device
-// memory (the dispatch computes them; no host sync), 128x256x64 tiles, 2x1 clusters.
+// memory (the dispatch computes them; no host sync), 128x256x64 tiles, 2x1 clusters (the fused kernel and the
+// default) or 1x1 clusters (kClusterM = 1: the GEMM alone, TANDEM_MOE_GEMM_CLUSTER=1; see Sm90GroupedGemm).
 //
 // CUTLASS's group tile scheduler is kept; a derived scheduler (selected through TileSchedulerSelector on
 // tandem's problem-shape type) adds what the fused kernel needs:
@@ -13,6 +14,8 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -72,7 +75,8 @@ class ExpertArrivalScheduler : public PersistentTileSchedulerSm90Group<GroupProb
     const auto& a = params.problem_shapes_.arrivals;
     const uint64_t y = a.gemm_grid_y > 0 ? uint64_t(blockIdx.y) - uint64_t(a.gemm_block_y0) : uint64_t(blockIdx.y);
     const uint64_t gy = a.gemm_grid_y > 0 ? uint64_t(a.gemm_grid_y) : uint64_t(gridDim.y);
-    // raster AlongN with a grid 2 wide (the cluster): x is the cluster's minor index
+    // raster AlongN with a grid 2 wide (the 2x1 cluster): x is the cluster's minor index. The 1x1-cluster kernel
+    // (raster AlongM) is launched on a grid one row high: blockIdx.y, the base's minor offset for AlongM, is 0.
     linear_idx_ = uint64_t(blockIdx.x) + y * uint64_t(gridDim.x);
     grid_size_ = uint64_t(gridDim.x) * gy;
 #endif
@@ -153,12 +157,22 @@ namespace tandem::kernels::moe::detail {
 
 using namespace cute;
 
-template <class Element>
+// kClusterM = 2 (the default, and the only one the fused dispatch + GEMM kernel runs): 2x1 clusters sharing each B
+// tile by multicast, raster along N, launched on a grid 2 blocks wide. Where an expert has at most 128 rows (1k
+// tokens a rank at the DeepSeek config: ~64 rows an expert at world 2) the cluster's second block has no rows and
+// computes nothing, so half the grid streams the weights, which is the GEMM's whole cost there (every weight byte
+// is read once; the math is small). kClusterM = 1: every block takes a (row tile, column tile) of its own, raster
+// along M so that the row tiles of one expert's column tile run side by side and share its B tile through L2
+// instead of multicast; launched on a grid one row high (the base scheduler's AlongM minor offset is blockIdx.y).
+// The tile, the mainloop and the K order are the same: both compute the same bits.
+template <class Element, int kClusterM = 2>
 struct Sm90GroupedGemm {
+  static_assert(kClusterM == 1 || kClusterM == 2, "2x1 or 1x1 clusters");
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlign = 128 / cutlass::sizeof_bits<Element>::value;
+  static constexpr int kClusterRows = kClusterM;
   using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout*, kAlign, Element, Layout*, kAlign,
@@ -186,8 +200,14 @@ struct Sm90GroupedGemm {
     StrideD* dd;
   };
 
-  static typename Kernel::Arguments arguments(int groups, const Arrays& arr, const ExpertArrivals& arrivals,
+  // `arr`: this type's Arrays or another cluster shape's (the dispatch fills the default's; the element, layout
+  // and stride types are the same, checked here).
+  template <class ArraysOf>
+  static typename Kernel::Arguments arguments(int groups, const ArraysOf& arr, const ExpertArrivals& arrivals,
                                               int sm_slots) {
+    static_assert(std::is_same_v<decltype(arr.da), StrideA*> && std::is_same_v<decltype(arr.db), StrideB*> &&
+                      std::is_same_v<decltype(arr.dd), StrideD*> && std::is_same_v<decltype(arr.shapes), Shape3*>,
+                  "the arrays of another cluster shape must have this one's types");
     ExpertProblemShape shape;
     shape.num_groups = groups;
     shape.problem_shapes = arr.shapes;
@@ -203,7 +223,8 @@ struct Sm90GroupedGemm {
                                     hw};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    args.scheduler.raster_order = decltype(args.scheduler.raster_order)::AlongN;
+    args.scheduler.raster_order = kClusterM == 2 ? decltype(args.scheduler.raster_order)::AlongN
+                                                 : decltype(args.scheduler.raster_order)::AlongM;
     return args;
   }
 };

@@ -52,11 +52,14 @@ struct alignas(128) MoeControl : runtime::ControlHeader {  // epoch, done_blocks
   // shapes_ready): layout_claim is raised to the epoch by the block elected to exchange the counts and write the
   // layout (atomicMax: the first block of the launch to get there, whichever has an SM); join hands out sender
   // tickets (the first comm_blocks blocks to join send), send_claim chunks of sorted pairs to the senders' warps.
-  // join and send_claim are zeroed by the host before each launch (stream-ordered, as local_counts).
+  // join and send_claim are zeroed by the host before each launch (stream-ordered, as local_counts), and so are
+  // dedup's uniq_claim (chunks of the unique rows) and uniq_sent (rows put, a diagnostic).
   alignas(128) uint64_t layout_claim;
   struct Claims {
     uint32_t join;
     uint32_t send_claim;
+    uint32_t uniq_claim;  // dedup: chunks of this rank's unique (token, destination) rows
+    uint32_t uniq_sent;   // dedup: unique rows put (dispatch_rows_sent)
   } claims;
 };
 static_assert(sizeof(MoeControl) <= 4096, "control block must fit 4 KiB");
@@ -68,11 +71,21 @@ int experts_total(const MoeShape& s, int world) { return s.experts_per_rank * wo
 struct DispatchOffsets {
   size_t arrive, counts_all, local_counts, rows_done, keys, keys_sorted, vals, vals_sorted, cub_temp, cub_bytes;
   size_t shapes, ptr_a, ptr_b, ptr_d, stride_a, stride_b, stride_d, cutlass_ws, cutlass_ws_bytes;
-  size_t recv_src, x_stage, recv_x, total;
+  size_t recv_src, x_stage, recv_x;
+  // dedup (DispatchArgs::dedup; zero bytes without it): uniq_count[W] (local: unique rows to each destination),
+  // uniq_token[W][T_max] (their tokens), uidx[T_max k] (each pair's unique index at its destination), fan_abs[T_max k]
+  // (each sorted pair's row in the destination's token buffer), uniq_all[W][W] (every source's uniq_count row),
+  // tok_arrive[W] (source s's unique rows landed: epoch), tok_rows_done[W] (local counts), recv_fan[cap] (each
+  // received row's token-buffer row), tok_buf[W T_max][H] (the unique rows, source s at s T_max)
+  size_t uniq_count, uniq_token, uidx, fan_abs, uniq_all, tok_arrive, tok_rows_done, recv_fan, tok_buf;
+  size_t total;
 };
 
 template <class Element>
 using Gg = detail::Sm90GroupedGemm<Element>;
+// The GEMM alone in 1x1 clusters (TANDEM_MOE_GEMM_CLUSTER=1; grouped_gemm_sm90.hpp says when it should help).
+template <class Element>
+using Gg1 = detail::Sm90GroupedGemm<Element, 1>;
 
 size_t cub_temp_bytes(int n) {
   size_t bytes = 0;
@@ -113,6 +126,16 @@ DispatchOffsets offsets_of(const DispatchArgs& a) {
   o.recv_src = take(sizeof(int32_t) * cap);
   o.x_stage = take(tandem::device::has_proxy(a.comm) ? static_cast<size_t>(s.max_tokens) * s.hidden * 2 : 0);
   o.recv_x = take(cap * s.hidden * 2);
+  const size_t dd = a.dedup ? 1 : 0, tm = static_cast<size_t>(s.max_tokens), ww = static_cast<size_t>(world);
+  o.uniq_count = take(dd * sizeof(int32_t) * ww);
+  o.uniq_token = take(dd * sizeof(int32_t) * ww * tm);
+  o.uidx = take(dd * sizeof(int32_t) * n);
+  o.fan_abs = take(dd * sizeof(int32_t) * n);
+  o.uniq_all = take(dd * sizeof(int32_t) * ww * ww);
+  o.tok_arrive = take(dd * sizeof(uint64_t) * ww);
+  o.tok_rows_done = take(dd * sizeof(uint32_t) * ww);
+  o.recv_fan = take(dd * sizeof(int32_t) * cap);
+  o.tok_buf = take(dd * ww * tm * s.hidden * 2);
   o.total = w.at;
   return o;
 }
@@ -177,6 +200,17 @@ struct DispatchParams {
   int senders;            // blocks that send rows: the first this many to join (dispatch_role); fused: comm_blocks,
                           // alone: the whole grid
   bool gemm_role;
+  // dedup (DispatchOffsets says what each is; null / false without it)
+  bool dedup;
+  int max_tokens;
+  int32_t* uniq_count;
+  const int32_t* uniq_token;
+  const int32_t* fan_abs;
+  int32_t* uniq_all;
+  uint64_t* tok_arrive;
+  uint32_t* tok_rows_done;
+  int32_t* recv_fan;
+  char* tok_buf;
 };
 
 __global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, int n, int experts, int32_t* keys,
@@ -193,6 +227,46 @@ __global__ void moe_prepare_kernel(tandem::DeviceComm comm, const int32_t* ids, 
   }
   keys[i] = id;
   vals[i] = i;
+}
+
+// dedup, after the sort: each token's distinct destination ranks get a unique index there (uniq_count[q] is
+// bumped once per (token, q); the order of the indices is whatever the atomics give, which only places rows in the
+// destination's token buffer: the layout, and the bits, do not depend on it); every pair records its token's
+// index at its destination. A thread a token.
+__global__ void moe_unique_kernel(const int32_t* ids, int tokens, int k, int el, int experts, int max_tokens,
+                                  int32_t* uniq_count, int32_t* uniq_token, int32_t* uidx) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  for (int i = 0; i < k; ++i) {
+    const int id = ids[t * k + i];
+    if (id < 0 || id >= experts) {  // dropped (moe_prepare_kernel reports it)
+      uidx[t * k + i] = -1;
+      continue;
+    }
+    const int q = id / el;
+    int first = -1;
+    for (int j = 0; j < i && first < 0; ++j) {
+      const int other = ids[t * k + j];
+      if (other >= 0 && other < experts && other / el == q) first = j;
+    }
+    if (first >= 0) {
+      uidx[t * k + i] = uidx[t * k + first];
+    } else {
+      const int u = atomicAdd(uniq_count + q, 1);
+      uniq_token[static_cast<int64_t>(q) * max_tokens + u] = t;
+      uidx[t * k + i] = u;
+    }
+  }
+}
+
+// dedup, after moe_unique_kernel: fan_abs[i] = this rank's row in the destination's token buffer for sorted pair i
+// (source rank r's unique rows start at r x max_tokens there).
+__global__ void moe_fan_kernel(const int32_t* vals_sorted, const int32_t* uidx, int n, int rank, int max_tokens,
+                               int32_t* fan_abs) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t u = uidx[vals_sorted[i]];
+  fan_abs[i] = u < 0 ? -1 : rank * max_tokens + u;
 }
 
 // True (in every thread of the block) if some destination would receive more rows than its receive capacity; `report`:

@@ -83,9 +83,14 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
         st = wait_until_backoff(comm, &c.ctl->ready[q], Cmp::kGe, e - 1, c.wait_sleep_ns, q);
     }
     if (!block_ok(st)) return false;
-    for (int q = 0; q < world && block_ok(st); ++q)
-      st = put_signal<Group::kBlock>(comm, p.counts_all + rank * E, p.local_counts, sizeof(int32_t) * E,
-                                     &c.ctl->counts_flag[rank], e, SignalOp::kSet, q);
+    for (int q = 0; q < world && block_ok(st); ++q) {
+      // dedup: this rank's unique-row counts too, before the count row's signal (which releases both)
+      if (p.dedup)
+        st = put<Group::kBlock>(comm, p.uniq_all + rank * world, p.uniq_count, sizeof(int32_t) * world, q);
+      if (block_ok(st))
+        st = put_signal<Group::kBlock>(comm, p.counts_all + rank * E, p.local_counts, sizeof(int32_t) * E,
+                                       &c.ctl->counts_flag[rank], e, SignalOp::kSet, q);
+    }
     if (threadIdx.x == 0) {
       for (int s = 0; s < world && st == Status::kOk; ++s)
         st = wait_until_backoff(comm, &c.ctl->counts_flag[s], Cmp::kGe, e, c.wait_sleep_ns, s);
@@ -144,6 +149,60 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
   const int32_t rot = seg[((rank + 1) % world) * c.el];  // start with the next rank's experts
   const int lane = threadIdx.x % 32;
   const size_t row_bytes = static_cast<size_t>(c.hidden) * sizeof(Element);
+  if (p.dedup) {
+    // Each token once per destination: warps claim chunks of kSendChunk of this rank's unique (token, destination)
+    // rows, destinations in the order r+1, r+2, ..., each destination's rows in its unique-index order, and put the
+    // token's row into the destination's token buffer at r x max_tokens + u. The warp that completes a
+    // destination's rows tells it (tok_arrive[r] = e); the pairs below then carry only their metadata.
+    int32_t total_uniq = 0;
+    for (int d = 0; d < world; ++d) total_uniq += p.uniq_count[d];
+    int run_q = -1;
+    int32_t run_n = 0;
+    const auto flush_uniq = [&]() {
+      if (run_n == 0) return;
+      __syncwarp();  // every lane's row stores precede lane 0's release below
+      if (lane == 0) {
+        tandem::device::fence_system();
+        atomicAdd(&c.ctl->claims.uniq_sent, static_cast<uint32_t>(run_n));
+        const uint32_t done = atomicAdd(&p.tok_rows_done[run_q], static_cast<uint32_t>(run_n)) + run_n;
+        if (done == static_cast<uint32_t>(p.uniq_count[run_q])) {  // this rank's last unique row for run_q
+          tandem::device::fence_system();
+          const Status s2 = signal(comm, &p.tok_arrive[rank], e, SignalOp::kSet, run_q);
+          if (st == Status::kOk) st = s2;
+        }
+      }
+      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st), 0));
+      run_n = 0;
+    };
+    while (st == Status::kOk) {
+      int32_t c0 = 0;
+      if (lane == 0) c0 = static_cast<int32_t>(atomicAdd(&c.ctl->claims.uniq_claim, 1u)) * kSendChunk;
+      c0 = __shfl_sync(0xffffffffu, c0, 0);
+      if (c0 >= total_uniq) break;
+      const int32_t c1 = min(total_uniq, c0 + kSendChunk);
+      // (destination, index) of the chunk's first row: walk the rotated destinations
+      int d = 0;
+      int32_t before = 0;
+      while (before + p.uniq_count[(rank + 1 + d) % world] <= c0) before += p.uniq_count[(rank + 1 + d++) % world];
+      for (int32_t g = c0; g < c1 && st == Status::kOk; ++g) {
+        while (g - before >= p.uniq_count[(rank + 1 + d) % world]) before += p.uniq_count[(rank + 1 + d++) % world];
+        const int q = (rank + 1 + d) % world;
+        const int32_t u = g - before;
+        if (q != run_q) {
+          flush_uniq();
+          run_q = q;
+        }
+        const int t = p.uniq_token[static_cast<int64_t>(q) * p.max_tokens + u];
+        const Status s2 = put<Group::kWarp>(
+            comm, p.tok_buf + (static_cast<size_t>(rank) * p.max_tokens + u) * row_bytes,
+            p.x + static_cast<size_t>(t) * row_bytes, row_bytes, q);
+        st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st == Status::kOk ? s2 : st), 0));
+        ++run_n;
+      }
+      flush_uniq();
+    }
+    flush_uniq();
+  }
   // Warps claim chunks of kSendChunk consecutive (rotated) sorted pairs, in order, so the pairs leave in expert
   // order across the whole dispatch and each expert's rows complete early, one after another, for the GEMM to start
   // on. Consecutive pairs of one expert in a chunk land in consecutive rows of one destination: their row sources
@@ -157,6 +216,10 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
       const int q = run_x / c.el, j = run_x % c.el;
       Status s2 = put<Group::kThread>(comm, p.recv_src + run_pos, p.vals_sorted + run_idx, sizeof(int32_t) * run_n, q);
       if (st == Status::kOk) st = s2;
+      if (p.dedup) {  // each row's place in the destination's token buffer (the row itself went once, above)
+        s2 = put<Group::kThread>(comm, p.recv_fan + run_pos, p.fan_abs + run_idx, sizeof(int32_t) * run_n, q);
+        if (st == Status::kOk) st = s2;
+      }
       tandem::device::fence_system();
       const uint32_t done = atomicAdd(&p.rows_done[run_x], static_cast<uint32_t>(run_n)) + run_n;
       if (done == static_cast<uint32_t>(p.local_counts[run_x])) {  // the last rows of expert x from this rank
@@ -183,11 +246,13 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
         flush();
         run_x = x, run_idx = idx, run_pos = pos;
       }
-      const int t = p.vals_sorted[idx] / c.topk;
-      const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
-                                          p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
-      // the warp's status (a group put may report on lane 0 only): every lane takes the same branch next
-      st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st == Status::kOk ? s2 : st), 0));
+      if (!p.dedup) {  // (dedup: the token's row went once to the destination, above; only the metadata here)
+        const int t = p.vals_sorted[idx] / c.topk;
+        const Status s2 = put<Group::kWarp>(comm, p.recv_x + static_cast<size_t>(pos) * row_bytes,
+                                            p.x + static_cast<size_t>(t) * row_bytes, row_bytes, x / c.el);
+        // the warp's status (a group put may report on lane 0 only): every lane takes the same branch next
+        st = static_cast<Status>(__shfl_sync(0xffffffffu, static_cast<int>(st == Status::kOk ? s2 : st), 0));
+      }
       ++run_n;
     }
     flush();  // the chunk's last run: its expert may be complete now
@@ -203,6 +268,8 @@ __device__ bool dispatch_role(const DispatchParams<Element>& p, uint64_t e, int3
 // (dispatch only) after this kernel reads them all -- and copy this block's grid-stride share of the row sources out
 // before ready[r] = e (the launch's end) lets the next epoch's senders overwrite them. The waits are on the peers'
 // (and this rank's senders') flags only: no block of this grid is waited for. Nothing with an overrun (no rows).
+// With dedup also every source's unique rows (tok_arrive), and this block's share of the fan-out: each received
+// row copied from its token's row in the token buffer into its expert row.
 template <class Element>
 __device__ void arrivals_and_row_sources(const DispatchParams<Element>& p, uint64_t e, uint32_t block,
                                          uint32_t blocks) {
@@ -220,6 +287,13 @@ __device__ void arrivals_and_row_sources(const DispatchParams<Element>& p, uint6
       }
     }
   }
+  // dedup: every source's unique rows too (the sources with none send no flag)
+  if (p.dedup && threadIdx.x == 0) {
+    for (int s = 0; s < world && st == Status::kOk; ++s) {
+      if (p.uniq_all[s * world + rank] == 0) continue;
+      st = wait_until_backoff(comm, &p.tok_arrive[s], Cmp::kGe, e, kArrivalPollNs, s);
+    }
+  }
   if (!block_ok(st)) return;
   p.timeline.stamp(4);
   int32_t received = 0;  // (from the counts: the elected block's layout writes are not ordered before this block)
@@ -227,6 +301,19 @@ __device__ void arrivals_and_row_sources(const DispatchParams<Element>& p, uint6
     for (int s = 0; s < world; ++s) received += p.counts_all[s * E + rank * c.el + j];
   for (int32_t r = block * blockDim.x + threadIdx.x; r < received; r += blocks * blockDim.x)
     p.row_source[r] = p.recv_src[r];
+  if (!p.dedup) return;
+  // dedup: each received row from its token's copy in the token buffer (a warp a row, 16-byte vectors; the peers
+  // wrote both this launch: L1-bypassing loads). The GEMM (unfused) or the copy (dispatch only) reads recv_x after
+  // this kernel.
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int64_t vecs = static_cast<int64_t>(c.hidden) * sizeof(Element) / 16;
+  for (int64_t r = static_cast<int64_t>(block) * warps + threadIdx.x / 32; r < received;
+       r += static_cast<int64_t>(blocks) * warps) {
+    const int32_t from = __ldcg(p.recv_fan + r);
+    const uint4* src = reinterpret_cast<const uint4*>(p.tok_buf) + static_cast<int64_t>(from) * vecs;
+    uint4* dst = reinterpret_cast<uint4*>(p.recv_x) + r * vecs;
+    for (int64_t v = lane; v < vecs; v += 32) dst[v] = __ldcg(src + v);
+  }
 }
 
 template <class Element>
@@ -268,12 +355,13 @@ __global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
   moe_finish(p.c, total_blocks, e, p.gemm_role);
 }
 
-// The experts' GEMM alone (unfused: after the dispatch kernel, which waited for every row).
-template <class Element>
-__global__ void __launch_bounds__(Gg<Element>::Kernel::MaxThreadsPerBlock, 1)
-    moe_gemm_kernel(const __grid_constant__ typename Gg<Element>::Kernel::Params p) {
+// The experts' GEMM alone (unfused: after the dispatch kernel, which waited for every row), in 2x1 clusters (G =
+// Gg) or 1x1 (G = Gg1).
+template <class Element, class G = Gg<Element>>
+__global__ void __launch_bounds__(G::Kernel::MaxThreadsPerBlock, 1)
+    moe_gemm_kernel(const __grid_constant__ typename G::Kernel::Params p) {
   extern __shared__ __align__(128) char smem[];
-  typename Gg<Element>::Kernel op;
+  typename G::Kernel op;
   op(p, smem);
 }
 

@@ -21,6 +21,19 @@
 //            whole grid, whose scheduler waits for a group's arrivals before handing out its tiles
 //   end      every block waits for every arrival and copies its grid-stride share of row_source to the local
 //            layout; the last block of the launch sets ready[r] = e on every rank and completes the epoch
+// With dedup (DispatchArgs::dedup; the dispatch-alone launches only, the fused one sends as above):
+//   prepare  also: a thread a token gives each of its distinct destination ranks q a unique index u
+//            (atomicAdd(uniq_count[q])), and each sorted pair its row in q's token buffer, r T_max + u
+//   counts   the elected block puts this rank's uniq_count row to every rank's uniq_all[r] before the count row's
+//            put_signal (whose release covers both; across nodes, the proxy keeps a peer's commands in order)
+//   send     first the unique rows: warps claim chunks of this rank's (token, destination) rows (destinations r+1,
+//            r+2, ...) and put each token's row once into the destination's token buffer; the warp completing a
+//            destination's rows sets tok_arrive[r] = e there. Then the pairs as above, with only their metadata:
+//            row_source and recv_fan (the row's place in the token buffer), then arrive[] as above
+//   end      also waits tok_arrive[s] for every source s with unique rows for it, then copies each received row r
+//            from token-buffer row recv_fan[r] into its expert row (the GEMM kernel or the copy reads them next)
+// The ranks must agree on dedup and on the launch kind (the Python ops key both): a fused launch beside a dedup
+// launch would read another protocol's buffers.
 // No block waits for a block of its grid that may not have an SM (MPS does not place a rank's grid at once:
 // docs/fused-kernels.md, "Residency"); before 2026-12-07 the first comm_blocks blocks dispatched, a static share
 // each, and the GEMM blocks waited for them (branch moe-claims, not run yet).
@@ -114,6 +127,19 @@ int alone_dispatch_blocks(int sm_count) {
   return c & ~1;
 }
 
+// The GEMM-alone kernel's cluster rows (the unfused path; the fused kernel is always 2x1): TANDEM_MOE_GEMM_CLUSTER=1
+// runs it in 1x1 clusters (grouped_gemm_sm90.hpp: for experts of at most 128 rows, where half of a 2x1 cluster has
+// no rows), anything else in 2x1, the default until the two are measured. A local choice: the GEMM reads only this
+// rank's received rows, so ranks may differ in it.
+int gemm_alone_cluster_rows() {
+  const char* v = std::getenv("TANDEM_MOE_GEMM_CLUSTER");
+  return v != nullptr && v[0] == '1' && v[1] == '\0' ? 1 : 2;
+}
+// (diagnostic, tests: the cluster rows of the last GEMM-alone launch of the unfused dispatch, and of the last
+// GroupedGemmArgs launch; 0 before any)
+int g_last_gemm_cluster_rows = 0;
+int g_last_grouped_gemm_cluster_rows = 0;
+
 SmPlan resolve(const SmPlan& plan, bool alone = false) {
   SmPlan p = plan;
   if (p.comm_blocks <= 0) {
@@ -185,6 +211,20 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   // only) are comm_blocks blocks (whole rows), all sending; in the fused launch the first comm_blocks blocks to
   // join send (whichever have an SM first) and every block computes.
   p.senders = plan.comm_blocks;
+  // dedup: the dispatch-alone launches only (the fused kernel's GEMM reads the rows as they land, before any
+  // fan-out could copy them)
+  p.dedup = a.dedup != 0 && !fused;
+  p.max_tokens = s.max_tokens;
+  if (a.dedup != 0) {  // (the workspace has the regions whenever the args ask, whatever the launch)
+    p.uniq_count = reinterpret_cast<int32_t*>(ws + o.uniq_count);
+    p.uniq_token = reinterpret_cast<const int32_t*>(ws + o.uniq_token);
+    p.fan_abs = reinterpret_cast<const int32_t*>(ws + o.fan_abs);
+    p.uniq_all = reinterpret_cast<int32_t*>(ws + o.uniq_all);
+    p.tok_arrive = reinterpret_cast<uint64_t*>(ws + o.tok_arrive);
+    p.tok_rows_done = reinterpret_cast<uint32_t*>(ws + o.tok_rows_done);
+    p.recv_fan = reinterpret_cast<int32_t*>(ws + o.recv_fan);
+    p.tok_buf = ws + o.tok_buf;
+  }
   runtime::late_blocks_from_env("TANDEM_MOE_DISPATCH_LATE", &p.late_block, &p.late_us);
   const int dispatch_rows = plan.comm_blocks / runtime::kClusterX;
 
@@ -201,6 +241,9 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
       cudaMemsetAsync(p.rows_done, 0, sizeof(uint32_t) * E, stream) != cudaSuccess ||
       cudaMemsetAsync(&p.c.ctl->claims, 0, sizeof(MoeControl::Claims), stream) != cudaSuccess)
     return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
+  if (p.dedup && (cudaMemsetAsync(p.uniq_count, 0, sizeof(int32_t) * world, stream) != cudaSuccess ||
+                  cudaMemsetAsync(p.tok_rows_done, 0, sizeof(uint32_t) * world, stream) != cudaSuccess))
+    return fail(why, "cudaMemsetAsync failed", Status::kCudaError);
   if (n > 0) {
     int32_t* keys = reinterpret_cast<int32_t*>(ws + o.keys);
     int32_t* vals = reinterpret_cast<int32_t*>(ws + o.vals);
@@ -209,6 +252,14 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
     if (cub::DeviceRadixSort::SortPairs(ws + o.cub_temp, temp, keys, const_cast<int32_t*>(p.keys_sorted), vals,
                                         const_cast<int32_t*>(p.vals_sorted), n, 0, bits_for(E), stream) != cudaSuccess)
       return fail(why, "the routing sort failed", Status::kCudaError);
+    if (p.dedup) {  // each token's distinct destinations, then each sorted pair's row at its destination
+      int32_t* uidx = reinterpret_cast<int32_t*>(ws + o.uidx);
+      moe_unique_kernel<<<(s.tokens + 255) / 256, 256, 0, stream>>>(a.topk_ids, s.tokens, s.topk, el, E,
+                                                                    s.max_tokens, p.uniq_count,
+                                                                    const_cast<int32_t*>(p.uniq_token), uidx);
+      moe_fan_kernel<<<(n + 255) / 256, 256, 0, stream>>>(p.vals_sorted, uidx, n, rank, s.max_tokens,
+                                                           const_cast<int32_t*>(p.fan_abs));
+    }
   }
   const int grid_y = plan.sm_count / runtime::kClusterX;
   p.timeline = MoeTimeline{};
@@ -258,11 +309,28 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   if (Status st = launch(moe_dispatch_kernel<Element>, dim3(runtime::kClusterX, dispatch_rows, 1), dispatch_smem, p);
       st != Status::kOk)
     return st;
-  if (gemm) {
+  if (gemm && gemm_alone_cluster_rows() == 1) {
+    // 1x1 clusters (grouped_gemm_sm90.hpp): the same grid's blocks in one row, raster along M; the arrays the
+    // dispatch kernel fills are the default's (same types), no arrival waits (arr.flags is null: unfused)
+    using G1 = Gg1<Element>;
+    using Kernel1 = typename G1::Kernel;
+    const int blocks = runtime::kClusterX * grid_y;
+    auto args1 = G1::arguments(el, p.arrays, arr, blocks);
+    if (Kernel1::can_implement(args1) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM (1x1)");
+    if (Kernel1::get_workspace_size(args1) > o.cutlass_ws_bytes)
+      return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
+    const typename Kernel1::Params params1 = Kernel1::to_underlying_arguments(args1, ws + o.cutlass_ws);
+    const cudaError_t err = launch_clustered(moe_gemm_kernel<Element, G1>, dim3(blocks, 1, 1),
+                                             Kernel1::MaxThreadsPerBlock, static_cast<int>(Kernel1::SharedStorageSize),
+                                             stream, params1, /*cluster_x=*/1);
+    if (err != cudaSuccess) return fail(why, std::string("launch failed: ") + cudaGetErrorString(err), Status::kCudaError);
+    g_last_gemm_cluster_rows = 1;
+  } else if (gemm) {
     if (Status st = launch(moe_gemm_kernel<Element>, dim3(runtime::kClusterX, grid_y, 1),
                            static_cast<int>(Kernel::SharedStorageSize), p.gemm);
         st != Status::kOk)
       return st;
+    g_last_gemm_cluster_rows = 2;
   } else {
     // the received rows only (layout[0] of them, known on the device), not the whole receive capacity; the
     // dispatch kernel waited for every row addressed to this rank: the copy after it sees them all
@@ -461,6 +529,141 @@ Status run(const SwigluArgs& a, cudaStream_t stream, std::string* why) {
   return Status::kOk;
 }
 
+int last_gemm_cluster_rows() { return g_last_gemm_cluster_rows; }
+
+int64_t dispatch_rows_sent(const void* workspace) {
+  if (workspace == nullptr) return -1;
+  uint32_t sent = 0;
+  // The address only (the control block is in device memory; nothing is dereferenced here). cudaMemcpy runs on
+  // the legacy default stream: the caller synchronizes its stream first (the tests do).
+  const uint32_t* at = &static_cast<const MoeControl*>(workspace)->claims.uniq_sent;
+  if (cudaMemcpy(&sent, at, sizeof(sent), cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+  return sent;
+}
+int last_grouped_gemm_cluster_rows() { return g_last_grouped_gemm_cluster_rows; }
+
+// ---- the grouped GEMM on rows in the dispatch layout, as its own launch (moe.h: GroupedGemmArgs) --------------
+
+namespace {
+
+struct GroupedOffsets {
+  size_t shapes, ptr_a, ptr_b, ptr_d, stride_a, stride_b, stride_d, cutlass_ws, total;
+};
+
+GroupedOffsets grouped_offsets(int experts) {
+  using G = Gg<cutlass::bfloat16_t>;  // (the arrays' sizes do not depend on the element type)
+  GroupedOffsets o{};
+  WorkspaceCarver w{0};
+  const size_t e = static_cast<size_t>(experts);
+  o.shapes = w.take(sizeof(typename G::Shape3) * e);
+  o.ptr_a = w.take(sizeof(void*) * e);
+  o.ptr_b = w.take(sizeof(void*) * e);
+  o.ptr_d = w.take(sizeof(void*) * e);
+  o.stride_a = w.take(sizeof(typename G::StrideA) * e);
+  o.stride_b = w.take(sizeof(typename G::StrideB) * e);
+  o.stride_d = w.take(sizeof(typename G::StrideD) * e);
+  o.cutlass_ws = w.take(kCutlassWorkspaceBytes);
+  o.total = w.at;
+  return o;
+}
+
+// The CUTLASS arrays of each expert (as write_layout makes the dispatch GEMM's): one thread an expert.
+template <class Element>
+__global__ void moe_grouped_arrays_kernel(GroupedGemmArgs a, typename Gg<Element>::Arrays arr) {
+  using G = Gg<Element>;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < a.experts; j += gridDim.x * blockDim.x) {
+    const int32_t rows = a.expert_rows[j], off = a.expert_offset[j];
+    arr.shapes[j] = typename G::Shape3{rows, a.n, a.k};
+    arr.a[j] = static_cast<const Element*>(a.a) + static_cast<size_t>(off) * a.k;
+    arr.b[j] = static_cast<const Element*>(a.w) + static_cast<size_t>(j) * a.k * a.n;
+    arr.d[j] = static_cast<Element*>(a.d) + static_cast<size_t>(off) * a.n;
+    arr.da[j] = cute::make_stride(int64_t(a.k), cute::Int<1>{}, cute::Int<0>{});
+    arr.db[j] = cute::make_stride(cute::Int<1>{}, int64_t(a.n), cute::Int<0>{});
+    arr.dd[j] = cute::make_stride(int64_t(a.n), cute::Int<1>{}, cute::Int<0>{});
+  }
+}
+
+template <class Element, class GemmOf>
+Status run_grouped_as(const GroupedGemmArgs& a, const typename Gg<Element>::Arrays& arr, char* cutlass_ws, int sms,
+                      cudaStream_t stream, std::string* why) {
+  using Kernel = typename GemmOf::Kernel;
+  // (no arrival waits: the rows are in place, stream-ordered)
+  auto args = GemmOf::arguments(a.experts, arr, detail::ExpertArrivals{}, sms);
+  if (Kernel::can_implement(args) == false) return fail(why, "CUTLASS cannot implement this grouped GEMM");
+  if (Kernel::get_workspace_size(args) > kCutlassWorkspaceBytes)
+    return fail(why, "grouped GEMM workspace larger than reserved", Status::kInternal);
+  const typename Kernel::Params params = Kernel::to_underlying_arguments(args, cutlass_ws);
+  // the arrays (device memory; CUTLASS reads them in the kernel), after every host-side check
+  moe_grouped_arrays_kernel<Element><<<(a.experts + 255) / 256, 256, 0, stream>>>(a, arr);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return fail(why, std::string("grouped GEMM arrays launch failed: ") + cudaGetErrorString(e), Status::kCudaError);
+  // 2x1: the grid 2 blocks wide (the cluster), AlongN; 1x1: one row, AlongM (grouped_gemm_sm90.hpp)
+  const dim3 grid = GemmOf::kClusterRows == 2 ? dim3(runtime::kClusterX, sms / runtime::kClusterX, 1)
+                                              : dim3(sms, 1, 1);
+  const cudaError_t err = launch_clustered(moe_gemm_kernel<Element, GemmOf>, grid, Kernel::MaxThreadsPerBlock,
+                                           static_cast<int>(Kernel::SharedStorageSize), stream, params,
+                                           /*cluster_x=*/GemmOf::kClusterRows);
+  return err == cudaSuccess ? Status::kOk
+                            : fail(why, std::string("grouped GEMM launch failed: ") + cudaGetErrorString(err),
+                                   Status::kCudaError);
+}
+
+template <class Element>
+Status run_grouped(const GroupedGemmArgs& a, int sms, cudaStream_t stream, std::string* why) {
+  using G = Gg<Element>;
+  const GroupedOffsets o = grouped_offsets(a.experts);
+  char* ws = static_cast<char*>(a.workspace);
+  typename G::Arrays arr;
+  arr.shapes = reinterpret_cast<typename G::Shape3*>(ws + o.shapes);
+  arr.a = reinterpret_cast<const Element**>(ws + o.ptr_a);
+  arr.b = reinterpret_cast<const Element**>(ws + o.ptr_b);
+  arr.d = reinterpret_cast<Element**>(ws + o.ptr_d);
+  arr.da = reinterpret_cast<typename G::StrideA*>(ws + o.stride_a);
+  arr.db = reinterpret_cast<typename G::StrideB*>(ws + o.stride_b);
+  arr.dd = reinterpret_cast<typename G::StrideD*>(ws + o.stride_d);
+  const Status st = a.cluster_rows == 1 ? run_grouped_as<Element, Gg1<Element>>(a, arr, ws + o.cutlass_ws, sms, stream, why)
+                                        : run_grouped_as<Element, G>(a, arr, ws + o.cutlass_ws, sms, stream, why);
+  if (st == Status::kOk) g_last_grouped_gemm_cluster_rows = a.cluster_rows == 1 ? 1 : 2;
+  return st;
+}
+
+}  // namespace
+
+size_t workspace_size(const GroupedGemmArgs& a) {
+  return a.experts > 0 && a.experts <= kMaxGroupedExperts ? grouped_offsets(a.experts).total : 0;
+}
+
+Status can_implement(const GroupedGemmArgs& a, std::string* why) {
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kFP16) return fail(why, "dtype must be bf16 or fp16");
+  if (a.experts < 1 || a.experts > kMaxGroupedExperts) return fail(why, "experts must be in [1, 4096]");
+  if (a.n <= 0 || a.n % 8 || a.k <= 0 || a.k % 8) return fail(why, "N and K must be positive multiples of 8");
+  if (a.a == nullptr || a.w == nullptr || a.d == nullptr || a.expert_rows == nullptr || a.expert_offset == nullptr ||
+      a.workspace == nullptr)
+    return fail(why, "null pointer");
+  const auto misaligned = [](const void* p, uintptr_t to) { return (reinterpret_cast<uintptr_t>(p) % to) != 0; };
+  if (misaligned(a.a, 16) || misaligned(a.w, 16) || misaligned(a.d, 16))
+    return fail(why, "a, w and d must be 16-byte aligned");
+  if (misaligned(a.expert_rows, 4) || misaligned(a.expert_offset, 4)) return fail(why, "the row arrays must be 4-byte aligned");
+  if (misaligned(a.workspace, 128)) return fail(why, "the workspace must be 128-byte aligned");
+  if (a.sm_count < 0 || a.sm_count % 2) return fail(why, "sm_count must be even and not negative");
+  if (a.cluster_rows != 1 && a.cluster_rows != 2) return fail(why, "cluster_rows must be 1 or 2");
+  return Status::kOk;
+}
+
+Status run(const GroupedGemmArgs& a, cudaStream_t stream, std::string* why) {
+  if (Status st = can_implement(a, why); st != Status::kOk) return st;
+  int sms = a.sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      return fail(why, "cannot read the SM count", Status::kCudaError);
+    sms &= ~1;
+  }
+  return a.dtype == DType::kFP16 ? run_grouped<cutlass::half_t>(a, sms, stream, why)
+                                 : run_grouped<cutlass::bfloat16_t>(a, sms, stream, why);
+}
+
 cudaError_t preload_kernels() {
   cudaFuncAttributes attr{};
   const void* fs[] = {
@@ -470,6 +673,12 @@ cudaError_t preload_kernels() {
       reinterpret_cast<const void*>(moe_dispatch_kernel<cutlass::half_t>),
       reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::bfloat16_t>),
       reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::half_t>),
+      reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::bfloat16_t, Gg1<cutlass::bfloat16_t>>),
+      reinterpret_cast<const void*>(moe_gemm_kernel<cutlass::half_t, Gg1<cutlass::half_t>>),
+      reinterpret_cast<const void*>(moe_unique_kernel),
+      reinterpret_cast<const void*>(moe_fan_kernel),
+      reinterpret_cast<const void*>(moe_grouped_arrays_kernel<cutlass::bfloat16_t>),
+      reinterpret_cast<const void*>(moe_grouped_arrays_kernel<cutlass::half_t>),
       reinterpret_cast<const void*>(moe_combine_kernel<__nv_bfloat16>),
       reinterpret_cast<const void*>(moe_combine_kernel<__half>),
       reinterpret_cast<const void*>(moe_stage_rows_kernel),

@@ -15,6 +15,8 @@ capacity and reports it).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .._native import native
@@ -103,6 +105,13 @@ def layout_view(comm, layout, experts_per_rank, max_tokens, topk):
                 source_offset=layout[src:rs].view(experts_per_rank, world + 1), row_source=layout[rs:size])
 
 
+def _dedup() -> int:
+    """TANDEM_MOE_DEDUP=1: the dispatch-alone launches (unfused, dispatch only) send each token once per destination
+    rank, which copies it into each of its experts' rows (moe.h: DispatchArgs::dedup; read at each call, part of the
+    key every rank agrees on: the protocol and the workspace differ). Off by default until measured."""
+    return 1 if os.environ.get("TANDEM_MOE_DEDUP") == "1" else 0
+
+
 def _use_fused(mode, world):
     """mode "auto": the measured choice (docs/results.md, H200): the fused kernel beat the unfused path at world 1
     (0.629 vs 0.663 ms, 2048/1024/64/6 at 4096 tokens) and lost at world 2, where the MPS ranks' persistent
@@ -131,11 +140,13 @@ def run_dispatch_gemm(comm, x, topk_ids, w, max_tokens, mode, comm_blocks, sm_co
     experts = epr * world
     ids, k = _ids(comm, topk_ids, tokens, experts, op, check_ids)
     max_tokens = _max_tokens(max_tokens, tokens, op, comm.rank)
-    key = (op, rt.token(comm), max_tokens, hidden, inter, k, epr, x.dtype)
+    dedup = _dedup()
+    key = (op, rt.token(comm), max_tokens, hidden, inter, k, epr, x.dtype, dedup)
     agree = op_key(op, max_tokens=max_tokens, hidden=hidden, inter=inter, k=k, experts_per_rank=epr, dtype=x.dtype,
-                   mode=mode, comm_blocks=int(comm_blocks))
+                   mode=mode, comm_blocks=int(comm_blocks), dedup=dedup)
     return _launch_dispatch(comm, x, ids, _shape(tokens, max_tokens, hidden, inter, k, epr), key, agree,
-                            "FUSED" if _use_fused(mode, world) else "UNFUSED", inter, comm_blocks, sm_count, op, w=w)
+                            "FUSED" if _use_fused(mode, world) else "UNFUSED", inter, comm_blocks, sm_count, op, w=w,
+                            dedup=dedup)
 
 
 def _max_tokens(max_tokens, tokens, op, rank):
@@ -146,7 +157,7 @@ def _max_tokens(max_tokens, tokens, op, rank):
     return max_tokens
 
 
-def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_blocks, sm_count, op, w=None):
+def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_blocks, sm_count, op, w=None, dedup=0):
     """One dispatch launch (moe_dispatch_gemm's, or the dispatch alone when w is None): its DispatchArgs, the op's
     workspace (cached by key, agreed by every rank as agree), the output it writes (receive capacity x out_cols in
     x's dtype: GEMM 1's y, or the received rows) and the layout; then the launch in
@@ -156,6 +167,7 @@ def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_block
     a = rt.kernel_args("DispatchArgs", dtype=_DTYPES[x.dtype], plan=dict(sm_count=int(sm_count),
                                                                         comm_blocks=int(comm_blocks)))
     a.shape = shape
+    a.dedup = int(dedup)  # (before the size: the dedup buffers are part of the workspace)
     ws = _op_workspace(comm, key, K.workspace_size(comm.native, a), agree)
     out = torch.empty((K.moe_receive_capacity(shape, world), out_cols), dtype=x.dtype, device=x.device)
     layout = torch.zeros(layout_index(world, shape.max_tokens, shape.topk, shape.experts_per_rank)[4],
@@ -167,7 +179,13 @@ def _launch_dispatch(comm, x, ids, shape, key, agree, mode, out_cols, comm_block
         a.w, a.y = w.data_ptr(), out.data_ptr()
     # the adapter's can_implement is the last guard: a refusal is a TandemError with its status
     K.moe_dispatch_gemm(comm.native, a, rt.mode(mode), rt.stream_handle(x.device))
+    last_dispatch_workspace[comm.rank] = ws.data_ptr()
     return out, layout
+
+
+# Diagnostic (tests): the workspace address of each rank's last dispatch launch in this process, for
+# tandem._C.kernels.moe_dispatch_rows_sent (the token rows it put with dedup).
+last_dispatch_workspace: dict = {}
 
 
 def dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0, sm_count=0, check_ids=True):
@@ -190,12 +208,13 @@ def dispatch_rows(comm, x, topk_ids, experts_per_rank, max_tokens, comm_blocks=0
     world = comm.world_size
     ids, k = _ids(comm, topk_ids, tokens, epr * world, op, check_ids)
     max_tokens = _max_tokens(max_tokens, tokens, op, comm.rank)
-    key = ("moe_dispatch_rows", rt.token(comm), max_tokens, hidden, k, epr, x.dtype)
+    dedup = _dedup()
+    key = ("moe_dispatch_rows", rt.token(comm), max_tokens, hidden, k, epr, x.dtype, dedup)
     agree = op_key("moe_dispatch_rows", max_tokens=max_tokens, hidden=hidden, k=k, experts_per_rank=epr,
-                   dtype=x.dtype, comm_blocks=int(comm_blocks))
+                   dtype=x.dtype, comm_blocks=int(comm_blocks), dedup=dedup)
     # inter 0: unused without the GEMM
     return _launch_dispatch(comm, x, ids, _shape(tokens, max_tokens, hidden, 0, k, epr), key, agree, "DISPATCH",
-                            hidden, comm_blocks, sm_count, op)
+                            hidden, comm_blocks, sm_count, op, dedup=dedup)
 
 
 def run_combine(comm, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=True):

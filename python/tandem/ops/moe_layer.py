@@ -138,6 +138,48 @@ def gemm1(c, x, topk_ids, w1, max_tokens: int, mode: str, sm_count: int):
                                  sm_count)
 
 
+# GEMM 2 of the chain: "torch" (torch._grouped_mm over the layout's expert offsets, the default) or "tandem"
+# (tandem's CUTLASS grouped GEMM as its own launch, moe.h: GroupedGemmArgs, in the clusters TANDEM_MOE_GEMM_CLUSTER
+# names, 2x1 by default; read at each call). tools/device_next.sh mc1 times both (issue 26).
+def _gemm2_kind() -> str:
+    return os.environ.get("TANDEM_MOE_GEMM2", "torch")
+
+
+def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0):
+    """z rows [offset_j, offset_j + rows_j) = a rows (the same) @ w[j] for each local expert j, rows_j and offset_j
+    from the dispatch layout's view `lv` (on the device: no host sync); z has a's rows, rows outside every expert
+    unspecified. tandem's grouped GEMM (moe.h: GroupedGemmArgs), any of bf16 / fp16."""
+    op = "moe_grouped_gemm"
+    rank = getattr(c, "rank", -1)
+    if a.dim() != 2 or w.dim() != 3 or a.shape[1] != w.shape[1]:
+        raise invalid(f"a (rows, K) and w (experts, K, N) must agree in K, got {tuple(a.shape)} and "
+                      f"{tuple(w.shape)}", op, rank)
+    if a.dtype != w.dtype or a.dtype not in rt.DTYPES:
+        raise invalid(f"a and w must both be bfloat16 or float16, got {a.dtype} and {w.dtype}", op, rank)
+    if not (a.is_contiguous() and w.is_contiguous()) or a.device != w.device or not a.is_cuda:
+        raise invalid("a and w must be contiguous and on one GPU", op, rank)
+    rows, offs = lv["expert_rows"], lv["expert_offset"]
+    if (rows.dtype != torch.int32 or offs.dtype != torch.int32 or rows.device != a.device
+            or offs.device != a.device or rows.numel() != w.shape[0] or offs.numel() < w.shape[0]):
+        raise invalid(f"the layout's expert_rows / expert_offset must be int32 on {a.device} with one entry an "
+                      f"expert ({w.shape[0]})", op, rank)
+    experts, k, n = w.shape
+    z = torch.empty((a.shape[0], n), dtype=a.dtype, device=a.device)
+    if a.shape[0] == 0:
+        return z
+    K = native().kernels
+    cluster = 1 if os.environ.get("TANDEM_MOE_GEMM_CLUSTER") == "1" else 2
+    args = rt.kernel_args("GroupedGemmArgs", dtype=rt.DTYPES[a.dtype], experts=experts, n=n, k=k, a=a.data_ptr(),
+                          w=w.data_ptr(), d=z.data_ptr(), expert_rows=rows.data_ptr(), expert_offset=offs.data_ptr(),
+                          sm_count=(int(sm_count) or c.sm_count) & ~1, cluster_rows=cluster)
+    # the arrays and CUTLASS's tensormaps: device memory of this call (the caching allocator keeps it cheap)
+    ws = torch.empty(K.moe_grouped_gemm_workspace_size(args), dtype=torch.uint8, device=a.device)
+    args.workspace = ws.data_ptr()
+    with torch.cuda.device(a.device):  # the binding launches on the current device
+        K.moe_grouped_gemm(args, rt.stream_handle(a.device))
+    return z
+
+
 def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_tokens=0, mode="auto", sm_count=0):
     c = rt.comm_from_handle(comm, OP)
     inter, epr = check(c, x, topk_ids, topk_weights, w1, w2, activation, mode)
@@ -145,8 +187,11 @@ def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_toke
     y, layout = gemm1(c, x, topk_ids, w1, max_tokens, mode, sm_count)
     a = swiglu_received(y, layout, inter, sm_count)
     lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
-    ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
-    z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
+    if _gemm2_kind() == "tandem":
+        z = grouped_gemm_rows(c, a, w2, lv, sm_count)
+    else:
+        ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
+        z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
     # the ids were checked by the dispatch (one host sync); the combine does not check them again
     return moe.run_combine(c, z, layout, topk_ids, topk_weights, max_tokens, sm_count, check_ids=False)
 

@@ -13,7 +13,9 @@
 //   rows [expert_offset[j], expert_offset[j] + expert_rows[j]) of y (and of the receive buffer), ordered by source
 //   rank, then by (token, slot) within a source. source_offset[j * (world + 1) + s] is where source s's rows of
 //   expert j begin (relative to expert_offset[j]), and row_source[r] the flat index t * k + s of row r at its source.
-// Rows of a token that chose two experts of one rank are sent twice (once per expert).
+// Rows of a token that chose two experts of one rank are sent twice (once per expert), unless DispatchArgs::dedup:
+// then the dispatch-alone launches (run_unfused, run_dispatch) send each token once per destination rank and the
+// destination copies it into each of its experts' rows (DeepEP's scheme; the layout is the same either way).
 //
 // One launch per call; launches are ordered by epochs kept in the workspace (CUDA-graph safe, like the TP ops).
 // Host adapters in the CUTLASS manner: can_implement -> workspace_size -> run.
@@ -64,8 +66,17 @@ struct DispatchArgs {
   SmPlan plan{};                      // comm_blocks: the blocks that send rows (fused: the first this many to
                                       // start; the others compute once the layout is
                                       // written; 0 = heuristic)
+  // 1: send a token once per destination rank (run_unfused and run_dispatch; the fused kernel, whose GEMM reads
+  // the rows as they land, sends once per expert either way). The ranks must agree on it and on the launch kind
+  // (run, run_unfused or run_dispatch): the workspace's layout and the protocol depend on both. The destination's
+  // extra buffer is world x max_tokens rows.
+  int dedup = 0;
   tandem::DeviceComm comm{};
 };
+// Diagnostic (tests): the token rows the last dispatch launch on `workspace` put with dedup, one a (token,
+// destination rank) pair, this rank as a destination included (0 without dedup). The caller synchronizes its
+// stream first; -1 on a CUDA error.
+int64_t dispatch_rows_sent(const void* workspace);
 
 // The layout array (int32), in this order:
 //   [0]                              received: rows this rank received in all
@@ -130,7 +141,38 @@ struct SwigluArgs {
 Status can_implement(const SwigluArgs& args, std::string* why = nullptr);
 Status run(const SwigluArgs& args, cudaStream_t stream, std::string* why = nullptr);
 
+// The local experts' grouped GEMM on rows already in the dispatch layout, as its own launch (moe_ffn's GEMM 2,
+// z_j = a_j W2_j, with TANDEM_MOE_GEMM2=tandem; torch._grouped_mm otherwise, which takes bf16 only): for each local
+// expert j, d rows [offset_j, offset_j + rows_j) = a rows [offset_j, offset_j + rows_j) @ w_j, with rows_j and
+// offset_j read on the device (the dispatch layout's expert_rows and expert_offset: no host sync). Rows of d
+// outside every expert's range are not written. The same CUTLASS kernel as the dispatch's GEMM (128x256x64 tiles,
+// fp32 accumulation, one rounding), in 2x1 clusters or 1x1 (cluster_rows; moe_sm90.cu says when each fits).
+struct GroupedGemmArgs {
+  DType dtype = DType::kBF16;
+  int experts = 0;                          // groups: 1 .. kMaxGroupedExperts
+  int n = 0;                                // N: columns of w_j and d, a positive multiple of 8
+  int k = 0;                                // K: columns of a, rows of w_j, a positive multiple of 8
+  const void* a = nullptr;                  // rows x K, row-major, contiguous, 16-byte aligned
+  const void* w = nullptr;                  // experts x K x N, contiguous, 16-byte aligned
+  void* d = nullptr;                        // rows x N, contiguous, 16-byte aligned
+  const int32_t* expert_rows = nullptr;     // device memory: rows_j, [experts]
+  const int32_t* expert_offset = nullptr;   // device memory: offset_j (the first row), [experts]
+  void* workspace = nullptr;                // workspace_size bytes of device memory (any; not shared with peers)
+  int sm_count = 0;                         // the grid (0: the device's SMs); even
+  int cluster_rows = 2;                     // 2: 2x1 clusters (multicast B); 1: 1x1 clusters, raster along M
+};
+constexpr int kMaxGroupedExperts = 4096;
+size_t workspace_size(const GroupedGemmArgs& args);
+Status can_implement(const GroupedGemmArgs& args, std::string* why = nullptr);
+Status run(const GroupedGemmArgs& args, cudaStream_t stream, std::string* why = nullptr);
+
 cudaError_t preload_kernels();
+
+// Diagnostic (tests): the cluster rows of the last unfused grouped-GEMM launch in this process, 2 (2x1 clusters,
+// the default) or 1 (TANDEM_MOE_GEMM_CLUSTER=1); 0 before any.
+int last_gemm_cluster_rows();
+// Diagnostic (tests): the cluster rows of the last GroupedGemmArgs launch, 2 or 1; 0 before any.
+int last_grouped_gemm_cluster_rows();
 
 // Diagnostic: the per-block timeline of the last dispatch launched with TANDEM_MOE_TRACE=1 (512 blocks x 8
 // globaltimer slots; kernels/src/moe/moe_common.cuh says what each slot is). Zeros before the first traced launch
