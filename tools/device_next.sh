@@ -1357,6 +1357,30 @@ elif [ "$part" = mc3 ]; then
   # nodes), then test_moe's dispatch cases without it (the dispatch kernel's send path changed for both)
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py --durations=0 \
     -k "once_per_rank or dispatch_gemm_and_combine or emulated or late_block or repeated"
+elif [ "$part" = oc1 ]; then
+  # issue 21: the overlap ceiling (tools/diag/tp_overlap_ceiling.py: cuBLAS and tandem's collective launched together
+  # on two streams, no dependency, every rank at once) at worlds 4 and 2 -- the best ratio to max(cuBLAS alone,
+  # collective alone) any overlapped design of these two kernels can reach under MPS on one GPU. Issue 26: the MoE
+  # layer's default plan (1x1 clusters and tandem's GEMM 2 at most one row tile an expert; not run): the ffn tests,
+  # then bench moe --layer with the default plan and with the old defaults forced (torch GEMM 2, 2x1), same call.
+  W=/tmp/oc1; rm -rf "$W"; mkdir -p "$W/oc1" "$OUT"
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  for w in 4 2; do
+    t=$(( $(left) - 300 )); [ "$t" -gt 75 ] && t=75
+    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_overlap_ceiling.py \
+      --out "$W/oc1/ceiling_w$w" 2>&1 | grep -E "ceiling|Error" | cut -c1-300
+    tar czf "$OUT/oc1.tgz" -C "$W" oc1
+  done
+  timeout -s INT -k 20 $(( $(left) - 110 )) bash tools/device_suite.sh tests/gpu/test_moe.py tests/cpu/test_moe_ffn.py \
+    -k "(ffn and not backward) or 1x1 or grouped_gemm_rows or gemm2_plan" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12
+  for v in auto old; do
+    if [ $v = auto ]; then env_v="TANDEM_MOE_PLAN_NOTE=auto"; share=2; else env_v="TANDEM_MOE_GEMM2=torch TANDEM_MOE_GEMM_CLUSTER=2"; share=1; fi
+    mkdir -p "$W/oc1/layer_$v"
+    t=$(( ($(left) - 10) / share )); [ "$t" -gt 60 ] && t=60
+    [ "$t" -gt 20 ] && env $env_v timeout -s INT -k 10 $t python3 -m tandem bench moe -n 2 --layer --reps 5 \
+      --tokens 1024,4096 --out "$W/oc1/layer_$v" 2>&1 | grep -E "^\| (small|deepseek)" | sed "s/^/$v: /"
+    rm -f "$W"/oc1/*/*.png; tar czf "$OUT/oc1.tgz" -C "$W" oc1
+  done
 elif [ "$part" = mc2 ]; then
   D=/tmp/dn_mc1; rm -rf "$D"
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
