@@ -381,6 +381,18 @@
 #   6. On an H200 (a plain run may get one; never ask needs_h200 for it): f8a, f8b, then `python -m tandem tune gemm
 #      --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json`, then the
 #      FP8 op check (issue 23).
+# 2026-12-07 13:10 (twenty-third session, 12:23-): one H100, seven calls (budget spent by 12:52 and by refused
+# starts after): pr1 (tp-rounds correct, not faster: not merged), tk4, the suite remainder on main (59 passed), mc1 /
+# mc3 (moe-dedup merged, knobs off), mc2 (MoE timings), an1. Next, in this order (restore branches from
+# tools/pending/*.diff if gone; a new checkout has no .whl / .carry: step 0 of the 2026-12-06 12:20 entry):
+#   1. oc1 on branch moe-plan: the overlap ceiling (tools/diag/tp_overlap_ceiling.py, issue 21: is 1.15 x max(cuBLAS,
+#      collective) reachable by any overlap under MPS here?) and the MoE plan's tests + bench; merge moe-plan if green
+#      and the layer is not slower than the old defaults at the 256-row shapes.
+#   2. gx on branch gemm-c2x2 (2x2 / 4x2 cluster GEMM variants: tests, gemm_mps at worlds 4 and 2). If a bigger
+#      cluster closes the core's 1.20-1.37x gap to cuBLAS under MPS, it is the next fused-kernel GEMM role (issue 21)
+#      and a table candidate (issue 23).
+#   3. test_tp whole on branch rs-step-params (host refactor of gemm_rs_sm90.cu), then merge.
+#   4. On an H200: f8a, f8b and the FP8 rows of gemm_tune_h200.json (issue 23).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
