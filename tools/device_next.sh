@@ -1374,7 +1374,7 @@ elif [ "$part" = oc1 ]; then
   # on two streams, no dependency, every rank at once) at worlds 4 and 2 -- the best ratio to max(cuBLAS alone,
   # collective alone) any overlapped design of these two kernels can reach under MPS on one GPU. Issue 26: the MoE
   # layer's default plan (branch moe-plan: 1x1 clusters and tandem's GEMM 2 at most one row tile an expert; not run;
-  on main the tests' plan assertions are absent and the 'auto' side runs main's defaults): the ffn tests,
+  # on main the tests' plan assertions are absent and the 'auto' side runs main's defaults): the ffn tests,
   # then bench moe --layer with the default plan and with the old defaults forced (torch GEMM 2, 2x1), same call.
   W=/tmp/oc1; rm -rf "$W"; mkdir -p "$W/oc1" "$OUT"
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
