@@ -393,6 +393,8 @@
 #      and a table candidate (issue 23).
 #   3. test_tp whole on branch rs-step-params (host refactor of gemm_rs_sm90.cu), then merge.
 #   4. On an H200: f8a, f8b and the FP8 rows of gemm_tune_h200.json (issue 23).
+# 2026-12-07 13:40: before 1., part ac1 on branch rs-accumulate (issue 21: GEMM+RS/AR by TMA reduce-add into the
+#   owners' fp32 accumulators, no waits between chunks; tools/pending/rs-accumulate.diff; the part is on the branch).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
