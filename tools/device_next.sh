@@ -395,6 +395,9 @@
 #   4. On an H200: f8a, f8b and the FP8 rows of gemm_tune_h200.json (issue 23).
 # 2026-12-07 13:40: before 1., part ac1 on branch rs-accumulate (issue 21: GEMM+RS/AR by TMA reduce-add into the
 #   owners' fp32 accumulators, no waits between chunks; tools/pending/rs-accumulate.diff; the part is on the branch).
+# 2026-12-07 14:00: branch integ-next = main + rs-accumulate + gemm-c2x2 + moe-plan (tools/pending/integ-next.diff;
+#   none of it run): ONE module build serves parts ac1, gx and oc1 (prebuild it once, ~20 min on 2 cores), one call
+#   each; merge the parts' branches whose tests pass (their diffs are in tools/pending too).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
