@@ -25,7 +25,7 @@ import torch
 
 from tandem import ops  # noqa: F401  (registers the ops)
 from tandem.bench import common
-from tandem.bench.tp import _torch_collective, rank_problem
+from tandem.bench.tp import _torch_collective, gemm_alone_operands, rank_problem
 from tandem.ops import tp
 from tandem.transport import Communicator
 
@@ -79,8 +79,7 @@ for shape in args.shapes.split(","):
             comm.check()
             rows.append(r)
         coll, keep = _torch_collective(comm, op, m, n, k)
-        a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
-        out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
+        a_gemm, out = gemm_alone_operands(op, m, n, k, a)
         naive = lambda: (torch.matmul(a_gemm, b, out=out), coll())  # noqa: E731
         comm.barrier()
         r = dict(op=op, m=m, n=n, k=k, world=world, mode="naive",

@@ -30,7 +30,7 @@ import statistics
 import torch
 
 from tandem.bench import common
-from tandem.bench.tp import rank_problem
+from tandem.bench.tp import gemm_alone_operands, rank_problem
 from tandem.ops import tp
 from tandem.transport import Communicator
 
@@ -60,8 +60,7 @@ for shape in args.shapes.split(","):
         if m % world:
             continue
         _, a, b = rank_problem(op, m, n, k, world)
-        a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
-        out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
+        a_gemm, out = gemm_alone_operands(op, m, n, k, a)
         tp.collective_alone(comm, op, a, b)  # the workspace, once
         torch.cuda.synchronize()
 

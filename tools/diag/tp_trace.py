@@ -29,7 +29,7 @@ import torch
 import tandem._native as n
 from tandem import ops  # noqa: F401  (registers the ops)
 from tandem.bench import common
-from tandem.bench.tp import rank_problem
+from tandem.bench.tp import gemm_alone_operands, rank_problem
 from tandem.ops import tp
 from tandem.ops.gemm import gemm_args
 from tandem.transport import Communicator
@@ -151,8 +151,7 @@ for shape in args.shapes.split(","):
         if m % world:
             continue
         fn, a, b = rank_problem(op, m, nn, k, world)
-        ga = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
-        d = torch.empty(ga.shape[0], nn, device="cuda", dtype=torch.bfloat16)
+        ga, d = gemm_alone_operands(op, m, nn, k, a)
         cublas_ms = timed(lambda: torch.matmul(ga, b, out=d))
         for c, use in ((int(x), int(u) or sms) for x in args.comm_blocks.split(",")
                        for u in args.sm_counts.split(",")):

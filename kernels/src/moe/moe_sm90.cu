@@ -503,16 +503,21 @@ Status can_implement(const SwigluArgs& a, std::string* why) {
   return Status::kOk;
 }
 
+// `requested` SMs, or the current device's count when it is 0 or less (the launches' sm_count convention).
+static Status sm_count_or_device(int requested, int* sms, std::string* why) {
+  *sms = requested;
+  if (requested > 0) return Status::kOk;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return fail(why, "cannot read the SM count", Status::kCudaError);
+  return Status::kOk;
+}
+
 Status run(const SwigluArgs& a, cudaStream_t stream, std::string* why) {
   if (Status st = can_implement(a, why); st != Status::kOk) return st;
   if (a.capacity == 0) return Status::kOk;
-  int sms = a.sm_count;
-  if (sms <= 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return fail(why, "cannot read the SM count", Status::kCudaError);
-  }
+  int sms = 0;
+  if (Status st = sm_count_or_device(a.sm_count, &sms, why); st != Status::kOk) return st;
   // enough blocks for every vector of the capacity, at most 8 a SM (the received rows are often fewer: the
   // grid-stride loop ends early there)
   const int64_t vectors = a.capacity * (a.inter / 8);
@@ -652,14 +657,9 @@ Status can_implement(const GroupedGemmArgs& a, std::string* why) {
 
 Status run(const GroupedGemmArgs& a, cudaStream_t stream, std::string* why) {
   if (Status st = can_implement(a, why); st != Status::kOk) return st;
-  int sms = a.sm_count;
-  if (sms <= 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return fail(why, "cannot read the SM count", Status::kCudaError);
-    sms &= ~1;
-  }
+  int sms = 0;
+  if (Status st = sm_count_or_device(a.sm_count, &sms, why); st != Status::kOk) return st;
+  if (a.sm_count <= 0) sms &= ~1;  // the device's count, made even (a given one was checked even)
   return a.dtype == DType::kFP16 ? run_grouped<cutlass::half_t>(a, sms, stream, why)
                                  : run_grouped<cutlass::bfloat16_t>(a, sms, stream, why);
 }

@@ -83,6 +83,15 @@ def rank_problem(op, m, n, k, world):
     return fn, a, b
 
 
+def gemm_alone_operands(op, m, n, k, a):
+    """(A, out) of the rank's GEMM alone (bench tp's "cuBLAS alone", beside rank_problem's A): AG+GEMM multiplies
+    the gathered M x K (random here), GEMM+RS/AR the rank's own A; out is its bf16 product, uninitialized."""
+    import torch
+
+    a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
+    return a_gemm, torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
+
+
 def rank_problem_fp8(op, m, n, k, world):
     """(fn, a, b, scale_a, scale_b): the FP8 op and this rank's random operands for the same layer as rank_problem:
     a e4m3 row-major, b e4m3 column-major (the transpose of a row-major N x K), row-wise float32 scales."""
@@ -236,10 +245,9 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
             continue
         fn, a, b = rank_problem(op, m, n, k, world)
         # the rank's GEMM for cuBLAS alone: AG multiplies the gathered M x K
-        a_gemm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) if op == "ag_gemm" else a
+        a_gemm, gemm_out = gemm_alone_operands(op, m, n, k, a)
         b_gemm = b
         coll_torch, keep = (_nccl_collective if naive == "nccl" else _torch_collective)(comm, op, m, n, k)
-        gemm_out = torch.empty(a_gemm.shape[0], n, device="cuda", dtype=torch.bfloat16)
         r = dict(op=op, m=m, n=n, k=k, world=world, label=label, sm_count=comm.sm_count, naive_collective=naive)
         # what auto and fused (comm_blocks=0) run at this shape: the rank's problem (RS/AR: K / world)
         k_rank = k if op == "ag_gemm" else k // world
