@@ -109,3 +109,24 @@ def test_gemm1_takes_the_dispatch_it_names(monkeypatch, gemm1):
         assert calls[0][1:] == (x, ids, 2, 9, 0, 3)  # experts_per_rank from w1, max_tokens, comm_blocks, sm_count
         _, a, b, offs = calls[1]
         assert a is rows and b is w1 and torch.equal(offs, offsets[1:])
+
+
+def test_the_gemm2_plan_follows_the_rows_an_expert_expects(monkeypatch):
+    # even routing: max_tokens x k over the experts a rank holds (world cancels); the DeepSeek config (256 experts,
+    # k = 8) at world 2 and 1,024 tokens a rank expects 64 rows an expert, at 4,096 tokens 256
+    assert mf.expected_rows_per_expert(1024, 8, 128) == 64
+    assert mf.expected_rows_per_expert(4096, 8, 128) == 256
+    assert mf.expected_rows_per_expert(129, 3, 4) == 97  # rounded up
+    monkeypatch.delenv("TANDEM_MOE_GEMM2", raising=False)
+    monkeypatch.delenv("TANDEM_MOE_GEMM_CLUSTER", raising=False)
+    assert mf._gemm2_plan(64) == ("tandem", 1)
+    assert mf._gemm2_plan(mf.ONE_ROW_TILE_ROWS) == ("tandem", 1)
+    assert mf._gemm2_plan(mf.ONE_ROW_TILE_ROWS + 1) == ("torch", 2)
+    monkeypatch.setenv("TANDEM_MOE_GEMM2", "torch")  # forced, at any rows
+    assert mf._gemm2_plan(64)[0] == "torch"
+    monkeypatch.setenv("TANDEM_MOE_GEMM2", "tandem")
+    monkeypatch.setenv("TANDEM_MOE_GEMM_CLUSTER", "2")
+    assert mf._gemm2_plan(64) == ("tandem", 2)
+    assert mf._gemm2_plan(1000) == ("tandem", 2)
+    monkeypatch.setenv("TANDEM_MOE_GEMM_CLUSTER", "1")
+    assert mf._gemm2_plan(1000) == ("tandem", 1)

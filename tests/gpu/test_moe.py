@@ -181,16 +181,38 @@ def test_moe_dispatch_does_not_wait_for_a_late_block(run_ranks, world, mode):
 # The whole layer (issue 26; the unfused chain: dispatch + GEMM 1, SwiGLU, torch._grouped_mm for GEMM 2, combine)
 # against the layer on one device with every expert in fp32. Bound, relative Frobenius: four bf16 roundings in a
 # chain (y, the activation, z, the output) give a few x 2^-8 in norm; 2e-2 fails on a misrouted row (order one).
+# gemm2 None: the op's default plan (moe_layer._gemm2_plan), which these shapes put on tandem's GEMMs in 1x1 clusters
+# (an expert expects max_tokens x k / 4 <= 97 rows); "torch": torch._grouped_mm for GEMM 2 (GEMM 1 then 2x1).
+@pytest.mark.parametrize("gemm2", [None, "torch"])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_moe_ffn_matches_the_layer_on_one_device(run_ranks, world):
+def test_moe_ffn_matches_the_layer_on_one_device(run_ranks, world, gemm2):
     counts = [37, 0, 53, 129][:world] if world > 1 else [37]
-    res = run_ranks(f"{W}:ffn", world, counts=counts, hidden=256, inter=136, epr=4,
+    res = run_ranks(f"{W}:ffn", world, counts=counts, hidden=256, inter=136, epr=4, gemm2=gemm2,
+                    cluster=None if gemm2 is None else 2,
                     cases=[("uniform", 2), ("skewed", 3), ("empty", 2)], timeout_s=240)
     for r in res:
         for c in r["cases"]:
             assert c["finite"] and c["rel"] < 2e-2, c
+            # GEMM 1's unfused kernel (world 1 runs the fused kernel, always 2x1, which leaves the record at 0)
+            want_gemm1 = 0 if world == 1 else (1 if gemm2 is None else 2)
+            assert c["gemm1_cluster_rows"] == want_gemm1, c
+            if gemm2 is None:  # the default plan: GEMM 2 by tandem in 1x1 clusters
+                assert c["last_cluster_rows"] == 1, c
+            else:
+                assert c["last_cluster_rows"] == 0, c
     for r in res:  # after the cases: a CUDA graph replay with new inputs equals eager
         assert r["graph_error"] is None and r["graph_same"], r
+
+
+# The default plan above one row tile an expert: max_tokens 300 with k = 3 of 4 experts a rank at world 2 expects
+# 225 rows an expert: GEMM 1 in 2x1 clusters, GEMM 2 by torch (no GroupedGemmArgs launch in the process)
+def test_moe_ffn_default_plan_keeps_2x1_and_torch_above_one_row_tile(run_ranks):
+    res = run_ranks(f"{W}:ffn", 2, counts=[300, 211], hidden=256, inter=136, epr=4,
+                    cases=[("uniform", 3), ("skewed", 3)], timeout_s=240)
+    for r in res:
+        for c in r["cases"]:
+            assert c["finite"] and c["rel"] < 2e-2, c
+            assert c["gemm1_cluster_rows"] == 2 and c["last_cluster_rows"] == 0, c
 
 
 def test_moe_grouped_gemm_rows_matches_torch_in_both_cluster_shapes(run_ranks):

@@ -417,7 +417,8 @@ def ffn(counts, hidden, inter, epr, cases, gemm1="tandem", gemm2=None, cluster=N
         rel = float((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)) if counts[rank] else 0.0
         out.append(dict(kind=kind, k=k, tokens=counts[rank], rel=rel, shape=list(got.shape),
                         finite=bool(torch.isfinite(got.float()).all()),
-                        last_cluster_rows=int(native().kernels.moe_last_grouped_gemm_cluster_rows())))
+                        last_cluster_rows=int(native().kernels.moe_last_grouped_gemm_cluster_rows()),
+                        gemm1_cluster_rows=int(native().kernels.moe_last_gemm_cluster_rows())))
     # a CUDA graph of the op (warm-up on a side stream first: workspaces, agreement), then new tokens and another
     # routing copied into the captured inputs: the replay must equal eager on the new inputs (the expert offsets
     # are read on the device at replay, not baked into the graph). Its own result: a capture failure
@@ -632,7 +633,7 @@ def gemm_cluster1(counts, hidden, inter, epr, cases, dtypes=("bfloat16",)):
                 x = torch.randn(counts[rank], hidden, device="cuda", dtype=dtype, generator=g)
                 w = torch.randn(epr, hidden, inter, device="cuda", dtype=dtype, generator=g) / hidden ** 0.5
                 ids = _ids(kind, rank, counts[rank], k, epr * world)
-                os.environ.pop("TANDEM_MOE_GEMM_CLUSTER", None)
+                os.environ["TANDEM_MOE_GEMM_CLUSTER"] = "2"  # forced: the default follows the expected rows
                 y2, lay2 = moe.moe_dispatch_gemm(comm, x, ids, w, max_tokens=mt, mode="unfused")
                 torch.cuda.synchronize()
                 default_rows = int(K.moe_last_gemm_cluster_rows())

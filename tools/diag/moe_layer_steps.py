@@ -65,10 +65,14 @@ def main(argv=None) -> int:
                        else moe_layer.swiglu(y, inter))
                 stamp()
                 lv = moe.layout_view(comm, layout, epr, tokens, k)
-                # the op's GEMM 2: torch._grouped_mm, or tandem's grouped GEMM (TANDEM_MOE_GEMM2=tandem, branch
-                # moe-gemm-c1)
-                if getattr(moe_layer, "_gemm2_kind", lambda: "torch")() == "tandem":
-                    z = moe_layer.grouped_gemm_rows(comm, act, w2, lv)
+                # the op's GEMM 2: torch._grouped_mm, or tandem's grouped GEMM (moe_layer._gemm2_plan: by the rows
+                # an expert expects; TANDEM_MOE_GEMM2 / TANDEM_MOE_GEMM_CLUSTER force them)
+                if hasattr(moe_layer, "_gemm2_plan"):
+                    kind, cluster = moe_layer._gemm2_plan(moe_layer.expected_rows_per_expert(tokens, k, epr))
+                else:
+                    kind, cluster = getattr(moe_layer, "_gemm2_kind", lambda: "torch")(), 0
+                if kind == "tandem":
+                    z = moe_layer.grouped_gemm_rows(comm, act, w2, lv, 0, cluster)
                 else:
                     z = torch._grouped_mm(act, w2, offs=lv["expert_offset"][1:])
                 stamp()

@@ -127,13 +127,23 @@ int alone_dispatch_blocks(int sm_count) {
   return c & ~1;
 }
 
-// The GEMM-alone kernel's cluster rows (the unfused path; the fused kernel is always 2x1): TANDEM_MOE_GEMM_CLUSTER=1
-// runs it in 1x1 clusters (grouped_gemm_sm90.hpp: for experts of at most 128 rows, where half of a 2x1 cluster has
-// no rows), anything else in 2x1, the default until the two are measured. A local choice: the GEMM reads only this
-// rank's received rows, so ranks may differ in it.
-int gemm_alone_cluster_rows() {
+// The GEMM-alone kernel's cluster rows (the unfused path; the fused kernel is always 2x1). CUTLASS's group scheduler
+// rounds each expert's row tiles up to the cluster, so in 2x1 clusters an expert of at most 128 rows costs 256 rows
+// of MMA and weight reads: half of every cluster has no rows. 1x1 clusters (grouped_gemm_sm90.hpp, raster along M)
+// cost one 128-row tile there; with more rows an expert 2x1's multicast of B wins. The default follows the rows an
+// expert expects under even routing, max_tokens x topk x world / experts (the same on every rank, known before
+// launch): 1x1 at most kOneRowTileRows. Measured 2026-12-07 (H100, world 2, moe_ffn, docs/results.md): 1x1 GEMMs
+// 10.5 against 13.6 ms at 64 rows an expert (DeepSeek config, 1,024 tokens a rank), 2x1 20.3 against 21.5-23.4 ms at
+// 256. TANDEM_MOE_GEMM_CLUSTER=1 or =2 forces one. A local choice: the GEMM reads only this rank's received rows.
+constexpr int64_t kOneRowTileRows = 128;
+int64_t expected_rows_per_expert(const MoeShape& s, int world) {
+  const int64_t experts = static_cast<int64_t>(s.experts_per_rank) * world;
+  return (static_cast<int64_t>(s.max_tokens) * s.topk * world + experts - 1) / experts;
+}
+int gemm_alone_cluster_rows(const MoeShape& s, int world) {
   const char* v = std::getenv("TANDEM_MOE_GEMM_CLUSTER");
-  return v != nullptr && v[0] == '1' && v[1] == '\0' ? 1 : 2;
+  if (v != nullptr && (v[0] == '1' || v[0] == '2') && v[1] == '\0') return v[0] - '0';
+  return expected_rows_per_expert(s, world) <= kOneRowTileRows ? 1 : 2;
 }
 // (diagnostic, tests: the cluster rows of the last GEMM-alone launch of the unfused dispatch, and of the last
 // GroupedGemmArgs launch; 0 before any)
@@ -309,7 +319,7 @@ Status run_typed(const DispatchArgs& a, cudaStream_t stream, Launch how, std::st
   if (Status st = launch(moe_dispatch_kernel<Element>, dim3(runtime::kClusterX, dispatch_rows, 1), dispatch_smem, p);
       st != Status::kOk)
     return st;
-  if (gemm && gemm_alone_cluster_rows() == 1) {
+  if (gemm && gemm_alone_cluster_rows(s, world) == 1) {
     // 1x1 clusters (grouped_gemm_sm90.hpp): the same grid's blocks in one row, raster along M; the arrays the
     // dispatch kernel fills are the default's (same types), no arrival waits (arr.flags is null: unfused)
     using G1 = Gg1<Element>;

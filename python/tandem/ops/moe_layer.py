@@ -138,17 +138,37 @@ def gemm1(c, x, topk_ids, w1, max_tokens: int, mode: str, sm_count: int):
                                  sm_count)
 
 
-# GEMM 2 of the chain: "torch" (torch._grouped_mm over the layout's expert offsets, the default) or "tandem"
-# (tandem's CUTLASS grouped GEMM as its own launch, moe.h: GroupedGemmArgs, in the clusters TANDEM_MOE_GEMM_CLUSTER
-# names, 2x1 by default; read at each call). tools/device_next.sh mc1 times both (issue 26).
-def _gemm2_kind() -> str:
-    return os.environ.get("TANDEM_MOE_GEMM2", "torch")
+# GEMM 2 of the chain: "torch" (torch._grouped_mm over the layout's expert offsets) or "tandem" (tandem's CUTLASS
+# grouped GEMM as its own launch, moe.h: GroupedGemmArgs). TANDEM_MOE_GEMM2 forces one (read at each call); by
+# default the rows an expert expects under even routing decide, as they decide GEMM 1's clusters (moe_sm90.cu:
+# gemm_alone_cluster_rows): at most one 128-row tile, tandem's GEMM in 1x1 clusters (2026-12-07, H100, world 2:
+# 10.5 against 13.6 ms for the layer at 64 rows an expert), else torch's (20.3 against 22.6 ms at 256).
+ONE_ROW_TILE_ROWS = 128
 
 
-def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0):
+def expected_rows_per_expert(max_tokens: int, topk: int, experts_per_rank: int) -> int:
+    """Rows each expert receives under even routing: max_tokens x topk x world over world x experts_per_rank (the
+    same on every rank, known before launch)."""
+    return -(-int(max_tokens) * int(topk) // int(experts_per_rank))
+
+
+def _gemm2_plan(expected_rows: int):
+    """(kind, cluster_rows) of GEMM 2: TANDEM_MOE_GEMM2 (torch / tandem) and TANDEM_MOE_GEMM_CLUSTER (1 / 2) force
+    them; otherwise tandem's in 1x1 clusters for experts of at most one row tile, torch's beyond."""
+    kind = os.environ.get("TANDEM_MOE_GEMM2", "auto")
+    forced = os.environ.get("TANDEM_MOE_GEMM_CLUSTER")
+    small = expected_rows <= ONE_ROW_TILE_ROWS
+    if kind not in ("torch", "tandem"):
+        kind = "tandem" if small else "torch"
+    cluster = int(forced) if forced in ("1", "2") else (1 if small else 2)
+    return kind, cluster
+
+
+def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0, cluster_rows: int = 0):
     """z rows [offset_j, offset_j + rows_j) = a rows (the same) @ w[j] for each local expert j, rows_j and offset_j
     from the dispatch layout's view `lv` (on the device: no host sync); z has a's rows, rows outside every expert
-    unspecified. tandem's grouped GEMM (moe.h: GroupedGemmArgs), any of bf16 / fp16."""
+    unspecified. tandem's grouped GEMM (moe.h: GroupedGemmArgs), any of bf16 / fp16, in 2x1 or 1x1 clusters
+    (cluster_rows 2 / 1; 0: TANDEM_MOE_GEMM_CLUSTER, else 2x1)."""
     op = "moe_grouped_gemm"
     rank = getattr(c, "rank", -1)
     if a.dim() != 2 or w.dim() != 3 or a.shape[1] != w.shape[1]:
@@ -168,7 +188,9 @@ def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0):
     if a.shape[0] == 0:
         return z
     K = native().kernels
-    cluster = 1 if os.environ.get("TANDEM_MOE_GEMM_CLUSTER") == "1" else 2
+    if cluster_rows not in (0, 1, 2):
+        raise invalid(f"cluster_rows must be 1 or 2 (0: the default), got {cluster_rows}", op, rank)
+    cluster = int(cluster_rows) or (1 if os.environ.get("TANDEM_MOE_GEMM_CLUSTER") == "1" else 2)
     args = rt.kernel_args("GroupedGemmArgs", dtype=rt.DTYPES[a.dtype], experts=experts, n=n, k=k, a=a.data_ptr(),
                           w=w.data_ptr(), d=z.data_ptr(), expert_rows=rows.data_ptr(), expert_offset=offs.data_ptr(),
                           sm_count=(int(sm_count) or c.sm_count) & ~1, cluster_rows=cluster)
@@ -187,8 +209,9 @@ def _impl(x, topk_ids, topk_weights, w1, w2, comm, activation="swiglu", max_toke
     y, layout = gemm1(c, x, topk_ids, w1, max_tokens, mode, sm_count)
     a = swiglu_received(y, layout, inter, sm_count)
     lv = moe.layout_view(c, layout, epr, max_tokens, topk_ids.shape[1])
-    if _gemm2_kind() == "tandem":
-        z = grouped_gemm_rows(c, a, w2, lv, sm_count)
+    kind, cluster = _gemm2_plan(expected_rows_per_expert(max_tokens, topk_ids.shape[1], epr))
+    if kind == "tandem":
+        z = grouped_gemm_rows(c, a, w2, lv, sm_count, cluster)
     else:
         ends = lv["expert_offset"][1:]  # each local expert's last row + 1, on the device (int32)
         z = torch._grouped_mm(a, w2, offs=ends)  # rows (H a multiple of 8: no padding) contiguous, as the combine takes
