@@ -219,7 +219,12 @@ def variants(shapes, sm_counts):
                 ref = (a.float() @ b.float()).to(torch.bfloat16)
                 d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
                 x = gemm_args(a, b, d, sms)
-                ws = variant_workspace(name, x, a.device)  # split-K / stream-K: the fp32 partials
+                try:
+                    ws = variant_workspace(name, x, a.device)  # split-K / stream-K: the fp32 partials
+                except TandemError as e:  # a grid smaller than the variant's cluster is refused here already
+                    out.append(dict(variant=name, shape=[m, n, k], sm_count=sms, err=(e.status, str(e)), wrong=None,
+                                    rel=None, rerun_same=None))
+                    continue
                 if ws is not None:
                     ws.fill_(0xAB)  # run() must zero what it relies on itself
                 wp = 0 if ws is None else ws.data_ptr()

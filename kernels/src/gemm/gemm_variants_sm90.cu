@@ -100,6 +100,7 @@ struct Entry {
   Status (*run)(const GemmArgs&, void*, cudaStream_t, std::string*);
   Status (*occupancy)(const GemmArgs&, Occupancy*, std::string*);
   size_t (*workspace)(const GemmArgs&);
+  int cluster_ctas;  // CTAs a cluster: a persistent grid holds whole clusters, so sm_count must be at least this
 };
 
 template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone, int kSplits = 1, int CN = 1,
@@ -107,7 +108,7 @@ template <int TM, int TN, int CM, class S, class E, Split kSplit = Split::kNone,
 constexpr Entry entry(const char* name) {
   using C = detail::Sm90Config<TM, TN, CM, S, E, CN, kSwapAB>;
   return Entry{name, &run_config<C, kSplit, kSplits>, &occupancy_config<C, kSplit, kSplits>,
-               &workspace_config<C, kSplit, kSplits>};
+               &workspace_config<C, kSplit, kSplits>, CM * CN};
 }
 
 // The split ones share two kernel instantiations (128x128 and 128x256 tiles, cooperative, 1-CTA clusters): the
@@ -147,6 +148,16 @@ const Entry* find(const std::string& name) {
   return nullptr;
 }
 
+// A grid of sm_count SMs smaller than one cluster cannot be launched (CUDA refuses it as a cluster
+// misconfiguration, a CUDA error, after the arguments were built): refused first as the caller's error.
+Status check_cluster_fits(const Entry& e, const GemmArgs& g, std::string* why) {
+  if (g.sm_count > 0 && g.sm_count < e.cluster_ctas)
+    return fail(why, std::string("sm_count (") + std::to_string(g.sm_count) + ") is smaller than variant '" + e.name +
+                         "''s cluster of " + std::to_string(e.cluster_ctas) +
+                         " CTAs: a persistent grid holds whole clusters");
+  return Status::kOk;
+}
+
 __global__ void residency_kernel(int spin_us, int64_t* timeline) {
   extern __shared__ char smem[];  // only its size matters: it limits how many CTAs fit on an SM
   uint64_t t0, t1;
@@ -176,6 +187,7 @@ Status run(const std::string& name, const GemmArgs& g, cudaStream_t stream, std:
   if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
   if (g.dtype != DType::kBF16) return fail(why, "the GEMM variants are bf16 only");
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  if (const Status s = check_cluster_fits(*e, g, why); s != Status::kOk) return s;
   return e->run(g, workspace, stream, why);
 }
 
@@ -184,6 +196,7 @@ Status workspace_size(const std::string& name, const GemmArgs& g, size_t* bytes,
   if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
   if (g.dtype != DType::kBF16) return fail(why, "the GEMM variants are bf16 only");
   if (const Status s = can_implement(g, why); s != Status::kOk) return s;
+  if (const Status s = check_cluster_fits(*e, g, why); s != Status::kOk) return s;
   *bytes = e->workspace(g);
   return Status::kOk;
 }
@@ -191,6 +204,7 @@ Status workspace_size(const std::string& name, const GemmArgs& g, size_t* bytes,
 Status occupancy(const std::string& name, const GemmArgs& g, Occupancy* out, std::string* why) {
   const Entry* e = find(name);
   if (e == nullptr) return fail(why, "unknown GEMM variant '" + name + "'");
+  if (const Status s = check_cluster_fits(*e, g, why); s != Status::kOk) return s;
   return e->occupancy(g, out, why);
 }
 
