@@ -401,6 +401,18 @@
 # 2026-12-07 14:00: branch integ-next = main + rs-accumulate + gemm-c2x2 + moe-plan (tools/pending/integ-next.diff;
 #   none of it run): ONE module build serves parts ac1, gx and oc1 (prebuild it once, ~20 min on 2 cores), one call
 #   each; merge the parts' branches whose tests pass (their diffs are in tools/pending too).
+# 2026-12-07 16:45 (twenty-fourth session, 15:11-): four H200 starts failed, then two H100s: ac2 (x2), ox, ac3 and
+# two short calls on branch integ-next. moe-plan merged; rs-accumulate (fixed: 32 adds a tile) correct and slower
+# than unfused, not merged; gemm-c2x2 no faster, not merged; the overlap ceiling measured at 32 rows (issue 21:
+# the 1.15 target is beyond any arrangement of cuBLAS + tandem's collective at GEMM+AR and at world 4 GEMM+RS).
+# Next, in this order:
+#   1. On an H200: f8a, f8b, then `python -m tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows and
+#      the FP8 op at the 24 shapes (issue 23).
+#   2. test_tp whole on branch rs-step-params (tools/pending/rs-step-params.diff; host refactor), then merge.
+#   3. Issue 21 where the ceiling is within 1.15 (world 2 AG+GEMM at 16384x8192x4096 and the Llama shapes, GEMM+RS
+#      at 8192x28672x8192): bench tp shows pipelined 1.24x the bar and auto on unfused there (why: not examined);
+#      `tandem tune tp` at those shapes.
+#   4. Issue 25 (the causal forward's per-item instructions), issue 26 (the fused whole layer: not built).
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
