@@ -406,8 +406,8 @@
 # than unfused, not merged; gemm-c2x2 no faster, not merged; the overlap ceiling measured at 32 rows (issue 21:
 # the 1.15 target is beyond any arrangement of cuBLAS + tandem's collective at GEMM+AR and at world 4 GEMM+RS).
 # Next, in this order:
-#   1. On an H200: f8a, f8b, then `python -m tandem tune gemm --from-bench` into gemm_tune_h200.json's FP8 rows and
-#      the FP8 op at the 24 shapes (issue 23).
+#   1. On an H200: f8ab (f8a + f8b in one call), then `python -m tandem tune gemm --from-bench` into
+#      gemm_tune_h200.json's FP8 rows and the FP8 op at the 24 shapes (issue 23).
 #   2. test_tp whole on branch rs-step-params (tools/pending/rs-step-params.diff; host refactor), then merge.
 #   3. Issue 21 where the ceiling is within 1.15 (world 2 AG+GEMM at 16384x8192x4096 and the Llama shapes, GEMM+RS
 #      at 8192x28672x8192): bench tp shows pipelined 1.24x the bar and auto on unfused there (why: not examined);
@@ -1192,6 +1192,26 @@ elif [ "$part" = an1 ]; then
     grep -E "max \||Duration|Compute \(SM\) Throughput|Issue Slots Busy|Grid Size|Registers Per|Achieved Occ|  [a-z_]*(ring|cudnn|fmha|sm90)[a-z_0-9]*" \
       "$W/an1/ncu_$name.txt" | cut -c1-160 | head -24
     tar czf "$OUT/an1.tgz" -C "$W" an1
+  done
+elif [ "$part" = f8ab ]; then
+  # 2026-12-07 16:50: parts f8a and f8b in one call (machines come rarely; a start costs 90 s or more): f8a's 12
+  # shapes in at most half the call, then f8b's in the rest, 8 reps; each half keeps its partial rows if cut. Then,
+  # here: python -m tandem tune gemm --from-bench <a>/gemm_w1.json <b>/gemm_w1.json into gemm_tune_h200.json.
+  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its FP8 rows)"; exit 2; }
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/f8ab; rm -rf "$W"; mkdir -p "$W/f8ab" "$OUT"
+  for half in a b; do
+    if [ $half = a ]; then
+      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
+      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5008x4000,1000x1008x1008
+    else
+      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
+      S=$S,777x4112x4096,5000x3008x8208,100x8192x8192,12345x4096x4096,4096x1008x2064,2500x14336x4096
+    fi
+    t=$(( $(left) - 15 )); [ $half = a ] && t=$(( t / 2 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --reps 8 \
+      --shapes $S --out "$W/f8ab/$half" 2>&1 | grep -E "geometric|best|Error"
+    rm -f "$W/f8ab"/*/*.png; tar czf "$OUT/f8ab.tgz" -C "$W" f8ab
   done
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
