@@ -42,7 +42,33 @@ def test_an_entry_at_a_nearby_sm_count_stands_in_for_a_missing_one(tmp_path, mon
     assert at("gemm_rs", 23) is None and at("gemm_rs", 60) is None  # beyond a third more or less: none
     assert at("ag_gemm", 32) == ("pipelined", 0) and at("ag_gemm", 20) == ("pipelined", 0)
     assert tp_plan.lookup("gemm_rs", 2, 32, 16384, 8192, 1024) is None  # another world never stands in
-    assert tp_plan.lookup("gemm_rs", 4, 32, 4096, 8192, 1024) is None  # nor another bucket
+    assert tp_plan.lookup("gemm_rs", 4, 32, 1024, 8192, 1024) is None  # nor a shape 4 buckets away
+
+
+def test_an_entry_of_a_nearby_shape_stands_in_before_the_model(tmp_path, monkeypatch):
+    # No exact entry and none at a nearby SM count: the closest entry of the same op and world whose M/N/K buckets
+    # are each within NEAR_SHAPE_BUCKETS (2) of the problem's wins over the cost model; farther ones do not count.
+    path = tmp_path / "tp_tune.json"
+    monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(path))
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    rows = [dict(op="gemm_rs", world=2, sms=66, m=16384, n=8192, k=4096, mode="pipelined", comm_blocks=0, ms=1.0),
+            dict(op="gemm_rs", world=2, sms=66, m=1024, n=8192, k=4096, mode="fused", comm_blocks=30, ms=1.0),
+            dict(op="ag_gemm", world=2, sms=66, m=16384, n=8192, k=4096, mode="unfused", comm_blocks=0, ms=1.0)]
+    tp_plan.write_table(rows, str(path))
+    # M 8192: one bucket from the first entry, three from the second: the first's mode
+    assert tp_plan.lookup("gemm_rs", 2, 66, 8192, 8192, 4096) == ("pipelined", 0)
+    assert tp_plan.choose("gemm_rs", 2, 66, 8192, 8192, 4096) == ("pipelined", 0)
+    # M 2048: one bucket from the second entry (fused, its blocks kept within a quarter of the SMs: 16)
+    assert tp_plan.lookup("gemm_rs", 2, 66, 2048, 8192, 4096) == ("fused", 16)
+    # N 28672 (bucket 15) and M 8192: 1 + 2 buckets from the first entry, each within 2: still the first
+    assert tp_plan.lookup("gemm_rs", 2, 66, 8192, 28672, 4096) == ("pipelined", 0)
+    # K 512 is three buckets below every entry: no stand-in, the model decides
+    assert tp_plan.lookup("gemm_rs", 2, 66, 16384, 8192, 512) is None
+    want = tp_plan.model("gemm_rs", 2, 66, 16384, 8192, 512)[:2]
+    assert tp_plan.choose("gemm_rs", 2, 66, 16384, 8192, 512) == want
+    # another world or op never stands in
+    assert tp_plan.lookup("gemm_rs", 4, 32, 16384, 8192, 4096) is None
+    assert tp_plan.lookup("gemm_ar", 2, 66, 16384, 8192, 4096) is None
 
 
 def test_write_table_merges_and_replaces(tmp_path):

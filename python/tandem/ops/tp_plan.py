@@ -2,7 +2,8 @@
 
 mode="auto" asks `choose()`. It looks the problem up in a tuned table first, keyed by (op, world, SMs a rank,
 M/N/K buckets: the nearest power of two); `python -m tandem tune` measures every candidate on the machine it
-runs on and writes that table. Without an entry it falls back to a cost model of the two modes:
+runs on and writes that table; an entry at a nearby SM count, else of a nearby shape (each bucket within 2),
+stands in for a missing one (lookup). Without any, it falls back to a cost model of the modes:
 
     fused(c)  = max(GEMM on S - c SMs, collective bytes / (c x role rate a SM)) + one chunk's fill and drain
     unfused   = GEMM on S SMs + collective bytes / min(S x role rate a SM, memory rate / ranks on the GPU)
@@ -100,18 +101,54 @@ def _near_sms(table: dict, k: tuple):
     return mode, blocks
 
 
+# A table entry of a nearby shape stands in for a missing one when each of its M/N/K buckets is within this many
+# of the problem's (2: a factor of 4 either way), the closest (fewest buckets apart in all) first, before the cost
+# model. Why: the model misjudges the pipelined mode and small-M AG+GEMM at world 2. Leave-one-out over bench tp's
+# rows of 2026-12-06 (H100, docs/results/tp_w2.json / tp_w4.json, each row's own entry removed from the shipped
+# table), the chosen mode's time over the fastest mode's: the model 1.086 geometric mean at world 2 (10 of 21 rows
+# more than 5 % off, up to 1.46x), the nearest entry 1.014 (1 row, 1.34x); world 4 1.014 either way.
+NEAR_SHAPE_BUCKETS = 2
+
+
+def _near_shape(table: dict, k: tuple):
+    """The entry of `table` with k's op and world, an SM count within NEAR_SMS_FACTOR of k's, and every shape bucket
+    within NEAR_SHAPE_BUCKETS of k's: the closest (bucket distance, then SM count, then key order); a fused entry's
+    comm_blocks kept within the model's range at k's count. Else None."""
+    op, world, sms = k[0], k[1], k[2]
+    best = None
+    for other, value in table.items():
+        if other[:2] != (op, world) or other[2] <= 0:
+            continue
+        if max(other[2], sms) / max(1, min(other[2], sms)) > NEAR_SMS_FACTOR:
+            continue
+        gaps = [abs(a - b) for a, b in zip(other[3:], k[3:])]
+        if max(gaps) > NEAR_SHAPE_BUCKETS:
+            continue
+        rank = (sum(gaps), abs(other[2] - sms), other)
+        if best is None or rank < best[0]:
+            best = (rank, value)
+    if best is None:
+        return None
+    mode, blocks = best[1]
+    if mode == "fused" and blocks > 0:
+        blocks = max(2, min(blocks, max(2, sms // 4)) & ~1)
+    return mode, blocks
+
+
 def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
     """(mode, comm_blocks) from the user's table, else the shipped one, else None. Exact keys first (in both tables),
-    then an entry at a nearby SM count (NEAR_SMS_FACTOR; the user's table first)."""
+    then an entry at a nearby SM count (NEAR_SMS_FACTOR), then one of a nearby shape (NEAR_SHAPE_BUCKETS); the
+    user's table first at each stage."""
     paths = (table_path(), _tune_table.device_table(SHIPPED))
     want = key(op, world, sms, m, n, k)
     hit = _tune_table.lookup(paths, want, _load)
     if hit is not None:
         return hit
-    for path in paths:
-        hit = _near_sms(_load(path), want)
-        if hit is not None:
-            return hit
+    for near in (_near_sms, _near_shape):
+        for path in paths:
+            hit = near(_load(path), want)
+            if hit is not None:
+                return hit
     return None
 
 
