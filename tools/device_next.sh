@@ -412,9 +412,12 @@
 #   3. Issue 21 where the ceiling is within 1.15 (world 2 AG+GEMM at 16384x8192x4096 and the Llama shapes, GEMM+RS
 #      at 8192x28672x8192): bench tp shows pipelined 1.24x the bar and auto on unfused there (why: not examined);
 #      `tandem tune tp` at those shapes.
-#   4. Issue 25: part ai on branch attn-items (tools/pending/attn-items.diff; carry .carry/prebuilt = its module
-#      and .carry/before = main's); merge if the tests pass and the forward is not slower. Issue 26: the fused
-#      whole layer (not built).
+#   4. Issue 25: part ai on branch attn-items (tools/pending/attn-items.diff), modules built 2026-12-07:
+#        git checkout attn-items && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-attn-items .carry/prebuilt
+#        run(command="export OUT; TANDEM_COMMIT=a4ac87c CALL_S=570 timeout 580 bash tools/device_next.sh ai",
+#            carry=[".whl", ".carry/prebuilt", ".carry/before"])      (.carry/before = main 2bdf627's python + module)
+#      Merge if the tests pass and the forward is not slower. Issue 26: the fused whole layer (not built).
+#   (.carry/prebuilt and .carry/prebuilt-main = main's module, SOURCES 8ecfdb6, for f8ab and anything on main.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
