@@ -408,7 +408,9 @@
 # Next, in this order:
 #   1. On an H200: f8ab (f8a + f8b in one call), then `python -m tandem tune gemm --from-bench` into
 #      gemm_tune_h200.json's FP8 rows and the FP8 op at the 24 shapes (issue 23).
-#   2. test_tp whole on branch rs-step-params (tools/pending/rs-step-params.diff; host refactor), then merge.
+#   2. test_tp whole (part t1; split it by -k if one call cannot hold it) on branch rs-step-params2 (= main 8a85729
+#      + the host refactor of gemm_rs_sm90.cu; tools/pending/rs-step-params.diff), module .carry/prebuilt-rsp
+#      (SOURCES 86f675a, built 2026-12-07), then merge.
 #   3. Issue 21 where the ceiling is within 1.15 (world 2 AG+GEMM at 16384x8192x4096 and the Llama shapes, GEMM+RS
 #      at 8192x28672x8192): bench tp shows pipelined 1.24x the bar and auto on unfused there (why: not examined);
 #      `tandem tune tp` at those shapes.
