@@ -79,18 +79,21 @@ def key(op: str, world: int, sms: int, m: int, n: int, k: int) -> tuple:
 NEAR_SMS_FACTOR = 4 / 3
 
 
-def _near_sms(table: dict, k: tuple):
-    """The entry of `table` with k's op, world and buckets at the SM count closest to k's (ties: the larger count),
-    within NEAR_SMS_FACTOR; a fused entry's comm_blocks is kept within the model's range at k's count. Else None."""
+def _nearest(table: dict, k: tuple, shape_buckets: int):
+    """The entry of `table` with k's op and world, an SM count within NEAR_SMS_FACTOR of k's and every M/N/K bucket
+    within `shape_buckets` of k's: the closest (bucket distance, then SM count; ties: the larger count, then key
+    order); a fused entry's comm_blocks kept within the model's range at k's count. Else None."""
     op, world, sms = k[0], k[1], k[2]
     best = None
     for other, value in table.items():
-        if other[:2] != (op, world) or other[3:] != k[3:] or other[2] <= 0:
+        if other[:2] != (op, world) or other[2] <= 0:
             continue
-        ratio = max(other[2], sms) / max(1, min(other[2], sms))
-        if ratio > NEAR_SMS_FACTOR:
+        if max(other[2], sms) / max(1, min(other[2], sms)) > NEAR_SMS_FACTOR:
             continue
-        rank = (abs(other[2] - sms), -other[2])
+        gaps = [abs(a - b) for a, b in zip(other[3:], k[3:])]
+        if max(gaps) > shape_buckets:
+            continue
+        rank = (sum(gaps), abs(other[2] - sms), -other[2], other)
         if best is None or rank < best[0]:
             best = (rank, value)
     if best is None:
@@ -110,31 +113,6 @@ def _near_sms(table: dict, k: tuple):
 NEAR_SHAPE_BUCKETS = 2
 
 
-def _near_shape(table: dict, k: tuple):
-    """The entry of `table` with k's op and world, an SM count within NEAR_SMS_FACTOR of k's, and every shape bucket
-    within NEAR_SHAPE_BUCKETS of k's: the closest (bucket distance, then SM count, then key order); a fused entry's
-    comm_blocks kept within the model's range at k's count. Else None."""
-    op, world, sms = k[0], k[1], k[2]
-    best = None
-    for other, value in table.items():
-        if other[:2] != (op, world) or other[2] <= 0:
-            continue
-        if max(other[2], sms) / max(1, min(other[2], sms)) > NEAR_SMS_FACTOR:
-            continue
-        gaps = [abs(a - b) for a, b in zip(other[3:], k[3:])]
-        if max(gaps) > NEAR_SHAPE_BUCKETS:
-            continue
-        rank = (sum(gaps), abs(other[2] - sms), other)
-        if best is None or rank < best[0]:
-            best = (rank, value)
-    if best is None:
-        return None
-    mode, blocks = best[1]
-    if mode == "fused" and blocks > 0:
-        blocks = max(2, min(blocks, max(2, sms // 4)) & ~1)
-    return mode, blocks
-
-
 def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
     """(mode, comm_blocks) from the user's table, else the shipped one, else None. Exact keys first (in both tables),
     then an entry at a nearby SM count (NEAR_SMS_FACTOR), then one of a nearby shape (NEAR_SHAPE_BUCKETS); the
@@ -144,9 +122,9 @@ def lookup(op: str, world: int, sms: int, m: int, n: int, k: int):
     hit = _tune_table.lookup(paths, want, _load)
     if hit is not None:
         return hit
-    for near in (_near_sms, _near_shape):
+    for shape_buckets in (0, NEAR_SHAPE_BUCKETS):  # the same buckets at a nearby SM count, then a nearby shape
         for path in paths:
-            hit = near(_load(path), want)
+            hit = _nearest(_load(path), want, shape_buckets)
             if hit is not None:
                 return hit
     return None
