@@ -1220,6 +1220,21 @@ elif [ "$part" = f8ab ]; then
       --shapes $S --out "$W/f8ab/$half" 2>&1 | grep -E "geometric|best|Error"
     rm -f "$W/f8ab"/*/*.png; tar czf "$OUT/f8ab.tgz" -C "$W" f8ab
   done
+elif [ "$part" = h23 ]; then
+  # 2026-12-07 (evening): issue 23 on an H200 after part f8ab's sweep became the H200 table's FP8 rows: the FP8
+  # tests (scaled GEMM, FP8 TP ops), then the ops as a user calls them (bench gemm --no-variants: the table's
+  # choice) over the 24 shapes, FP8 both scalings then bf16, each against its baseline in the same run.
+  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H200 table is what it times)"; exit 2; }
+  W=/tmp/h23; rm -rf "$W"; mkdir -p "$W/h23" "$OUT"
+  t=$(( $(left) - ${BENCH_S:-300} )); [ "$t" -gt 200 ] && t=200
+  timeout -s INT -k 10 $t bash tools/device_suite.sh tests/gpu/test_gemm.py tests/gpu/test_tp.py \
+    -k "scaled or fp8" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+  for dt in fp8_tensor,fp8_row bfloat16; do
+    t=$(( $(left) - 10 )); [ $dt != bfloat16 ] && t=$(( t * 6 / 10 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants --dtypes $dt \
+      --out "$W/h23/op_${dt%%,*}" 2>&1 | grep -E "geometric|lowest|Error"
+    rm -f "$W/h23"/*/*.png; tar czf "$OUT/h23.tgz" -C "$W" h23
+  done
 elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # issue 23 on an H200: every FP8 configuration and schedule at half of bench gemm's 24 shapes each (one call of
   # all 24 ran past 330 s on 2026-12-07), for the H200 table's FP8 rows (gemm_tune_h200.json has bf16 rows only):
