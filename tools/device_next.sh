@@ -433,6 +433,11 @@ part=${1:-n1}
 defined=$(grep -cE "^(el)?if .*\[ \"\\\$part\" = ${part} \]" "$0")
 [ "$defined" -eq 1 ] || { echo "device_next.sh: part '$part' is defined $defined times (must be once)"; exit 2; }
 start=$(date +%s)
+# Packed carries (the call's carry is at most 64 MiB, and two modules with the tree pass it): .carry/<name>.tgz
+# holds .carry/<name>/ (tar czf .carry/before.tgz -C .carry before); unpacked here once
+for f in .carry/*.tgz; do
+  [ -f "$f" ] && [ ! -e "${f%.tgz}" ] && tar xzf "$f" -C .carry && echo "unpacked $f"
+done
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
 # bench tp for one variant of a part: into $W/$part/bench_w<world>_<label>, $OUT/$part.tgz after it, the gemm_rs /
