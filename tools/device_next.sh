@@ -433,6 +433,11 @@ part=${1:-n1}
 defined=$(grep -cE "^(el)?if .*\[ \"\\\$part\" = ${part} \]" "$0")
 [ "$defined" -eq 1 ] || { echo "device_next.sh: part '$part' is defined $defined times (must be once)"; exit 2; }
 start=$(date +%s)
+# Packed carries (the call's carry is at most 64 MiB, and two modules with the tree pass it): .carry/<name>.tgz
+# holds .carry/<name>/ (tar czf .carry/before.tgz -C .carry before); unpacked here once
+for f in .carry/*.tgz; do
+  [ -f "$f" ] && [ ! -e "${f%.tgz}" ] && tar xzf "$f" -C .carry && echo "unpacked $f"
+done
 CALL_S=${CALL_S:-575}
 left() { echo $(( CALL_S - ($(date +%s) - start) )); }
 # bench tp for one variant of a part: into $W/$part/bench_w<world>_<label>, $OUT/$part.tgz after it, the gemm_rs /
@@ -1199,6 +1204,26 @@ elif [ "$part" = an1 ]; then
     grep -E "max \||Duration|Compute \(SM\) Throughput|Issue Slots Busy|Grid Size|Registers Per|Achieved Occ|  [a-z_]*(ring|cudnn|fmha|sm90)[a-z_0-9]*" \
       "$W/an1/ncu_$name.txt" | cut -c1-160 | head -24
     tar czf "$OUT/an1.tgz" -C "$W" an1
+  done
+elif [ "$part" = ai ]; then
+  # branch attn-items (issue 25; not run): the forward's per-item costs -- 1/l folded into the merge weight (d128
+  # SASS 72 instructions fewer, spills unchanged), no item-end barrier at world 1 (the two ping-pong warpgroups no
+  # longer realign at every item: B8 S2048 causal has 31 items an SM). The forward tests, then
+  # tools/diag/attn_fwd_table.py (issue 25's 7 shapes, forward only, against cuDNN and flash) before (main's python
+  # and module in .carry/before: tools/prebuild_before.sh <main>) and after, twice each, alternating.
+  W=/tmp/ai; rm -rf "$W"; mkdir -p "$W/ai" "$OUT"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-260} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    tests/cpu/test_ring_layouts.py -k "not gradients and not backward" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+  for run in 1 2; do
+    for side in before after; do
+      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}
+      [ $side = before ] && { pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); }
+      t=$(( $(left) - 10 )); [ "$t" -gt 60 ] && t=60
+      [ "$t" -gt 20 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- \
+        python3 tools/diag/attn_fwd_table.py --reps 20 --label ${side}_$run --out "$W/ai" 2>&1 | \
+        grep -E "geometric|B8 S2048|Error" | cut -c1-200
+      tar czf "$OUT/ai.tgz" -C "$W" ai
+    done
   done
 elif [ "$part" = f8ab ]; then
   # 2026-12-07 16:50: parts f8a and f8b in one call (machines come rarely; a start costs 90 s or more): f8a's 12

@@ -20,15 +20,14 @@ __device__ __forceinline__ void merge_step(const Params<T>& p, const WorkItem& w
                                            TensorO& o_rc, const TensorC& cO_rc) {
   using Element = typename T::Element;
   const Problem& pr = p.pr;
-  // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen.
-  float lse_step[kRows];
+  // This step's partial: O_i = acc / l, lse_i = max * scale + log2(l) (log2 units); -inf where nothing seen. The
+  // 1 / l is folded into the merge weight below (one multiply an element, not two).
+  float lse_step[kRows], inv_l[kRows];
   CUTLASS_PRAGMA_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float l = quad_sum(row_sum[r]);
     lse_step[r] = l > 0.f ? row_max[r] * scale + log2f(l) : -INFINITY;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < size<1>(o_rc); ++c) o_rc(r, c) *= inv;
+    inv_l[r] = l > 0.f ? 1.f / l : 0.f;
   }
   // Merge with the running result and store (O_acc / lse_acc between steps; O / LSE at the last step). The
   // four threads holding a row all read its old lse before the one that writes it does (__syncwarp).
@@ -60,10 +59,11 @@ __device__ __forceinline__ void merge_step(const Params<T>& p, const WorkItem& w
       }
     }
     const bool writes_lse = get<1>(cO_rc(r, 0)) == 0;  // one of the four threads holding the row
+    const float scale_new = w_new * inv_l[r];           // O_i's weight, applied to acc (O_i = acc / l)
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < size<1>(o_rc); c += 2) {  // column pairs: 8-byte fp32 / 4-byte 16-bit accesses
       const int col = get<1>(cO_rc(r, c));
-      float v0 = o_rc(r, c) * w_new, v1 = o_rc(r, c + 1) * w_new;
+      float v0 = o_rc(r, c) * scale_new, v1 = o_rc(r, c + 1) * scale_new;
       if (!first) {
         const float2 old = __ldcg(reinterpret_cast<const float2*>(p.o_acc + o_row + col));
         v0 += old.x * w_old;

@@ -43,13 +43,16 @@ __device__ __forceinline__ void wait_for_previous_merge(const Params<T>& p, int 
 
 // After the item's step: every consumer is done with it (its K/V reads completed before they released the stages,
 // its merge is stored). Publish the merge (for the block that takes the item's next step) and count the item among
-// the step's parties; the last party releases the slot (release_if_last).
+// the step's parties; the last party releases the slot (release_if_last). World 1 publishes nothing (one step, no
+// slot), so its warpgroups do not meet here: a barrier at every item's end would realign the two ping-pong
+// warpgroups item by item (one waits out the other's last PV GEMM), which short causal items pay on every item.
 template <class T>
 __device__ __forceinline__ void finish_item(const Params<T>& p, int t, int step, uint64_t epoch, int tid) {
   using cutlass::arch::NamedBarrier;
   const Problem& pr = p.pr;
+  if (pr.world == 1) return;
   NamedBarrier::sync(kConsumerThreads, kItemBarrier);
-  if (tid == 0 && pr.world > 1) {
+  if (tid == 0) {
     __threadfence();
     tandem::device::local_publish(&p.merged[t], schedule::global_step(epoch, pr.world, step));
     release_if_last(p, step, epoch);
