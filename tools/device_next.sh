@@ -1245,6 +1245,15 @@ elif [ "$part" = f8ab ]; then
       --shapes $S --out "$W/f8ab/$half" 2>&1 | grep -E "geometric|best|Error"
     rm -f "$W/f8ab"/*/*.png; tar czf "$OUT/f8ab.tgz" -C "$W" f8ab
   done
+elif [ "$part" = ps ]; then
+  # 2026-12-07 (evening), issue 21, any card: the pipelined mode at world 2 where the overlap ceiling is within
+  # 1.15 of max(cuBLAS, collective) (docs/results.md: 8192x28672x8192 RS 1.05; AG+GEMM 16384x8192x4096 and the
+  # Llama up projection): pipelined was 1.24x the bar with 2 row pieces a chunk; pieces 1 / 2 / 4 / 8 here.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/ps; rm -rf "$W"; mkdir -p "$W/ps" "$OUT"
+  for sp in 2 4 8 1; do
+    tp_bench "" 2 8192x28672x8192,16384x8192x4096,16384x14336x8192 splits$sp 150 TANDEM_PIPELINE_SPLITS=$sp
+  done
 elif [ "$part" = h23 ]; then
   # 2026-12-07 (evening): issue 23 on an H200 after part f8ab's sweep became the H200 table's FP8 rows: the FP8
   # tests (scaled GEMM, FP8 TP ops), then the ops as a user calls them (bench gemm --no-variants: the table's
