@@ -1252,7 +1252,7 @@ elif [ "$part" = ps ]; then
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/ps; rm -rf "$W"; mkdir -p "$W/ps" "$OUT"
   for sp in 2 4 8 1; do
-    tp_bench "" 2 8192x28672x8192,16384x8192x4096,16384x14336x8192 splits$sp 150 TANDEM_PIPELINE_SPLITS=$sp
+    tp_bench "" 2 8192x28672x8192,16384x8192x4096,16384x14336x8192 splits$sp 125 TANDEM_PIPELINE_SPLITS=$sp
   done
 elif [ "$part" = h23 ]; then
   # 2026-12-07 (evening): issue 23 on an H200 after part f8ab's sweep became the H200 table's FP8 rows: the FP8
