@@ -15,6 +15,12 @@ import sys
 def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> float:
     """Median seconds of one `fn()` (which enqueues GPU work on the current stream), timed with CUDA events
     around `inner` back-to-back calls (for small ops, so that event and sync overhead is spread out)."""
+    return statistics.median(launch_samples(fn, warmup=warmup, reps=reps, inner=inner))
+
+
+def launch_samples(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> list:
+    """Seconds of one `fn()` in each of `reps` timings (CUDA events around `inner` back-to-back calls), after
+    `warmup` untimed calls."""
     import torch
 
     for _ in range(warmup):
@@ -30,7 +36,50 @@ def time_launches(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> flo
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e-3 / inner)
-    return statistics.median(times)
+    return times
+
+
+def time_columns_ms(comm, columns: dict, *, warmup: int, reps: int, rounds: int, sampler=None, log=print):
+    """ms of one call of each column {name: fn} with every rank starting each timing together, the columns
+    interleaved: `rounds` rounds, each timing every column (reps / rounds timings each, at least one; `warmup`
+    untimed calls before a column's first round, one before each later round), the column order rotated by one
+    every round. A column's time is the median of all its timings; its spread is max / min of its per-round
+    medians (1.0 with one round).
+
+    Why: columns timed one after the other, each in one block, also measure the GPU's drift between the blocks
+    (clocks, power, the MPS ranks' relative pace). On 2026-12-07 (H100, world 2) the same mode timed in two
+    consecutive columns differed by up to 24 %, as much as the differences the columns are read for. Interleaving
+    spreads the drift over every column; the spread says how large it was.
+
+    A column whose fn raises is reported once (rank 0; the first line of the error) and is None from then on.
+    Returns ({name: ms or None}, {name: spread or None}). `sampler(fn, warmup, reps) -> [s, ...]` replaces the
+    CUDA-event timing (tests)."""
+    sampler = sampler or (lambda fn, warmup, reps: launch_samples(fn, warmup=warmup, reps=reps))
+    names = list(columns)
+    rounds = max(1, int(rounds))
+    per_round = max(1, -(-int(reps) // rounds))
+    samples = {n: [] for n in names}
+    round_medians = {n: [] for n in names}
+    failed = set()
+    for rnd in range(rounds):
+        shift = rnd % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            if name in failed:
+                continue
+            comm.barrier()
+            try:
+                t = sampler(columns[name], warmup if rnd == 0 else 1, per_round)
+            except Exception as e:  # noqa: BLE001 - a mode that refuses the shape is reported, not fatal
+                failed.add(name)
+                if comm.rank == 0:
+                    log(f"  skipped {name}: {str(e).splitlines()[0][:160] if str(e) else type(e).__name__}")
+                continue
+            samples[name].extend(t)
+            round_medians[name].append(statistics.median(t))
+    ms = {n: (statistics.median(samples[n]) * 1e3 if samples[n] and n not in failed else None) for n in names}
+    spread = {n: (max(round_medians[n]) / min(round_medians[n])
+                  if round_medians[n] and n not in failed and min(round_medians[n]) > 0 else None) for n in names}
+    return ms, spread
 
 
 def host_launch_us(fn, n: int, *, warmup: bool = False, before=None) -> float:

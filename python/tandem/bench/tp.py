@@ -1,6 +1,8 @@
 """AG+GEMM, GEMM+RS and GEMM+AR against what a user would run instead, N ranks (MPS on one GPU), same run.
 
-Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random bf16 data):
+Per op and shape (ms per rank, CUDA events, warm-ups, median of --reps, random bf16 data; the columns below but the
+variants, the sweep and fp8 timed interleaved in --rounds rounds, so that the GPU's drift during the run falls on
+every column alike; the JSON's "spread" is each column's max / min round median):
   fused         tandem's one persistent kernel (mode="fused"; the SM split of the plan or --comm-blocks)
   unfused       tandem's collective kernel and the GEMM one after the other (mode="unfused")
   pipelined     cuBLAS per chunk, the copy engines moving the chunks (mode="pipelined"; one node)
@@ -214,7 +216,7 @@ def _nccl_collective(comm, op, m, n, k):
 
 
 def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="peer-view", fp8=False, ring=False,
-        ticket=False):
+        ticket=False, rounds=3):
     import torch
 
     from .. import ops  # noqa: F401
@@ -253,7 +255,36 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
         k_rank = k if op == "ag_gemm" else k // world
         r["auto_mode"], r["auto_comm_blocks"] = tp.auto_plan(comm, op, m, n, k_rank)
         r["fused_comm_blocks"] = comm_blocks or tp.fused_split(comm, op, m, n, k_rank, 0)
-        r["fused_ms"] = timed(lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks))
+        # the main columns, interleaved in rounds (common.time_columns_ms: drift between columns timed in blocks was
+        # as large as the differences between them); the variants, the sweep and FP8 are timed after, as before
+        barrier, barrier_ws = (None, None) if naive == "nccl" else stream_barrier(comm)
+        columns = {
+            "fused": lambda: fn(comm, a, b, mode="fused", comm_blocks=comm_blocks),
+            "unfused": lambda: fn(comm, a, b, mode="unfused"),
+            "auto": lambda: fn(comm, a, b, mode="auto"),
+            "gemm_alone": lambda: torch.matmul(a_gemm, b_gemm, out=gemm_out),
+            "torch_collective": coll_torch,
+            "naive": lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), coll_torch()),
+        }
+        if comm.native.num_nodes == 1:
+            columns["pipelined"] = lambda: fn(comm, a, b, mode="pipelined")
+        if hasattr(tp, "collective_alone"):
+            columns["tandem_collective"] = lambda: tp.collective_alone(comm, op, a, b)
+        if barrier is not None:
+            # AR: a third barrier inside the collective, between the owners' reduced rows and their gather
+            columns["naive_synced"] = lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(),
+                                               coll_torch(barrier) if op == "gemm_ar" else coll_torch(), barrier())
+        ms, spread = common.time_columns_ms(comm, columns, warmup=3, reps=reps, rounds=rounds)
+        for name in ("fused", "unfused", "auto", "pipelined", "gemm_alone", "torch_collective", "tandem_collective",
+                     "naive", "naive_synced"):
+            r[f"{name}_ms"] = ms.get(name)
+        r["spread"] = {name: v for name, v in spread.items() if v is not None}
+        r["rounds"] = rounds
+        if naive == "nccl":  # NCCL synchronizes the ranks itself
+            r["naive_synced_ms"] = r["naive_ms"]
+        r["collective_alone_ms"] = min((x for x in (r["torch_collective_ms"], r["tandem_collective_ms"]) if x),
+                                       default=None)
+        del barrier_ws
         for key, knob, ran in variants if op != "ag_gemm" else ():
             # the ring (TANDEM_RS_RING=1) or the tickets (TANDEM_RS_TICKET=1), read by the kernels' host side at every
             # launch; every rank sets it for the same calls, in the same run as the default fused kernel
@@ -266,23 +297,6 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                     r["ticket_knobs"] = {v: os.environ[v] for v in TICKET_RUN_KNOBS if os.environ.get(v)}
             finally:
                 os.environ.pop(knob, None)
-        r["unfused_ms"] = timed(lambda: fn(comm, a, b, mode="unfused"))
-        r["auto_ms"] = timed(lambda: fn(comm, a, b, mode="auto"))
-        r["pipelined_ms"] = timed(lambda: fn(comm, a, b, mode="pipelined")) if comm.native.num_nodes == 1 else None
-        r["gemm_alone_ms"] = timed(lambda: torch.matmul(a_gemm, b_gemm, out=gemm_out))
-        r["torch_collective_ms"] = timed(coll_torch)
-        r["tandem_collective_ms"] = timed(lambda: tp.collective_alone(comm, op, a, b)) \
-            if hasattr(tp, "collective_alone") else None
-        r["collective_alone_ms"] = min(x for x in (r["torch_collective_ms"], r["tandem_collective_ms"]) if x)
-        r["naive_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), coll_torch()))
-        if naive == "nccl":  # NCCL synchronizes the ranks itself
-            r["naive_synced_ms"] = r["naive_ms"]
-        else:
-            barrier, barrier_ws = stream_barrier(comm)
-            # AR: a third barrier inside the collective, between the owners' reduced rows and their gather
-            r["naive_synced_ms"] = timed(lambda: (torch.matmul(a_gemm, b_gemm, out=gemm_out), barrier(),
-                                                  coll_torch(barrier) if op == "gemm_ar" else coll_torch(), barrier()))
-            del barrier_ws
         if sweep:
             r["sweep"] = {}
             c = 2
@@ -370,6 +384,10 @@ def main(argv=None) -> int:
     ap.add_argument("--naive", choices=("peer-view", "nccl"), default="peer-view",
                     help="the naive baseline's collective: torch over peer views (one GPU, MPS) or NCCL (one GPU a "
                          "rank)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="the main columns are timed interleaved in this many rounds (each column reps / rounds "
+                         "timings a round, the order rotated every round; 1: each column in one block, as before "
+                         "2026-12-07); the JSON's spread is each column's max / min round median")
     a = ap.parse_args(argv)
     rc = common.relaunch("tp", a.nprocs, argv)
     if rc is not None:
@@ -377,5 +395,5 @@ def main(argv=None) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     run(cases(world, shapes), a.reps, a.out, common.command_line("tp", argv), a.comm_blocks, a.sweep, a.naive,
-        fp8=a.fp8, ring=a.ring, ticket=a.ticket)
+        fp8=a.fp8, ring=a.ring, ticket=a.ticket, rounds=a.rounds)
     return 0
