@@ -1254,6 +1254,18 @@ elif [ "$part" = ps ]; then
   for sp in 2 4 8 1; do
     tp_bench "" 2 8192x28672x8192,16384x8192x4096,16384x14336x8192 splits$sp 125 TANDEM_PIPELINE_SPLITS=$sp
   done
+elif [ "$part" = br ]; then
+  # 2026-12-07 (evening), issue 21, any card: bench tp with its columns interleaved in rounds (97e4374, not run):
+  # rounds 3 against 1 (the old blocks), alternating, twice each, world 2 at two shapes of part ps, then world 4
+  # once with rounds 3; the JSON's spread says how much each column drifted between rounds.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/br; rm -rf "$W"; mkdir -p "$W/br" "$OUT"
+  for run in 1 2; do
+    for ro in 3 1; do
+      tp_bench "--rounds $ro" 2 8192x28672x8192,16384x8192x4096 r${ro}_$run 100
+    done
+  done
+  tp_bench "--rounds 3" 4 16384x8192x4096,8192x28672x8192 r3_w4 150
 elif [ "$part" = h23 ]; then
   # 2026-12-07 (evening): issue 23 on an H200 after part f8ab's sweep became the H200 table's FP8 rows: the FP8
   # tests (scaled GEMM, FP8 TP ops), then the ops as a user calls them (bench gemm --no-variants: the table's
