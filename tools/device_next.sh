@@ -420,6 +420,17 @@
 #            carry=[".whl", ".carry/prebuilt", ".carry/before"])      (.carry/before = main 2bdf627's python + module)
 #      Merge if the tests pass and the forward is not slower. Issue 26: the fused whole layer (not built).
 #   (.carry/prebuilt and .carry/prebuilt-main = main's module, SOURCES 8ecfdb6, for f8ab and anything on main.)
+# 2026-12-07 19:00 (twenty-fifth session, 17:59-): two H200 starts refused, then an H100 (parts ai, ps) and an
+# H200 (f8ab, h23, br); attn-items merged (no measurable change), the H200 table's FP8 rows (FP8 row-wise target
+# met on the H200), bench tp's columns interleaved (--rounds), the H200 TP table's Llama rows. Next, in this order:
+#   1. On an H200: part b16h (the bf16 sweep; the H200 bf16 rows are older than half the configurations), then
+#      `tune gemm --from-bench` into gemm_tune_h200.json and part h23 again (issue 23: bf16 lowest 0.805, FP8
+#      tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
+#   2. Issue 21: bench tp -n 2 / -n 4 whole with --rounds 3 on the H200 (the tables' other rows are from 08d31dd),
+#      then `tandem tune --from-bench` over them.
+#   3. Issue 26: the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
+#   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
+#    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
@@ -1224,6 +1235,27 @@ elif [ "$part" = ai ]; then
         grep -E "geometric|B8 S2048|Error" | cut -c1-200
       tar czf "$OUT/ai.tgz" -C "$W" ai
     done
+  done
+elif [ "$part" = b16h ]; then
+  # 2026-12-07 19:00: issue 23 on an H200: every bf16 configuration and schedule at bench gemm's 24 shapes (the
+  # H200 table's bf16 rows predate the swapped, 128x208 and 1x2-cluster configurations; 2026-12-07 18:54 the op ran
+  # 0.731-0.917 of cuBLAS back to back at five shapes), in two halves as f8ab; then, here: python -m tandem tune gemm
+  # --from-bench <a>/gemm_w1.json <b>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json, and part h23 again.
+  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its rows)"; exit 2; }
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/b16h; rm -rf "$W"; mkdir -p "$W/b16h" "$OUT"
+  for half in a b; do
+    if [ $half = a ]; then
+      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
+      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5000x4000,1000x1000x1008
+    else
+      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
+      S=$S,777x4104x4096,5000x3000x8208,100x8192x8192,12345x4096x4096,4096x1000x2064,2500x14336x4096
+    fi
+    t=$(( $(left) - 15 )); [ $half = a ] && t=$(( t / 2 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 --reps 8 \
+      --shapes $S --out "$W/b16h/$half" 2>&1 | grep -E "geometric|best|Error"
+    rm -f "$W/b16h"/*/*.png; tar czf "$OUT/b16h.tgz" -C "$W" b16h
   done
 elif [ "$part" = f8ab ]; then
   # 2026-12-07 16:50: parts f8a and f8b in one call (machines come rarely; a start costs 90 s or more): f8a's 12
