@@ -431,7 +431,9 @@
 #   3. Issue 26: the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
-# (Earlier parts are in git history: git log -p tools/device_next.sh.)
+# (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
+# (branch gemm-c2x2) were removed 2026-12-07 19:10: their branches are not on main and are kept only as
+# tools/pending/*.diff records; each diff carries its own copy of this file.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
 # with an editable install, its finder takes precedence over this path
@@ -1509,50 +1511,6 @@ elif [ "$part" = mc3 ]; then
   # nodes), then test_moe's dispatch cases without it (the dispatch kernel's send path changed for both)
   timeout -s INT -k 20 $(( $(left) - 10 )) bash tools/device_suite.sh tests/gpu/test_moe.py --durations=0 \
     -k "once_per_rank or dispatch_gemm_and_combine or emulated or late_block or repeated"
-elif [ "$part" = ac1 ]; then
-  # branch rs-accumulate (issue 21; not run): GEMM+RS/AR by TMA reduce-add into the owners' fp32 accumulators
-  # (TANDEM_PIPELINE_RS=accumulate: the pipelined column). Its tests (worlds 1-4, both chunk orders, the binding's
-  # checks), then bench tp at worlds 4 and 2 with the staggered and the aligned order (unfused, naive and cuBLAS alone
-  # in the same runs).
-  W=/tmp/ac1; rm -rf "$W"; mkdir -p "$W/ac1" "$OUT"
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-390} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    tests/cpu/test_typed_bindings.py tests/cpu/test_tp_plan.py --durations=0 \
-    -k "accumulat or another_pipelined or bad_algorithm" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 stag 85 TANDEM_PIPELINE_RS=accumulate
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 aligned 85 TANDEM_PIPELINE_RS=accumulate TANDEM_PIPELINE_ACC_ORDER=aligned
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 wide 70 TANDEM_PIPELINE_RS=accumulate TANDEM_ACCUMULATE_CONFIG=coop_256x128_c2
-  tp_bench "" 2 16384x8192x4096,8192x4096x8192 stag 70 TANDEM_PIPELINE_RS=accumulate
-  tp_bench "" 2 16384x8192x4096,8192x4096x8192 aligned 70 TANDEM_PIPELINE_RS=accumulate TANDEM_PIPELINE_ACC_ORDER=aligned
-elif [ "$part" = ac2 ]; then
-  # 2026-12-07 15:40 (machines scarce: two calls at most): part ac1 cut to its three most telling benches, then the
-  # overlap ceiling of part oc1 (tools/diag/tp_overlap_ceiling.py) at worlds 4 and 2, GEMM+RS and GEMM+AR at
-  # 16384x8192x4096 -- issue 21's two open questions (does the accumulating pipeline beat unfused; can any overlap
-  # reach 1.15 x max(cuBLAS, collective) here) in one call.
-  W=/tmp/ac2; rm -rf "$W"; mkdir -p "$W/ac2" "$OUT"
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-360} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    tests/cpu/test_typed_bindings.py tests/cpu/test_tp_plan.py --durations=0 \
-    -k "accumulat or another_pipelined or bad_algorithm" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 stag 80 TANDEM_PIPELINE_RS=accumulate
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 aligned 80 TANDEM_PIPELINE_RS=accumulate TANDEM_PIPELINE_ACC_ORDER=aligned
-  tp_bench "" 2 16384x8192x4096,8192x4096x8192 stag 60 TANDEM_PIPELINE_RS=accumulate
-  for w in 4 2; do
-    t=$(( $(left) - 5 )); [ "$t" -gt 70 ] && t=70
-    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- python3 tools/diag/tp_overlap_ceiling.py \
-      --shapes 16384x8192x4096,8192x4096x8192 --ops gemm_rs,gemm_ar,ag_gemm --reps 8 \
-      --out "$W/ac2/ceiling_w$w" 2>&1 | grep -E "ceiling|Error" | cut -c1-300
-    tar czf "$OUT/ac2.tgz" -C "$W" ac2
-  done
-elif [ "$part" = ac3 ]; then
-  # 2026-12-07 16:15: after ac2 (the accumulating GEMM added every tile 32 times: CUTLASS's epilogue issues its D
-  # store from a whole warp; fixed by the one-lane op, kernels/src/gemm/tma_reduce_add_one_lane.hpp) and ox (the
-  # 2x2 / 4x2 variants could not launch on 2 SMs: now refused as the caller's error): their tests, then bench tp
-  # with the accumulating pipeline at worlds 4 (both orders) and 2.
-  W=/tmp/ac3; rm -rf "$W"; mkdir -p "$W/ac3" "$OUT"
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-220} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
-    tests/gpu/test_gemm.py --durations=5 -k "accumulat or variants_match" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -12
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 stag 75 TANDEM_PIPELINE_RS=accumulate
-  tp_bench "" 4 16384x8192x4096,8192x4096x8192 aligned 70 TANDEM_PIPELINE_RS=accumulate TANDEM_PIPELINE_ACC_ORDER=aligned
-  tp_bench "" 2 16384x8192x4096,8192x4096x8192 stag 60 TANDEM_PIPELINE_RS=accumulate
 elif [ "$part" = ox ]; then
   # 2026-12-07 15:40: part oc1's MoE half (branch moe-plan: its tests, bench moe --layer default plan against the old
   # defaults) and part gx (branch gemm-c2x2: the 2x2 / 4x2 cluster variants' tests, the core under MPS at world 4)
@@ -1574,20 +1532,6 @@ elif [ "$part" = ox ]; then
   [ "$t" -gt 30 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 4 -- python3 tools/diag/gemm_mps.py \
     --shapes 16384x8192x1024 --reps 20 --out "$W/ox/gemm_mps_w4" 2>&1 | grep -E "^\| [0-9]" | cut -c1-900
   tar czf "$OUT/ox.tgz" -C "$W" ox
-elif [ "$part" = gx ]; then
-  # branch gemm-c2x2 (not run): GEMM variants in 2x2 / 4x2 clusters. Their correctness (test_gemm's every-variant
-  # test), then the core's configurations against cuBLAS under MPS at the RS ops' rank GEMM (world 4, 16384 x 8192 x
-  # 1024, where the 2x1 core ran 1.37x cuBLAS's 4x2 nvjet kernel) and at world 2 (16384 x 8192 x 2048), 20 reps.
-  W=/tmp/gx; rm -rf "$W"; mkdir -p "$W/gx" "$OUT"
-  timeout -s INT -k 10 $(( $(left) - ${MPS_S:-150} )) bash tools/device_suite.sh tests/gpu/test_gemm.py tests/cpu/test_gemm_plan.py \
-    -k "variants_match or every_configuration_it_may or gemm_plan" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
-  for w in 4 2; do
-    shape=16384x8192x1024; [ $w = 2 ] && shape=16384x8192x2048
-    t=$(( ($(left) - 5) / (w == 4 ? 2 : 1) )); [ "$t" -gt 90 ] && t=90
-    [ "$t" -gt 30 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- python3 tools/diag/gemm_mps.py \
-      --shapes $shape --reps 20 --out "$W/gx/gemm_mps_w$w" 2>&1 | grep -E "^\| [0-9]" | cut -c1-900
-    tar czf "$OUT/gx.tgz" -C "$W" gx
-  done
 elif [ "$part" = oc1 ]; then
   # issue 21: the overlap ceiling (tools/diag/tp_overlap_ceiling.py: cuBLAS and tandem's collective launched together
   # on two streams, no dependency, every rank at once) at worlds 4 and 2 -- the best ratio to max(cuBLAS alone,
