@@ -433,7 +433,7 @@
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
 # (branch gemm-c2x2) were removed 2026-12-07 19:10: their branches are not on main and are kept only as
-# tools/pending/*.diff records; each diff carries its own copy of this file.)
+# tools/pending/*.diff records, which carry ac1 and gx; ac2 and ac3 are in git history.)
 set -uo pipefail
 # a prebuilt module (tools/prebuild_device_module.sh) is imported from python/ (device_suite.sh copies it there);
 # with an editable install, its finder takes precedence over this path
