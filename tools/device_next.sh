@@ -426,8 +426,8 @@
 #   1. On an H200: part b16h (the bf16 sweep; the H200 bf16 rows are older than half the configurations), then
 #      `tune gemm --from-bench` into gemm_tune_h200.json and part h23 again (issue 23: bf16 lowest 0.805, FP8
 #      tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
-#   2. Issue 21: bench tp -n 2 / -n 4 whole with --rounds 3 on the H200 (the tables' other rows are from 08d31dd),
-#      then `tandem tune --from-bench` over them.
+#   2. Issue 21: parts tpr4 and tpr2 (bench tp whole with --rounds 3; on the H200 for its table, whose other rows
+#      are from 08d31dd), then `tandem tune --from-bench` over them, and docs/results/tp_w4/tp_w2 from them.
 #   3. Issue 26: the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
@@ -1238,6 +1238,18 @@ elif [ "$part" = ai ]; then
       tar czf "$OUT/ai.tgz" -C "$W" ai
     done
   done
+elif [ "$part" = tpr4 ] || [ "$part" = tpr2 ]; then
+  # 2026-12-07 19:05, issue 21: bench tp whole (21 rows) at world 4 (tpr4) or 2 (tpr2) with the columns interleaved
+  # (--rounds 3), for docs/results/tp_w4.json / tp_w2.json and the card's TP table: then, here,
+  #   python -m tandem tune --from-bench <tpr>/tp_w<W>.json --out python/tandem/ops/tp_tune_<h100|h200>.json
+  # (the tables' other rows are from 08d31dd, 2026-12-05, timed in blocks).
+  w=${part#tpr}
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/$part; rm -rf "$W"; mkdir -p "$W/$part" "$OUT"
+  t=$(( $(left) - 10 ))
+  [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 6 --rounds 3 \
+    --out "$W/$part" 2>&1 | grep -E "^\| |Error" | cut -c1-220 | tail -24
+  rm -f "$W/$part"/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
 elif [ "$part" = b16h ]; then
   # 2026-12-07 19:00: issue 23 on an H200: every bf16 configuration and schedule at bench gemm's 24 shapes (the
   # H200 table's bf16 rows predate the swapped, 128x208 and 1x2-cluster configurations; 2026-12-07 18:54 the op ran
