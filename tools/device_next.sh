@@ -428,7 +428,9 @@
 #      tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
 #   2. Issue 21: parts tpr4 and tpr2 (bench tp whole with --rounds 3; on the H200 for its table, whose other rows
 #      are from 08d31dd), then `tandem tune --from-bench` over them, and docs/results/tp_w4/tp_w2 from them.
-#   3. Issue 26: the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
+#   3. Issue 26: part mfc (tools/diag/moe_fusion_ceiling.py: the layer against its GEMMs alone; if layer / gemms
+#      is below 1.3 at 4k-16k tokens, no fusion meets the target here: say so, as issue 21's ceiling did), then
+#      the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
@@ -1237,6 +1239,18 @@ elif [ "$part" = ai ]; then
         grep -E "geometric|B8 S2048|Error" | cut -c1-200
       tar czf "$OUT/ai.tgz" -C "$W" ai
     done
+  done
+elif [ "$part" = mfc ]; then
+  # 2026-12-07 19:20, issue 26, any card: tools/diag/moe_fusion_ceiling.py (not run yet) at worlds 2, 1 and 4: the
+  # layer against its GEMMs alone, columns interleaved; layer / gemms is the most any fusion keeping these GEMMs can
+  # gain on this machine (issue 26 asks 1.3x at 4k-16k tokens): decides whether the fused layer can meet it here.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/mfc; rm -rf "$W"; mkdir -p "$W/mfc" "$OUT"
+  for w in 2 1 4; do
+    t=$(( $(left) - 10 )); [ $w != 4 ] && [ "$t" -gt 200 ] && t=200
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/moe_fusion_ceiling.py \
+      --tokens 1024,4096,16384 --out "$W/mfc/w$w" 2>&1 | grep -E "tokens w|Error|error" | cut -c1-300
+    tar czf "$OUT/mfc.tgz" -C "$W" mfc
   done
 elif [ "$part" = tpr4 ] || [ "$part" = tpr2 ]; then
   # 2026-12-07 19:05, issue 21: bench tp whole (21 rows) at world 4 (tpr4) or 2 (tpr2) with the columns interleaved
