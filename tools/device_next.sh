@@ -430,7 +430,9 @@
 #      are from 08d31dd), then `tandem tune --from-bench` over them, and docs/results/tp_w4/tp_w2 from them.
 #   3. Issue 26: part mfc (tools/diag/moe_fusion_ceiling.py: the layer against its GEMMs alone; if layer / gemms
 #      is below 1.3 at 4k-16k tokens, no fusion meets the target here: say so, as issue 21's ceiling did), then
-#      the fused whole layer (not built); issue 25: the causal forward's per-item instructions.
+#      the fused whole layer (not built). Issue 25: part abk (never run: the kernels of the world-1 backward beside
+#      SDPA's cuDNN backward, which it trails at 0.75-0.8 though it calls cuDNN's own backward), then the causal
+#      forward's per-item instructions.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
