@@ -152,16 +152,21 @@ def expected_rows_per_expert(max_tokens: int, topk: int, experts_per_rank: int) 
     return -(-int(max_tokens) * int(topk) // int(experts_per_rank))
 
 
+def _forced_cluster_rows() -> int:
+    """TANDEM_MOE_GEMM_CLUSTER's cluster rows (1 or 2; read at each call, as the C++ side reads it at each launch),
+    0 when it does not force one."""
+    forced = os.environ.get("TANDEM_MOE_GEMM_CLUSTER")
+    return int(forced) if forced in ("1", "2") else 0
+
+
 def _gemm2_plan(expected_rows: int):
     """(kind, cluster_rows) of GEMM 2: TANDEM_MOE_GEMM2 (torch / tandem) and TANDEM_MOE_GEMM_CLUSTER (1 / 2) force
     them; otherwise tandem's in 1x1 clusters for experts of at most one row tile, torch's beyond."""
     kind = os.environ.get("TANDEM_MOE_GEMM2", "auto")
-    forced = os.environ.get("TANDEM_MOE_GEMM_CLUSTER")
     small = expected_rows <= ONE_ROW_TILE_ROWS
     if kind not in ("torch", "tandem"):
         kind = "tandem" if small else "torch"
-    cluster = int(forced) if forced in ("1", "2") else (1 if small else 2)
-    return kind, cluster
+    return kind, _forced_cluster_rows() or (1 if small else 2)
 
 
 def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0, cluster_rows: int = 0):
@@ -190,7 +195,7 @@ def grouped_gemm_rows(c, a, w, lv, sm_count: int = 0, cluster_rows: int = 0):
     K = native().kernels
     if cluster_rows not in (0, 1, 2):
         raise invalid(f"cluster_rows must be 1 or 2 (0: the default), got {cluster_rows}", op, rank)
-    cluster = int(cluster_rows) or (1 if os.environ.get("TANDEM_MOE_GEMM_CLUSTER") == "1" else 2)
+    cluster = int(cluster_rows) or _forced_cluster_rows() or 2
     args = rt.kernel_args("GroupedGemmArgs", dtype=rt.DTYPES[a.dtype], experts=experts, n=n, k=k, a=a.data_ptr(),
                           w=w.data_ptr(), d=z.data_ptr(), expert_rows=rows.data_ptr(), expert_offset=offs.data_ptr(),
                           sm_count=(int(sm_count) or c.sm_count) & ~1, cluster_rows=cluster)
