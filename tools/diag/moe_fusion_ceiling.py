@@ -7,7 +7,8 @@ experts' GEMMs themselves cheaper (the weights are streamed once either way). So
 every rank at once (as the layer runs), this times in one run, columns interleaved in rounds (bench.common
 .time_columns_ms):
 
-* layer: moe_ffn as a user calls it (the unfused chain and its plan);
+* layer: moe_ffn as a user calls it (the unfused chain and its plan; at world 1 its mode "auto" runs the fused
+  dispatch + GEMM 1 kernel, moe._use_fused);
 * dispatch / combine: the chain's communication steps alone (moe.dispatch_rows, moe.run_combine);
 * gemm1[impl] / gemm2[impl]: the experts' GEMMs alone on rows already in the dispatch layout, by torch's grouped
   GEMM (torch._grouped_mm) and by tandem's (moe_layer.grouped_gemm_rows, 1x1 and 2x1 clusters);
@@ -28,7 +29,12 @@ target settles it, a value above does not promise it.
     python -m tandem.launch -n 2 -- python tools/diag/moe_fusion_ceiling.py [--configs deepseek,small]
         [--tokens 1024,4096,16384] [--reps 12] [--rounds 3] [--out DIR]
 
-Each rank writes moe_fusion_ceiling_r{rank}.json into --out (default $OUT when set); rank 0 prints its rows.
+Each rank writes moe_fusion_ceiling_r{rank}.json into --out (default $OUT when set) after every row; rank 0 prints
+its rows. A shape whose tensors and workspaces would not fit the GPU's share of a rank (an estimate every rank
+computes alike, so that all skip it together: an out-of-memory error on one rank only would leave the others
+waiting in a collective) is skipped and said so. The "dispatch" column is the dispatch-only launch, which also
+copies the received rows out of its workspace (the layer's unfused path does not), so "parts" overstates the
+layer's share a little; the ceiling does not use it.
 """
 
 import argparse
@@ -40,6 +46,7 @@ import torch
 from tandem import ops  # noqa: F401  (registers the ops)
 from tandem.bench import common
 from tandem.bench.moe import _communicator, _configs
+from tandem.ops import _runtime as rt
 from tandem.ops import moe, moe_layer
 
 ap = argparse.ArgumentParser()
@@ -53,27 +60,53 @@ args = ap.parse_args()
 comm = _communicator()
 world, rank = comm.world_size, comm.rank
 rows = []
+_HEAP = common.heap_bytes_for(40 << 30)  # what _communicator asked for
+
+
+def fits(hidden, inter, epr, k, tokens) -> bool:
+    """Whether one shape's tensors fit this rank's share of the GPU beside its heap, and its symmetric workspaces the
+    heap (an estimate, the same on every rank: they share one GPU and one argument list). Per rank: the weights;
+    rows, y, the activation and z at the receive capacity (tokens x k x world rows, as the dispatch sizes it); the
+    layer's own y, activation and z again while it runs. The heap holds the dispatch-only and the layer's dispatch
+    workspaces (received rows each) and the combine's."""
+    cap = tokens * k * world
+    weights = 2 * epr * hidden * 3 * inter
+    acts = 2 * cap * (hidden + 2 * inter + inter + hidden)  # rows_x, y, a, z (bf16)
+    layer = 2 * cap * (2 * inter + inter + hidden)         # the layer's own y, activation and z while it runs
+    torch_bytes = weights + acts + layer
+    heap_bytes = 2 * (2 * cap * hidden) + 2 * cap * hidden
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    share = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / max(1, local)
+    return heap_bytes < 0.9 * _HEAP and torch_bytes < 0.85 * (share - _HEAP)
+
+
+def write_rows():
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"moe_fusion_ceiling_r{rank}.json"), "w") as fh:
+            json.dump(rows, fh, indent=1)
+
 for name, hidden, inter, experts, k, epr in _configs(args.configs.split(","), world):
     torch.manual_seed(1234 + rank)
     w1 = torch.randn(epr, hidden, 2 * inter, device="cuda", dtype=torch.bfloat16) / hidden ** 0.5
     w2 = torch.randn(epr, inter, hidden, device="cuda", dtype=torch.bfloat16) / inter ** 0.5
     for tokens in [int(t) for t in args.tokens.split(",")]:
+        if not fits(hidden, inter, epr, k, tokens):
+            if rank == 0:
+                print(f"{name} {tokens} tokens w{world}: skipped (would not fit this rank's share of the GPU)",
+                      flush=True)
+            continue
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         ids = torch.rand(tokens, experts, device="cuda").topk(k, dim=1).indices.to(torch.int32)
         wts = torch.softmax(torch.randn(tokens, k, device="cuda"), dim=1).to(torch.bfloat16)
-        try:
-            # the operands of the steps, once (the ids checked here; the timed calls skip the host-synced check)
-            rows_x, layout = moe.dispatch_rows(comm, x, ids, epr, tokens)
-            lv = moe.layout_view(comm, layout, epr, tokens, k)
-            ends = lv["expert_offset"][1:]
-            y = torch._grouped_mm(rows_x, w1, offs=ends)
-            a = moe_layer.swiglu_received(y, layout, inter)
-            z = torch._grouped_mm(a, w2, offs=ends)
-            torch.cuda.synchronize()
-        except torch.OutOfMemoryError:
-            if rank == 0:
-                print(f"{name} {tokens} tokens: out of memory, skipped")
-            continue
+        # the operands of the steps, once (the ids checked here; the timed calls skip the host-synced check)
+        rows_x, layout = moe.dispatch_rows(comm, x, ids, epr, tokens)
+        lv = moe.layout_view(comm, layout, epr, tokens, k)
+        ends = lv["expert_offset"][1:]
+        y = torch._grouped_mm(rows_x, w1, offs=ends)
+        a = moe_layer.swiglu_received(y, layout, inter)
+        z = torch._grouped_mm(a, w2, offs=ends)
+        torch.cuda.synchronize()
         columns = {
             "layer": lambda: moe_layer.moe_ffn(comm, x, ids, wts, w1, w2, max_tokens=tokens),
             "dispatch": lambda: moe.dispatch_rows(comm, x, ids, epr, tokens, check_ids=False),
@@ -87,27 +120,28 @@ for name, hidden, inter, experts, k, epr in _configs(args.configs.split(","), wo
             "combine": lambda: moe.run_combine(comm, z, layout, ids, wts, tokens, 0, check_ids=False),
         }
         ms, spread = common.time_columns_ms(comm, columns, warmup=3, reps=args.reps, rounds=args.rounds)
-        g1 = min(v for key, v in ms.items() if key.startswith("gemm1") and v)
-        g2 = min(v for key, v in ms.items() if key.startswith("gemm2") and v)
-        gemms = g1 + g2
-        compute = gemms + (ms["swiglu"] or 0.0)
-        parts = sum(ms[key] or 0.0 for key in ("dispatch", "swiglu", "combine")) + gemms
+        comm.check()  # a device-side timeout or capacity report raises here instead of passing as a time
+        g1 = min((v for key, v in ms.items() if key.startswith("gemm1") and v), default=None)
+        g2 = min((v for key, v in ms.items() if key.startswith("gemm2") and v), default=None)
+        gemms = g1 + g2 if g1 and g2 else None
+        compute = gemms + (ms["swiglu"] or 0.0) if gemms else None
+        parts = sum(ms[key] or 0.0 for key in ("dispatch", "swiglu", "combine")) + gemms if gemms else None
         row = dict(config=name, tokens=tokens, world=world, rank=rank, hidden=hidden, inter=inter, experts=experts,
                    topk=k, ms=ms, spread=spread, gemms_ms=gemms, compute_ms=compute, parts_ms=parts,
-                   ceiling=ms["layer"] / gemms if ms["layer"] else None,
-                   ceiling_with_swiglu=ms["layer"] / compute if ms["layer"] else None,
+                   ceiling=ms["layer"] / gemms if ms["layer"] and gemms else None,
+                   ceiling_with_swiglu=ms["layer"] / compute if ms["layer"] and compute else None,
                    run=common.header("tools/diag/moe_fusion_ceiling.py"))
         rows.append(row)
+        write_rows()
         if rank == 0:
             f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             print(f"{name} {tokens} tokens w{world}: layer {f(ms['layer'])} | dispatch {f(ms['dispatch'])} "
                   f"gemm1 {f(g1)} swiglu {f(ms['swiglu'])} gemm2 {f(g2)} combine {f(ms['combine'])} | parts "
-                  f"{parts:.3f} | ceiling layer/gemms {f(row['ceiling'])} (with swiglu {f(row['ceiling_with_swiglu'])})"
-                  f" | spread max {max(spread[key] for key in spread if spread[key]):.2f}", flush=True)
-        del rows_x, layout, lv, y, a, z, x
+                  f"{f(parts)} | ceiling layer/gemms {f(row['ceiling'])} (with swiglu {f(row['ceiling_with_swiglu'])})"
+                  f" | spread max {max((v for v in spread.values() if v), default=0.0):.2f}", flush=True)
+        del rows_x, layout, lv, y, a, z, x, columns
+        rt.release_workspaces(comm)  # collective: every rank, after every shape (the heap holds one shape's)
         torch.cuda.empty_cache()
-if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"moe_fusion_ceiling_r{rank}.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
-comm.synchronize()
+write_rows()
+comm.barrier()
+comm.destroy()
