@@ -51,7 +51,10 @@ def time_columns_ms(comm, columns: dict, *, warmup: int, reps: int, rounds: int,
     consecutive columns differed by up to 24 %, as much as the differences the columns are read for. Interleaving
     spreads the drift over every column; the spread says how large it was.
 
-    A column whose fn raises is reported once (rank 0; the first line of the error) and is None from then on.
+    A column whose fn raises is reported once (rank 0; the first line of the error) and is None from then on. The
+    ranks must fail alike (a mode refusing a shape does: the checks run before any launch, on the same arguments);
+    a failure on some ranks only (an out-of-memory error) leaves the others in a collective until the
+    communicator's timeout raises there, as with time_ranks_ms.
     Returns ({name: ms or None}, {name: spread or None}). `sampler(fn, warmup, reps) -> [s, ...]` replaces the
     CUDA-event timing (tests)."""
     sampler = sampler or (lambda fn, warmup, reps: launch_samples(fn, warmup=warmup, reps=reps))
