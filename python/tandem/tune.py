@@ -101,10 +101,17 @@ def rows_from_bench(paths) -> list:
     """Table rows from `python -m tandem bench tp` outputs (tp_w*.json): per shape, the fastest of the modes the
     benchmark timed in its run (fused at the op's default split, unfused, pipelined, and with --ticket the ticket
     kernel, tabled as mode "ticket" with the rounds it ran), every rank at once as here.
-    The rank's K is the table's (RS/AR: K / world). Rows whose modes all failed are skipped."""
-    import json
+    The rank's K is the table's (RS/AR: K / world). Rows whose modes all failed are skipped.
 
-    rows = []
+    A shape timed in several runs (several files, or twice in one) gives one row: each mode's time is the median
+    of its runs' times (with two, their mean), and the fastest of those is chosen. Why: one run's columns at one
+    shape moved by up to 24 % between runs on one GPU under MPS (2026-12-07, docs/results.md), so the last run's
+    choice alone would follow its noise."""
+    import json
+    import statistics
+
+    groups = {}  # (op, world, sms, m, n, k_rank) -> {"mode:blocks": [ms, ...]}, in first-seen order
+    sources = {}
     for path in paths:
         with open(path) as f:
             data = json.load(f)
@@ -117,14 +124,25 @@ def rows_from_bench(paths) -> list:
             rounds = int(r.get("ticket_rounds") or 1)
             if not times:
                 continue
-            mode = min(times, key=times.get)
             world = int(r["world"])
             k_rank = int(r["k"]) if r["op"] == "ag_gemm" else int(r["k"]) // world
+            key = (r["op"], world, int(r["sm_count"]), int(r["m"]), int(r["n"]), k_rank)
             # (a ticket entry's number is the column's rounds: 1 where the bench did not record them)
-            rows.append(dict(op=r["op"], world=world, sms=int(r["sm_count"]), m=int(r["m"]), n=int(r["n"]), k=k_rank,
-                             mode=mode, comm_blocks=rounds if mode == "ticket" else 0, ms=times[mode],
-                             candidates={f"{mo}:{rounds if mo == 'ticket' else 0}": t for mo, t in times.items()},
-                             source=f"bench {os.path.basename(path)} {_commit_of(data, r)}"))
+            cand = groups.setdefault(key, {})
+            for mo, t in times.items():
+                cand.setdefault(f"{mo}:{rounds if mo == 'ticket' else 0}", []).append(t)
+            src = f"bench {os.path.basename(path)} {_commit_of(data, r)}"
+            if src not in sources.setdefault(key, []):
+                sources[key].append(src)
+    rows = []
+    for key, cand in groups.items():
+        op, world, sms, m, n, k_rank = key
+        merged = {c: statistics.median(ts) for c, ts in cand.items()}
+        best = min(merged, key=merged.get)
+        mode, blocks = best.split(":")
+        rows.append(dict(op=op, world=world, sms=sms, m=m, n=n, k=k_rank, mode=mode, comm_blocks=int(blocks),
+                         ms=merged[best], candidates=merged, runs=max(len(ts) for ts in cand.values()),
+                         source="; ".join(sources[key])))
     return rows
 
 

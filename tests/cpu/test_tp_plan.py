@@ -176,6 +176,27 @@ def test_tune_from_bench_takes_the_fastest_mode_and_the_ranks_k(tmp_path, monkey
     assert tp_plan.choose("ag_gemm", 4, 32, 16384, 7168, 8192, nodes=2)[0] != "pipelined"
 
 
+def test_tune_from_bench_merges_runs_of_one_shape_by_median(tmp_path, monkeypatch):
+    # one shape in three runs: run 3 alone would choose fused (its noise); the medians choose pipelined
+    from tandem import tune
+
+    monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
+    runs = [(9.9, 8.0, 6.2), (10.0, 7.9, 6.3), (5.9, 8.9, 7.8)]
+    paths = [_bench_json(tmp_path / f"run{i}.json", 2, 66, as_list=True,
+                         rows=[("gemm_rs", 8192, 28672, 8192, f, u, p), ("ag_gemm", 4096, 1024, 1024, 1.0, 2.0, None)])
+             for i, (f, u, p) in enumerate(runs)]
+    rows = tune.rows_from_bench(paths)
+    assert [(r["op"], r["mode"], r["runs"]) for r in rows] == [("gemm_rs", "pipelined", 3), ("ag_gemm", "fused", 3)]
+    rs = rows[0]
+    assert rs["k"] == 4096 and rs["candidates"] == {"fused:0": 9.9, "unfused:0": 8.0, "pipelined:0": 6.3}
+    assert rs["ms"] == 6.3 and rs["source"] == "bench run0.json abc1234; bench run1.json abc1234; bench run2.json abc1234"
+    # two runs: the mean of the two; a mode missing from one run counts its other run alone
+    two = tune.rows_from_bench(paths[1:])
+    assert two[0]["candidates"]["pipelined:0"] == pytest.approx(7.05) and two[0]["mode"] == "pipelined"
+    # a single file keeps its own choice (run 3: fused)
+    assert tune.rows_from_bench(paths[2:])[0]["mode"] == "fused"
+
+
 def test_a_table_rewritten_by_another_process_is_read_again(tmp_path, monkeypatch):
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
     path = tmp_path / "tune.json"
