@@ -88,3 +88,19 @@ def test_a_failing_column_is_reported_once_and_is_none():
     logs.clear()
     common.time_columns_ms(comm(rank=1), dict(cols), warmup=1, reps=3, rounds=2, sampler=sampler, log=logs.append)
     assert logs == []
+
+
+def test_inner_columns_reach_launch_samples_with_their_back_to_back_calls(monkeypatch):
+    # the default sampler: launch_samples with each column's `inner` (bench gemm's *_inner20 columns), in a single
+    # process (common.SINGLE: rank 0, no barrier)
+    seen = []
+
+    def fake_samples(fn, *, warmup, reps, inner=1):
+        seen.append((fn(), warmup, reps, inner))
+        return [0.002 * inner] * reps
+
+    monkeypatch.setattr(common, "launch_samples", fake_samples)
+    ms, _ = common.time_columns_ms(common.SINGLE, {"one": lambda: "one", "twenty": lambda: "twenty"}, warmup=5,
+                                   reps=4, rounds=2, inner={"twenty": 20})
+    assert seen == [("one", 5, 2, 1), ("twenty", 5, 2, 20), ("twenty", 1, 2, 20), ("one", 1, 2, 1)]
+    assert ms == {"one": pytest.approx(2.0), "twenty": pytest.approx(40.0)}

@@ -39,7 +39,31 @@ def launch_samples(fn, *, warmup: int = 3, reps: int = 10, inner: int = 1) -> li
     return times
 
 
-def time_columns_ms(comm, columns: dict, *, warmup: int, reps: int, rounds: int, sampler=None, log=print):
+class _Single:
+    """time_columns_ms's communicator for one process (no other rank to start with)."""
+    rank = 0
+
+    @staticmethod
+    def barrier():
+        return None
+
+
+SINGLE = _Single()
+
+
+def _with_inner(fn, n: int):
+    """fn, marked with the back-to-back calls a timing of it makes (time_columns_ms's `inner`)."""
+    if n == 1:
+        return fn
+
+    def call():
+        return fn()
+    call._tandem_inner = n
+    return call
+
+
+def time_columns_ms(comm, columns: dict, *, warmup: int, reps: int, rounds: int, sampler=None, log=print,
+                    inner: dict | None = None):
     """ms of one call of each column {name: fn} with every rank starting each timing together, the columns
     interleaved: `rounds` rounds, each timing every column (reps / rounds timings each, at least one; `warmup`
     untimed calls before a column's first round, one before each later round), the column order rotated by one
@@ -55,9 +79,15 @@ def time_columns_ms(comm, columns: dict, *, warmup: int, reps: int, rounds: int,
     ranks must fail alike (a mode refusing a shape does: the checks run before any launch, on the same arguments);
     a failure on some ranks only (an out-of-memory error) leaves the others in a collective until the
     communicator's timeout raises there, as with time_ranks_ms.
-    Returns ({name: ms or None}, {name: spread or None}). `sampler(fn, warmup, reps) -> [s, ...]` replaces the
-    CUDA-event timing (tests)."""
-    sampler = sampler or (lambda fn, warmup, reps: launch_samples(fn, warmup=warmup, reps=reps))
+    Returns ({name: ms or None}, {name: spread or None}), ms of one call. `inner` {name: n}: that column's timings
+    are n back-to-back calls between the events, divided (launch_samples). `sampler(fn, warmup, reps) -> [s, ...]`
+    replaces the CUDA-event timing (tests). comm: anything with .rank and .barrier() (a single process may pass
+    SINGLE)."""
+    inner = inner or {}
+    if sampler is None:
+        def sampler(fn, warmup, reps):
+            return launch_samples(fn, warmup=warmup, reps=reps, inner=getattr(fn, "_tandem_inner", 1))
+        columns = {n: _with_inner(fn, inner.get(n, 1)) for n, fn in columns.items()}
     names = list(columns)
     rounds = max(1, int(rounds))
     per_round = max(1, -(-int(reps) // rounds))

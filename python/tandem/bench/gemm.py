@@ -2,7 +2,8 @@
 torch.ops.tandem.scaled_gemm against torch._scaled_mm in FP8 (e4m3, bf16 out) with tensor-wise and row-wise
 scales, in the same process, at the shapes of real layers: M in {256, 1024, 4096, 16384} crossed with the (N, K)
 of Llama-3-8B and -70B MLP layers (4096/14336 and 8192/28672, both orders), plus ragged shapes (sizes not
-multiples of 128). CUDA events, warm-ups, median; three input sets rotate so that the L2 does not hold them.
+multiples of 128). CUDA events, warm-ups, median; three input sets rotate so that the L2 does not hold them;
+tandem's and the baseline's four columns are timed interleaved in --rounds rounds (bench.common.time_columns_ms).
 
 Writes gemm_w1.json: a list of rows with m, n, k, dtype (bfloat16 / float8_e4m3fn), scaling (none / tensor / row),
 tandem_ms, baseline_ms (cuBLAS for bf16, _scaled_mm for FP8; one call between two events), tandem_ms_inner20
@@ -160,7 +161,7 @@ COLUMNS = ["M x N x K", "dtype", "scaling", "tandem ms", "baseline ms", "baselin
 
 
 def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_row"), variants=True,
-        schedules=2):
+        schedules=2, rounds=3):
     import torch
 
     from .. import ops  # noqa: F401
@@ -206,15 +207,23 @@ def run(shapes, reps, out_dir, command, dtypes=("bfloat16", "fp8_tensor", "fp8_r
                 plan = gemm_plan.choose_scaled_schedule(m, n, k, d["sm_count"], scaling)  # what scaled_gemm ran
                 d["variant"], d["schedule"] = plan.variant, plan.name()
             try:
-                d["tandem_ms"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps) * 1e3
-                d["baseline_ms"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps) * 1e3
-                # the same calls 20 back to back between the events: the host's time a call before its launch no
-                # longer shows unless it exceeds the GPU's (the op ran 8-21 % slower than its configuration
-                # called directly on 2026-12-05: host path, or device?)
-                d["tandem_ms_inner20"] = common.time_launches(lambda: ours(pick()), warmup=5, reps=reps,
-                                                              inner=20) * 1e3
-                d["baseline_ms_inner20"] = common.time_launches(lambda: base(pick()), warmup=5, reps=reps,
-                                                                inner=20) * 1e3
+                # the four columns interleaved in rounds (common.time_columns_ms; drift between columns timed in
+                # blocks decided single rows of the lowest-shape targets); the *_inner20 ones are the same calls 20
+                # back to back between the events: the host's time a call before its launch no longer shows unless
+                # it exceeds the GPU's (the op ran 8-21 % slower than its configuration called directly on
+                # 2026-12-05: host path, or device?)
+                errors = []
+                ms, spread = common.time_columns_ms(
+                    common.SINGLE, {"tandem_ms": lambda: ours(pick()), "baseline_ms": lambda: base(pick()),
+                                    "tandem_ms_inner20": lambda: ours(pick()),
+                                    "baseline_ms_inner20": lambda: base(pick())},
+                    warmup=5, reps=reps, rounds=rounds, inner={"tandem_ms_inner20": 20, "baseline_ms_inner20": 20},
+                    log=errors.append)
+                if errors:
+                    raise RuntimeError(errors[0].strip())
+                d.update(ms)
+                d["spread"] = spread
+                d["rounds"] = rounds
                 if _dispatcher.enabled():  # the same op through its Python implementation, in the same run
                     with _dispatcher.switched_off():
                         d["tandem_ms_python_op"] = common.time_launches(lambda: ours(pick()), warmup=5,
@@ -352,6 +361,10 @@ def main(argv=None) -> int:
                          "row (0: none)")
     ap.add_argument("--plot-from", default=None, metavar="GEMM_JSON",
                     help="no run: plot a recorded gemm_w1.json (into --out, else beside it) and print its summary")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="tandem's and the baseline's columns timed interleaved in this many rounds (1: each in one "
+                         "block, as before 2026-12-07 19:30); the JSON's spread is each column's max / min round "
+                         "median")
     a = ap.parse_args(argv)
     if a.plot_from:
         import json
@@ -365,5 +378,5 @@ def main(argv=None) -> int:
         return 0
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
     run(shapes, a.reps, a.out, common.command_line("gemm", argv), dtypes=tuple(a.dtypes.split(",")),
-        variants=not a.no_variants, schedules=a.schedules)
+        variants=not a.no_variants, schedules=a.schedules, rounds=a.rounds)
     return 0
