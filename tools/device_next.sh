@@ -423,9 +423,10 @@
 # 2026-12-07 19:00 (twenty-fifth session, 17:59-): two H200 starts refused, then an H100 (parts ai, ps) and an
 # H200 (f8ab, h23, br); attn-items merged (no measurable change), the H200 table's FP8 rows (FP8 row-wise target
 # met on the H200), bench tp's columns interleaved (--rounds), the H200 TP table's Llama rows. Next, in this order:
-#   1. On an H200: part b16h (the bf16 sweep; the H200 bf16 rows are older than half the configurations), then
-#      `tune gemm --from-bench` into gemm_tune_h200.json and part h23 again (issue 23: bf16 lowest 0.805, FP8
-#      tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
+#   1. On an H200: part g23 (= b16h's bf16 sweep, the tune on the device, the ops again, in one call; the H200 bf16
+#      rows are older than half the configurations; commit the gemm_tune_h200.json it returns) (issue 23: bf16
+#      lowest 0.805, FP8 tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
+#      Any card meanwhile: part dx (= mfc + abk: issue 26's fusion ceiling, issue 25's backward kernels).
 #   2. Issue 21: parts tpr4 and tpr2 (bench tp whole with --rounds 3; on the H200 for its table, whose other rows
 #      are from 08d31dd), then `tandem tune --from-bench` over them, and docs/results/tp_w4/tp_w2 from them.
 #   3. Issue 26: part mfc (tools/diag/moe_fusion_ceiling.py: the layer against its GEMMs alone; if layer / gemms
@@ -1266,6 +1267,59 @@ elif [ "$part" = tpr4 ] || [ "$part" = tpr2 ]; then
   [ "$t" -gt 60 ] && timeout -s INT -k 10 $t python3 -m tandem bench tp -n $w --reps 6 --rounds 3 \
     --out "$W/$part" 2>&1 | grep -E "^\| |Error" | cut -c1-220 | tail -24
   rm -f "$W/$part"/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
+elif [ "$part" = g23 ]; then
+  # 2026-12-07 19:10, issue 23 in one H200 call (machines come rarely): the bf16 sweep at the 24 shapes (b16h's two
+  # halves, 6 reps, at most 360 s), `tune gemm --from-bench` into python/tandem/ops/gemm_tune_h200.json here on the
+  # device, then the ops as a user calls them with that table (bench gemm --no-variants, bf16 then FP8, columns
+  # interleaved). The new table comes back in g23.tgz (copy it into python/tandem/ops/ and commit it).
+  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its rows)"; exit 2; }
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/g23; rm -rf "$W"; mkdir -p "$W/g23" "$OUT"
+  sweep_end=$(( $(date +%s) + 360 ))
+  for half in a b; do
+    if [ $half = a ]; then
+      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
+      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5000x4000,1000x1000x1008
+    else
+      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
+      S=$S,777x4104x4096,5000x3000x8208,100x8192x8192,12345x4096x4096,4096x1000x2064,2500x14336x4096
+    fi
+    t=$(( sweep_end - $(date +%s) )); [ $half = a ] && t=$(( t / 2 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 --reps 6 --rounds 1 \
+      --shapes $S --out "$W/g23/sweep_$half" 2>&1 | grep -E "geometric|Error"
+    rm -f "$W/g23"/*/*.png; tar czf "$OUT/g23.tgz" -C "$W" g23
+  done
+  cp python/tandem/ops/gemm_tune_h200.json "$W/g23/gemm_tune_h200.before.json"
+  python3 -m tandem tune gemm --from-bench "$W"/g23/sweep_*/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json \
+    2>&1 | tail -2
+  cp python/tandem/ops/gemm_tune_h200.json "$W/g23/gemm_tune_h200.json"
+  tar czf "$OUT/g23.tgz" -C "$W" g23
+  for dt in bfloat16 fp8_tensor,fp8_row; do
+    t=$(( $(left) - 10 )); [ $dt = bfloat16 ] && t=$(( t * 4 / 10 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --reps 10 --no-variants --dtypes $dt \
+      --out "$W/g23/op_${dt%%,*}" 2>&1 | grep -E "geometric|Error"
+    rm -f "$W/g23"/*/*.png; tar czf "$OUT/g23.tgz" -C "$W" g23
+  done
+elif [ "$part" = dx ]; then
+  # 2026-12-07 19:10, any card, one call: part mfc (issue 26: the MoE layer against its GEMMs alone, worlds 2 and
+  # 1; world 4 if time is left) and part abk (issue 25: the world-1 backward's kernels beside cuDNN's).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/dx; rm -rf "$W"; mkdir -p "$W/dx" "$OUT"
+  t=$(( $(left) - 10 )); [ "$t" -gt 110 ] && t=110
+  timeout -s INT -k 10 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
+    --out "$W/dx/attn_bwd_kernels.jsonl" 2>&1 | python3 -c "
+import json, sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line.rstrip()[:200]); continue
+    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:700])"
+  tar czf "$OUT/dx.tgz" -C "$W" dx
+  for w in 2 1 4; do
+    t=$(( $(left) - 10 )); [ $w != 4 ] && [ "$t" -gt 180 ] && t=180
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/moe_fusion_ceiling.py \
+      --tokens 1024,4096,16384 --out "$W/dx/mfc_w$w" 2>&1 | grep -E "tokens w|Error|error" | cut -c1-300
+    tar czf "$OUT/dx.tgz" -C "$W" dx
+  done
 elif [ "$part" = b16h ]; then
   # 2026-12-07 19:00: issue 23 on an H200: every bf16 configuration and schedule at bench gemm's 24 shapes (the
   # H200 table's bf16 rows predate the swapped, 128x208 and 1x2-cluster configurations; 2026-12-07 18:54 the op ran
