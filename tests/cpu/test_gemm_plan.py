@@ -213,6 +213,23 @@ def test_the_shipped_h100_table_is_what_tune_makes_from_the_sweeps_in_docs_resul
     assert rebuilt == shipped
 
 
+def test_the_shipped_h200_tables_fp8_rows_are_what_tune_makes_from_the_h200_sweep(tmp_path):
+    # provenance: gemm_tune_h200.json's FP8 rows = `tandem tune gemm --from-bench` of the H200 FP8 sweep in
+    # docs/results/gemm_h200_fp8 (2026-12-07, part f8ab); its bf16 rows come from an earlier H200 sweep
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sweeps = [os.path.join(root, f"docs/results/gemm_h200_fp8/sweep_{h}.json") for h in "ab"]
+    out = str(tmp_path / "table.json")
+    gemm_plan.write_table(gemm_plan.rows_from_bench(sweeps), out)
+    with open(out) as f:
+        rebuilt = json.load(f)
+    with open(os.path.join(root, "python/tandem/ops/gemm_tune_h200.json")) as f:
+        shipped = [r for r in json.load(f) if r["kind"] != "bf16"]
+    assert len(rebuilt) == len(shipped) == 48
+    assert sorted(rebuilt, key=json.dumps) == sorted(shipped, key=json.dumps)
+
+
 def test_the_planner_names_exactly_the_native_configurations():
     from tests.conftest import native_kernels
 
