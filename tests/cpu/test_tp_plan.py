@@ -232,6 +232,24 @@ def test_the_shipped_table_holds_the_measured_best_mode_of_each_bench_shape(monk
         assert by_key[tp_plan.key(r["op"], r["world"], r["sms"], r["m"], r["n"], r["k"])] == r["mode"], r
 
 
+def test_the_h200_tables_rows_from_the_interleaved_runs_hold_their_measured_best_mode():
+    # tp_tune_h200.json's rows of 2026-12-07 19:00 come from the H200's interleaved bench tp runs kept in
+    # docs/results/bench_rounds (tandem tune --from-bench over all five, merged by median)
+    import pathlib
+
+    from tandem import tune
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sources = sorted(str(p) for p in (root / "docs" / "results" / "bench_rounds").glob("*_tp_w*.json"))
+    assert len(sources) == 5
+    shipped = json.loads((root / "python" / "tandem" / "ops" / "tp_tune_h200.json").read_text())
+    by_key = {(r["op"], r["world"], r["sms"], r["mb"], r["nb"], r["kb"]): r["mode"] for r in shipped}
+    rows = tune.rows_from_bench(sources)
+    assert len(rows) == 12
+    for r in rows:
+        assert by_key[tp_plan.key(r["op"], r["world"], r["sms"], r["m"], r["n"], r["k"])] == r["mode"], r
+
+
 def test_fused_split_follows_the_shape_and_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(tp_plan, "SHIPPED", "/nonexistent/shipped.json")
     monkeypatch.setenv("TANDEM_TP_TUNE_FILE", str(tmp_path / "none.json"))
