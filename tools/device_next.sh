@@ -429,11 +429,14 @@
 #      Any card meanwhile: part dx (= mfc + abk: issue 26's fusion ceiling, issue 25's backward kernels).
 #   2. Issue 21: parts tpr4 and tpr2 (bench tp whole with --rounds 3; on the H200 for its table, whose other rows
 #      are from 08d31dd), then `tandem tune --from-bench` over them, and docs/results/tp_w4/tp_w2 from them.
-#   3. Issue 26: part mfc (tools/diag/moe_fusion_ceiling.py: the layer against its GEMMs alone; if layer / gemms
-#      is below 1.3 at 4k-16k tokens, no fusion meets the target here: say so, as issue 21's ceiling did), then
-#      the fused whole layer (not built). Issue 25: part abk (never run: the kernels of the world-1 backward beside
-#      SDPA's cuDNN backward, which it trails at 0.75-0.8 though it calls cuDNN's own backward), then the causal
-#      forward's per-item instructions.
+#   3. Read dx's two results (they are parts mfc and abk): issue 26, if layer / gemms is below 1.3 at 4k-16k
+#      tokens, no fusion meets the target here: say so, as issue 21's ceiling did; else build the fused whole
+#      layer (docs/moe.md's design). Issue 25: abk names the kernels around the world-1 backward's cuDNN call
+#      (it trails SDPA's cuDNN backward at 0.75-0.8 though it calls cuDNN's own backward); then the causal
+#      forward's per-item instructions (d64: FA3 uses 192-row tiles, three consumer warpgroups; tandem 128).
+#   A fresh checkout: bash tools/fetch_device_wheels.sh; pip install cmake nvidia-cutlass==4.2.0.0 pybind11 ninja;
+#   python3.12 -m pip install torch==2.13.0 pytest pytest-timeout numpy matplotlib; then the module (next line)
+#   in a detached worktree (git worktree add --detach /tmp/wt <commit>): about 10 min on 2 cores.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
