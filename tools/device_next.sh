@@ -433,7 +433,8 @@
 #      tokens, no fusion meets the target here: say so, as issue 21's ceiling did; else build the fused whole
 #      layer (docs/moe.md's design). Issue 25: abk names the kernels around the world-1 backward's cuDNN call
 #      (it trails SDPA's cuDNN backward at 0.75-0.8 though it calls cuDNN's own backward); then the causal
-#      forward's per-item instructions (d64: FA3 uses 192-row tiles, three consumer warpgroups; tandem 128).
+#      forward's per-item instructions and tiles (FA3's hopper/tile_size.h, bf16: d64 192x192 non-causal and
+#      192x128 causal, three consumer warpgroups; d128 128x176 non-causal; tandem 128x128 everywhere).
 #   A fresh checkout: bash tools/fetch_device_wheels.sh; pip install cmake nvidia-cutlass==4.2.0.0 pybind11 ninja;
 #   python3.12 -m pip install torch==2.13.0 pytest pytest-timeout numpy matplotlib; then the module (next line)
 #   in a detached worktree (git worktree add --detach /tmp/wt <commit>): about 10 min on 2 cores.
