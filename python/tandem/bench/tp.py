@@ -44,7 +44,9 @@ OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
 # The table's columns, in the order of each row (plot() finds its series by name).
 COLUMNS = ["shape (M x N x K)", "op", "fused ms", "unfused ms", "pipelined ms", "auto ms", "cuBLAS alone ms",
            "collective alone ms", "tandem collective ms", "torch collective ms", "naive ms", "naive synced ms",
-           "fused/naive", "fused/max(GEMM, coll)", "auto/naive", "auto/naive synced"]
+           "fused/naive", "fused/max(GEMM, coll)", "auto/naive", "auto/naive synced", "max spread"]
+# "max spread": the largest of the row's column spreads (max / min of a column's round medians, --rounds): how far
+# one column's timings moved during the row; differences between columns smaller than it are noise
 # bench tp --ring: the fused GEMM+RS / GEMM+AR as a ring (TANDEM_RS_RING=1), beside the default fused kernel
 RING_COLUMNS = ["fused ring ms", "ring/naive", "ring/max(GEMM, coll)"]
 # bench tp --ticket: the fused GEMM+RS / GEMM+AR by tickets (TANDEM_RS_TICKET=1), beside the default fused kernel
@@ -331,7 +333,8 @@ def run(case_list, reps, out_dir, command, comm_blocks=0, sweep=False, naive="pe
                      f(r["gemm_alone_ms"]),
                      f(r["collective_alone_ms"]), f(r["tandem_collective_ms"]), f(r["torch_collective_ms"]),
                      f(r["naive_ms"]), f(r["naive_synced_ms"]), g(r["fused_over_naive"]), g(r["fused_over_bar"]),
-                     g(r["auto_over_naive"]), g(r["auto_over_naive_synced"])]
+                     g(r["auto_over_naive"]), g(r["auto_over_naive_synced"]),
+                     g(max(r["spread"].values(), default=None))]
                     + ([f(r["fp8_ms"]), g(r["fp8_over_bf16_auto"])] if fp8 else [])
                     + ([f(r.get("ring_ms")), g(r.get("ring_over_naive")), g(r.get("ring_over_bar"))] if ring else [])
                     + ([f(r.get("ticket_ms")), g(r.get("ticket_over_naive")), g(r.get("ticket_over_unfused")),
