@@ -423,7 +423,7 @@
 # 2026-12-07 19:00 (twenty-fifth session, 17:59-): two H200 starts refused, then an H100 (parts ai, ps) and an
 # H200 (f8ab, h23, br); attn-items merged (no measurable change), the H200 table's FP8 rows (FP8 row-wise target
 # met on the H200), bench tp's columns interleaved (--rounds), the H200 TP table's Llama rows. Next, in this order:
-#   1. On an H200: part g23 (= b16h's bf16 sweep, the tune on the device, the ops again, in one call; the H200 bf16
+#   1. On an H200: part g23 (the bf16 sweep, the tune on the device, the ops again, in one call; the H200 bf16
 #      rows are older than half the configurations; commit the gemm_tune_h200.json it returns) (issue 23: bf16
 #      lowest 0.805, FP8 tensor-wise lowest 0.823 at 777x4112x4096, a single call's host path: 0.924 back to back).
 #      Any card meanwhile: part dx (= mfc + abk: issue 26's fusion ceiling, issue 25's backward kernels).
@@ -472,6 +472,59 @@ tp_bench() {
     --shapes $shapes --out "$W/$part/bench_w${w}_$label" 2>&1 | grep -E "gemm_(rs|ar)|Error" | grep -v "^|" | \
     sed "s/^/w$w $label: /" | cut -c1-300
   rm -f "$W/$part"/*/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
+}
+# bench gemm's 24 shapes (issue 23) in two halves of 12, for sweeps one call cannot hold whole: HALF a or b; FP8
+# "fp8" names N rounded up to 16 (what bench gemm times for FP8 in any case).
+#   gemm_half_shapes a|b [fp8]
+gemm_half_shapes() {
+  local n1000=1000 n3000=3000 n4104=4104 n5000=5000
+  [ "${2:-}" = fp8 ] && { n1000=1008; n3000=3008; n4104=4112; n5000=5008; }
+  if [ "$1" = a ]; then
+    echo "256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096,\
+1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x${n5000}x4000,1000x${n1000}x1008"
+  else
+    echo "4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192,\
+777x${n4104}x4096,5000x${n3000}x8208,100x8192x8192,12345x4096x4096,4096x${n1000}x2064,2500x14336x4096"
+  fi
+}
+# Every configuration and schedule of DTYPES (bench gemm) at both halves, into $W/$part/<PREFIX>a and <PREFIX>b,
+# until END (epoch seconds; the first half gets half of what is left), $OUT/$part.tgz after each half (a cut half
+# keeps its partial rows).
+#   gemm_sweep_halves DTYPES REPS END PREFIX [fp8] [bench gemm args...]
+gemm_sweep_halves() {
+  local dtypes=$1 reps=$2 end=$3 prefix=$4 kind=${5:-}; shift 5
+  local half t
+  for half in a b; do
+    t=$(( end - $(date +%s) )); [ $half = a ] && t=$(( t / 2 ))
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes $dtypes --reps $reps "$@" \
+      --shapes "$(gemm_half_shapes $half $kind)" --out "$W/$part/$prefix$half" 2>&1 | grep -E "geometric|best|Error"
+    rm -f "$W/$part"/*/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
+  done
+}
+# tools/diag/attn_bwd_kernels.py (issue 25: the kernels of the world-1 backward beside SDPA's cuDNN backward) into
+# FILE (JSON lines), each row printed cut to WIDTH; at most CAP s.
+#   attn_bwd_kernels FILE CAP WIDTH
+attn_bwd_kernels() {
+  local t=$(( $(left) - 10 )); [ "$t" -gt "$2" ] && t=$2
+  timeout -s INT -k 10 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
+    --out "$1" 2>&1 | python3 -c "
+import json, sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line.rstrip()[:200]); continue
+    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:$3])"
+}
+# tools/diag/moe_fusion_ceiling.py (issue 26) at worlds 2, 1 and 4 into $W/$part/<PREFIX>w<world>, worlds 2 and 1
+# at most CAP s each, world 4 what is left; $OUT/$part.tgz after each.
+#   moe_fusion_ceiling PREFIX CAP
+moe_fusion_ceiling() {
+  local w t
+  for w in 2 1 4; do
+    t=$(( $(left) - 10 )); [ $w != 4 ] && [ "$t" -gt "$2" ] && t=$2
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/moe_fusion_ceiling.py \
+      --tokens 1024,4096,16384 --out "$W/$part/$1w$w" 2>&1 | grep -E "tokens w|Error|error" | cut -c1-300
+    tar czf "$OUT/$part.tgz" -C "$W" "$part"
+  done
 }
 # tools/diag/tp_trace.py of GEMM+RS at 16384x8192x4096 (the fused grid at the rank's share, 2 reps) with VARIANTS,
 # into $W/$part/trace_w<world>, its last LINES lines printed; at most CAP s.
@@ -1082,13 +1135,7 @@ elif [ "$part" = abk ]; then
   # GQA though it is one cuDNN call: another engine, or kernels around it?), per shape and path
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   mkdir -p "$OUT"
-  timeout -s INT -k 10 $(( $(left) - 10 )) python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
-    --out "$OUT/attn_bwd_kernels.jsonl" 2>&1 | python3 -c "
-import json, sys
-for line in sys.stdin:
-    try: r = json.loads(line)
-    except ValueError: print(line.rstrip()[:200]); continue
-    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:900])"
+  attn_bwd_kernels "$OUT/attn_bwd_kernels.jsonl" 100000 900
 elif [ "$part" = mcl ]; then
   # branch moe-claims (not run): the MoE dispatch as claimed work (every block enters it; the first comm_blocks to
   # join send; every block computes, fused; no block waits for one that may lack an SM). test_moe whole (with the
@@ -1253,12 +1300,7 @@ elif [ "$part" = mfc ]; then
   # gain on this machine (issue 26 asks 1.3x at 4k-16k tokens): decides whether the fused layer can meet it here.
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/mfc; rm -rf "$W"; mkdir -p "$W/mfc" "$OUT"
-  for w in 2 1 4; do
-    t=$(( $(left) - 10 )); [ $w != 4 ] && [ "$t" -gt 200 ] && t=200
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/moe_fusion_ceiling.py \
-      --tokens 1024,4096,16384 --out "$W/mfc/w$w" 2>&1 | grep -E "tokens w|Error|error" | cut -c1-300
-    tar czf "$OUT/mfc.tgz" -C "$W" mfc
-  done
+  moe_fusion_ceiling "" 200
 elif [ "$part" = tpr4 ] || [ "$part" = tpr2 ]; then
   # 2026-12-07 19:05, issue 21: bench tp whole (21 rows) at world 4 (tpr4) or 2 (tpr2) with the columns interleaved
   # (--rounds 3), for docs/results/tp_w4.json / tp_w2.json and the card's TP table: then, here,
@@ -1272,27 +1314,14 @@ elif [ "$part" = tpr4 ] || [ "$part" = tpr2 ]; then
     --out "$W/$part" 2>&1 | grep -E "^\| |Error" | cut -c1-220 | tail -24
   rm -f "$W/$part"/*.png; tar czf "$OUT/$part.tgz" -C "$W" "$part"
 elif [ "$part" = g23 ]; then
-  # 2026-12-07 19:10, issue 23 in one H200 call (machines come rarely): the bf16 sweep at the 24 shapes (b16h's two
-  # halves, 6 reps, at most 360 s), `tune gemm --from-bench` into python/tandem/ops/gemm_tune_h200.json here on the
+  # 2026-12-07 19:10, issue 23 in one H200 call (machines come rarely): the bf16 sweep at the 24 shapes (gemm_sweep_halves,
+  # 6 reps, at most 360 s), `tune gemm --from-bench` into python/tandem/ops/gemm_tune_h200.json here on the
   # device, then the ops as a user calls them with that table (bench gemm --no-variants, bf16 then FP8, columns
   # interleaved). The new table comes back in g23.tgz (copy it into python/tandem/ops/ and commit it).
   nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its rows)"; exit 2; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/g23; rm -rf "$W"; mkdir -p "$W/g23" "$OUT"
-  sweep_end=$(( $(date +%s) + 360 ))
-  for half in a b; do
-    if [ $half = a ]; then
-      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
-      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5000x4000,1000x1000x1008
-    else
-      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
-      S=$S,777x4104x4096,5000x3000x8208,100x8192x8192,12345x4096x4096,4096x1000x2064,2500x14336x4096
-    fi
-    t=$(( sweep_end - $(date +%s) )); [ $half = a ] && t=$(( t / 2 ))
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 --reps 6 --rounds 1 \
-      --shapes $S --out "$W/g23/sweep_$half" 2>&1 | grep -E "geometric|Error"
-    rm -f "$W/g23"/*/*.png; tar czf "$OUT/g23.tgz" -C "$W" g23
-  done
+  gemm_sweep_halves bfloat16 6 $(( $(date +%s) + 360 )) sweep_ "" --rounds 1
   cp python/tandem/ops/gemm_tune_h200.json "$W/g23/gemm_tune_h200.before.json"
   python3 -m tandem tune gemm --from-bench "$W"/g23/sweep_*/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json \
     2>&1 | tail -2
@@ -1309,42 +1338,9 @@ elif [ "$part" = dx ]; then
   # 1; world 4 if time is left) and part abk (issue 25: the world-1 backward's kernels beside cuDNN's).
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/dx; rm -rf "$W"; mkdir -p "$W/dx" "$OUT"
-  t=$(( $(left) - 10 )); [ "$t" -gt 110 ] && t=110
-  timeout -s INT -k 10 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
-    --out "$W/dx/attn_bwd_kernels.jsonl" 2>&1 | python3 -c "
-import json, sys
-for line in sys.stdin:
-    try: r = json.loads(line)
-    except ValueError: print(line.rstrip()[:200]); continue
-    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:700])"
+  attn_bwd_kernels "$W/dx/attn_bwd_kernels.jsonl" 110 700
   tar czf "$OUT/dx.tgz" -C "$W" dx
-  for w in 2 1 4; do
-    t=$(( $(left) - 10 )); [ $w != 4 ] && [ "$t" -gt 180 ] && t=180
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem.launch -n $w -- python3 tools/diag/moe_fusion_ceiling.py \
-      --tokens 1024,4096,16384 --out "$W/dx/mfc_w$w" 2>&1 | grep -E "tokens w|Error|error" | cut -c1-300
-    tar czf "$OUT/dx.tgz" -C "$W" dx
-  done
-elif [ "$part" = b16h ]; then
-  # 2026-12-07 19:00: issue 23 on an H200: every bf16 configuration and schedule at bench gemm's 24 shapes (the
-  # H200 table's bf16 rows predate the swapped, 128x208 and 1x2-cluster configurations; 2026-12-07 18:54 the op ran
-  # 0.731-0.917 of cuBLAS back to back at five shapes), in two halves as f8ab; then, here: python -m tandem tune gemm
-  # --from-bench <a>/gemm_w1.json <b>/gemm_w1.json --out python/tandem/ops/gemm_tune_h200.json, and part h23 again.
-  nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its rows)"; exit 2; }
-  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
-  W=/tmp/b16h; rm -rf "$W"; mkdir -p "$W/b16h" "$OUT"
-  for half in a b; do
-    if [ $half = a ]; then
-      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
-      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5000x4000,1000x1000x1008
-    else
-      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
-      S=$S,777x4104x4096,5000x3000x8208,100x8192x8192,12345x4096x4096,4096x1000x2064,2500x14336x4096
-    fi
-    t=$(( $(left) - 15 )); [ $half = a ] && t=$(( t / 2 ))
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes bfloat16 --reps 8 \
-      --shapes $S --out "$W/b16h/$half" 2>&1 | grep -E "geometric|best|Error"
-    rm -f "$W/b16h"/*/*.png; tar czf "$OUT/b16h.tgz" -C "$W" b16h
-  done
+  moe_fusion_ceiling mfc_ 180
 elif [ "$part" = f8ab ]; then
   # 2026-12-07 16:50: parts f8a and f8b in one call (machines come rarely; a start costs 90 s or more): f8a's 12
   # shapes in at most half the call, then f8b's in the rest, 8 reps; each half keeps its partial rows if cut. Then,
@@ -1352,19 +1348,7 @@ elif [ "$part" = f8ab ]; then
   nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its FP8 rows)"; exit 2; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
   W=/tmp/f8ab; rm -rf "$W"; mkdir -p "$W/f8ab" "$OUT"
-  for half in a b; do
-    if [ $half = a ]; then
-      S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
-      S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5008x4000,1000x1008x1008
-    else
-      S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
-      S=$S,777x4112x4096,5000x3008x8208,100x8192x8192,12345x4096x4096,4096x1008x2064,2500x14336x4096
-    fi
-    t=$(( $(left) - 15 )); [ $half = a ] && t=$(( t / 2 ))
-    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --reps 8 \
-      --shapes $S --out "$W/f8ab/$half" 2>&1 | grep -E "geometric|best|Error"
-    rm -f "$W/f8ab"/*/*.png; tar czf "$OUT/f8ab.tgz" -C "$W" f8ab
-  done
+  gemm_sweep_halves fp8_tensor,fp8_row 8 $(( start + CALL_S - 15 )) "" fp8
 elif [ "$part" = ps ]; then
   # 2026-12-07 (evening), issue 21, any card: the pipelined mode at world 2 where the overlap ceiling is within
   # 1.15 of max(cuBLAS, collective) (docs/results.md: 8192x28672x8192 RS 1.05; AG+GEMM 16384x8192x4096 and the
@@ -1407,13 +1391,7 @@ elif [ "$part" = f8a ] || [ "$part" = f8b ]; then
   # python -m tandem tune gemm --from-bench <f8a>/gemm_w1.json <f8b>/gemm_w1.json, then merged into the table
   nvidia-smi -L | grep -q H200 || { echo "part $part wants an H200 (the H100 table has its FP8 rows)"; exit 2; }
   bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
-  if [ "$part" = f8a ]; then
-    S=256x4096x14336,256x14336x4096,256x8192x28672,256x28672x8192,1024x4096x14336,1024x14336x4096
-    S=$S,1024x8192x28672,1024x28672x8192,16384x4096x14336,16384x14336x4096,3000x5008x4000,1000x1008x1008
-  else
-    S=4096x4096x14336,4096x14336x4096,4096x8192x28672,4096x28672x8192,16384x8192x28672,16384x28672x8192
-    S=$S,777x4112x4096,5000x3008x8208,100x8192x8192,12345x4096x4096,4096x1008x2064,2500x14336x4096
-  fi
+  S=$(gemm_half_shapes ${part#f8} fp8)
   W=/tmp/$part; rm -rf "$W"; mkdir -p "$W/$part" "$OUT"
   timeout -s INT -k 10 $(( $(left) - 15 )) python3 -m tandem bench gemm --dtypes fp8_tensor,fp8_row --reps 10 \
     --shapes $S --out "$W/$part" 2>&1 | grep -E "geometric|best|Error"
