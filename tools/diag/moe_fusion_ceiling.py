@@ -75,9 +75,7 @@ def fits(hidden, inter, epr, k, tokens) -> bool:
     layer = 2 * cap * (2 * inter + inter + hidden)         # the layer's own y, activation and z while it runs
     torch_bytes = weights + acts + layer
     heap_bytes = 2 * (2 * cap * hidden) + 2 * cap * hidden
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    share = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / max(1, local)
-    return heap_bytes < 0.9 * _HEAP and torch_bytes < 0.85 * (share - _HEAP)
+    return heap_bytes < 0.9 * _HEAP and torch_bytes < 0.85 * (common.gpu_bytes_per_rank() - _HEAP)
 
 
 def write_rows():

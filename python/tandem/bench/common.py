@@ -152,13 +152,17 @@ def heap_bytes_for(wanted: int) -> int:
     """The symmetric heap a bench asks for: `wanted`, but at most 45 % of the GPU's memory over the ranks that share
     that GPU (MPS ranks under tandem.launch all share one), so a bench sized on a 141 GB H200 still starts on an
     80 GB H100 instead of failing one rank's cuMem reservation (its tensors, outside the heap, need the rest)."""
+    cap = int(0.45 * gpu_bytes_per_rank()) >> 30 << 30  # whole GiB
+    return max(1 << 30, min(wanted, cap))
+
+
+def gpu_bytes_per_rank() -> float:
+    """This GPU's memory over the ranks that share it (MPS ranks under tandem.launch all share one)."""
     import torch
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     per_gpu = max(1, -(-local // max(1, torch.cuda.device_count())))
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    cap = int(0.45 * total / per_gpu) >> 30 << 30  # whole GiB
-    return max(1 << 30, min(wanted, cap))
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / per_gpu
 
 
 def git_commit() -> str:
