@@ -440,6 +440,17 @@
 #   in a detached worktree (git worktree add --detach /tmp/wt <commit>): about 10 min on 2 cores.
 #   (.carry/prebuilt = main's module, SOURCES 2016aa8; rebuild it in a fresh checkout: tools/prebuild_device_module.sh.
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
+# 2026-12-07 20:45 (twenty-sixth session, 20:02-): no device call ran -- four starts refused (H200 and H100, about
+# 480 s of the budget), then "no new device machine is lent at present" for the session. New, not run: branch
+# attn-key-tile (tools/pending/attn-key-tile.diff; the forward's 176-row K/V tile for non-causal d 128, FA3's;
+# ptxas: 236 B spill stores / 364 B loads at 176 against 120 / 208 at 128 (24/240 setmaxnreg was worse: 312 / 444)).
+# Next session, in this order (the order above stands for g23, dx, tpr4/tpr2):
+#   0. Restore the branch if gone (git checkout -b attn-key-tile 8e5fb6c && git apply tools/pending/attn-key-tile.diff),
+#      build its module (tools/prebuild_device_module.sh in a worktree of it: SOURCES 72b3011 at 40e4894), carry it.
+#      Its module serves every part below (GEMM, TP and MoE sources are main's), so one carry does the session:
+#        H200: g23, then kt, then dx;  H100: kt, then dx, then tpr2.
+#      kt = the attention tests (both tiles forced, worlds 1-3) + attn_fwd_table.py with tiles 128 and 176 as
+#      interleaved columns: merge if the tests pass and 176 wins at the non-causal d128 shapes (else default 128).
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
 # (branch gemm-c2x2) were removed 2026-12-07 19:10: their branches are not on main and are kept only as
 # tools/pending/*.diff records, which carry ac1 and gx; ac2 and ac3 are in git history.)
@@ -1293,6 +1304,21 @@ elif [ "$part" = ai ]; then
         grep -E "geometric|B8 S2048|Error" | cut -c1-200
       tar czf "$OUT/ai.tgz" -C "$W" ai
     done
+  done
+elif [ "$part" = kt ]; then
+  # 2026-12-07 20:30, branch attn-key-tile (issue 25; not run): the forward's K/V tile as a plan field -- 176 rows
+  # for non-causal head_dim 128 by default (FlashAttention-3's tile; one Q stage then), 128 otherwise,
+  # TANDEM_RING_KEY_TILE forcing either. The attention tests (both tiles forced at worlds 1-3, the rest with the
+  # heuristic), then tools/diag/attn_fwd_table.py with both tiles as interleaved columns of one process, twice.
+  W=/tmp/kt; rm -rf "$W"; mkdir -p "$W/kt" "$OUT"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+    tests/cpu/test_ring_layouts.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+  for run in 1 2; do
+    t=$(( $(left) - 10 )); [ "$t" -gt 95 ] && t=95
+    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_fwd_table.py \
+      --reps 20 --rounds 3 --long --key-tiles 128,176 --label kt_$run --out "$W/kt" 2>&1 | \
+      grep -E "geometric|full|Error" | cut -c1-220
+    tar czf "$OUT/kt.tgz" -C "$W" kt
   done
 elif [ "$part" = mfc ]; then
   # 2026-12-07 19:20, issue 26, any card: tools/diag/moe_fusion_ceiling.py (not run yet) at worlds 2, 1 and 4: the
