@@ -523,7 +523,8 @@ import json, sys
 for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
-    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:$3])"
+    print(r['shape'], r['path'], 'kernels', r['total_us'], 'single', r.get('single_call_us'), 'b2b', r.get('back_to_back_us'),
+          'host', r.get('host_us'), '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:$3])"
 }
 # tools/diag/moe_fusion_ceiling.py (issue 26) at worlds 2, 1 and 4 into $W/$part/<PREFIX>w<world>, worlds 2 and 1
 # at most CAP s each, world 4 what is left; $OUT/$part.tgz after each.

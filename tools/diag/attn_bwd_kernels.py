@@ -7,7 +7,12 @@ not), yet bench attention measured it at 0.69-0.97 of SDPA's cuDNN backward on t
 around it (copies, casts, the GQA repeat and sums), or cuDNN picks another engine for tandem's tensors (strides,
 alignment, the statistics' layout). This prints, per shape and per path (SDPA cuDNN; tandem; tandem with
 TANDEM_RING_BWD_GQA=repeat for GQA shapes), every CUDA kernel one backward launched and its device time
-(torch.profiler after warm-ups), as JSON lines, and with --out into a file.
+(torch.profiler after warm-ups), as JSON lines, and with --out into a file. Each row also has the backward's time
+as bench attention takes it (`single_call_us`: CUDA events around one call, median of 20, the host path before the
+first kernel included), back to back (`back_to_back_us`: 10 calls between the events, divided: the host path
+hidden behind the device's queue when the device is the slower), and the host's wall time to enqueue one call
+(`host_us`, median of 20, the device synchronized before each): kernels' sum equal to SDPA's but single_call_us not
+says the difference is the host path (autograd's Python backward, the op's checks), not cuDNN.
 
     python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py [--shapes B/Hq/Hkv/d/S/causal,...]
         [--out FILE]
@@ -18,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -39,6 +46,7 @@ def main(argv=None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from cublas_kernels import kernels_of
+    from tandem.bench import common
     from tandem.ops import attention
     from tandem.transport import Communicator
 
@@ -76,12 +84,24 @@ def main(argv=None) -> int:
                 with ctx:
                     o = fwd()
                     ks = kernels_of(lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                    call = lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+                    single = statistics.median(common.launch_samples(call, warmup=3, reps=20)) * 1e6
+                    b2b = statistics.median(common.launch_samples(call, warmup=1, reps=5, inner=10)) * 1e6
+                    host = []
+                    for _ in range(20):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        call()
+                        host.append((time.perf_counter() - t0) * 1e6)
+                    torch.cuda.synchronize()
             finally:
                 for n, val in saved.items():
                     os.environ.pop(n, None)
                     if val is not None:
                         os.environ[n] = val
             row = dict(shape=spec, path=name, total_us=round(sum(t for _, t in ks), 1),
+                       single_call_us=round(single, 1), back_to_back_us=round(b2b, 1),
+                       host_us=round(statistics.median(host), 1),
                        kernels=[dict(name=n[:160], us=t) for n, t in ks])
             lines.append(row)
             print(json.dumps(row), flush=True)
