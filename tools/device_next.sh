@@ -442,15 +442,22 @@
 #    Two modules and the tree exceed the call's 64 MiB carry: pack the second, tar czf .carry/before.tgz -C .carry before.)
 # 2026-12-07 20:45 (twenty-sixth session, 20:02-): no device call ran -- four starts refused (H200 and H100, about
 # 480 s of the budget), then "no new device machine is lent at present" for the session. New, not run: branch
-# attn-key-tile (tools/pending/attn-key-tile.diff; the forward's 176-row K/V tile for non-causal d 128, FA3's;
-# ptxas: 236 B spill stores / 364 B loads at 176 against 120 / 208 at 128 (24/240 setmaxnreg was worse: 312 / 444)).
+# attn-key-tile (tools/pending/attn-key-tile.diff): the forward's K/V tile as a plan field (176 rows, FA3's for
+# non-causal d 128, opt-in), the mask test once per work item, and the consumers' K / V stage as a compile-time
+# index at d 128 -- the d 128 / 128 kernel has no local memory left (main: 47 local loads, 29 stores, 120 B spills).
 # Next session, in this order (the order above stands for g23, dx, tpr4/tpr2):
-#   0. Restore the branch if gone (git checkout -b attn-key-tile 8e5fb6c && git apply tools/pending/attn-key-tile.diff),
-#      build its module (tools/prebuild_device_module.sh in a worktree of it: SOURCES 72b3011 at 40e4894), carry it.
+#   0. Restore the branch if gone (git checkout -b attn-key-tile main && git apply tools/pending/attn-key-tile.diff;
+#      the diff is against main 25df5b4), build its module (tools/prebuild_device_module.sh in a worktree of it:
+#      SOURCES 717ca4f at 2cbf51b), carry it.
 #      Its module serves every part below (GEMM, TP and MoE sources are main's), so one carry does the session:
 #        H200: g23, then kt, then dx;  H100: kt, then dx, then tpr2.
 #      kt = the attention tests (both tiles forced, worlds 1-3) + attn_fwd_table.py with tiles 128 and 176 as
-#      interleaved columns: merge if the tests pass and 176 wins at the non-causal d128 shapes (else default 128).
+#      interleaved columns, main's kernel before each (.carry/before: main's python/ + module, packed:
+#        rm -rf .carry/before && mkdir -p .carry/before && git archive main python | tar -x -C .carry/before &&
+#        cp <main's .carry/prebuilt>/_C*.so .carry/before/python/tandem/ && git rev-parse --short main > .carry/before/COMMIT &&
+#        tar czf .carry/before.tgz -C .carry before     # carry [".whl", ".carry/prebuilt", ".carry/before.tgz"]).
+#      Merge if the tests pass and the branch is not slower at tile 128 (first_masked_tile: the causal rows); make 176
+#      the default only where it wins (non-causal d128), else set key_tile_of's heuristic to 128.
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
 # (branch gemm-c2x2) were removed 2026-12-07 19:10: their branches are not on main and are kept only as
 # tools/pending/*.diff records, which carry ac1 and gx; ac2 and ac3 are in git history.)
@@ -523,8 +530,7 @@ import json, sys
 for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()[:200]); continue
-    print(r['shape'], r['path'], 'kernels', r['total_us'], 'single', r.get('single_call_us'), 'b2b', r.get('back_to_back_us'),
-          'host', r.get('host_us'), '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:$3])"
+    print(r['shape'], r['path'], r['total_us'], '|', '; '.join(f\"{k['name'][:70]} {k['us']}\" for k in r['kernels'])[:$3])"
 }
 # tools/diag/moe_fusion_ceiling.py (issue 26) at worlds 2, 1 and 4 into $W/$part/<PREFIX>w<world>, worlds 2 and 1
 # at most CAP s each, world 4 what is left; $OUT/$part.tgz after each.
@@ -1307,19 +1313,31 @@ elif [ "$part" = ai ]; then
     done
   done
 elif [ "$part" = kt ]; then
-  # 2026-12-07 20:30, branch attn-key-tile (issue 25; not run): the forward's K/V tile as a plan field -- 176 rows
-  # for non-causal head_dim 128 by default (FlashAttention-3's tile; one Q stage then), 128 otherwise,
-  # TANDEM_RING_KEY_TILE forcing either. The attention tests (both tiles forced at worlds 1-3, the rest with the
-  # heuristic), then tools/diag/attn_fwd_table.py with both tiles as interleaved columns of one process, twice.
+  # 2026-12-07 20:30, branch attn-key-tile (issue 25; not run): the forward's K/V tile as a plan field (128 by
+  # default, 176 -- FlashAttention-3's for non-causal head_dim 128, one Q stage then -- opt-in by
+  # TANDEM_RING_KEY_TILE), the mask test once per work item (first_masked_tile), and (21:50) the K / V stage of
+  # the consumers' wgmma as a compile-time index at d 128 (no local memory left in the d 128 / 128 kernel; main:
+  # 47 local loads, 29 stores). The attention tests (both tiles forced at worlds 1-3, the rest with the default),
+  # then tools/diag/attn_fwd_table.py: both tiles as interleaved columns of one process, and, where .carry/before
+  # holds main's python/ and module (COMMIT inside), main's kernel before each, twice. Read: branch tile 128 vs
+  # main (the spills and the mask test), tile 176 vs 128 at the non-causal d 128 rows (make it the default there
+  # if it wins: key_tile_of in ring_attention_sm90.cu).
   W=/tmp/kt; rm -rf "$W"; mkdir -p "$W/kt" "$OUT"
-  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-200} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-260} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
     tests/cpu/test_ring_layouts.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for run in 1 2; do
-    t=$(( $(left) - 10 )); [ "$t" -gt 95 ] && t=95
-    [ "$t" -gt 20 ] && timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_fwd_table.py \
-      --reps 20 --rounds 3 --long --key-tiles 128,176 --label kt_$run --out "$W/kt" 2>&1 | \
-      grep -E "geometric|full|Error" | cut -c1-220
-    tar czf "$OUT/kt.tgz" -C "$W" kt
+    for side in before after; do
+      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}; tiles=128,176
+      if [ $side = before ]; then
+        [ -d .carry/before/python ] || continue
+        pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); tiles=128
+      fi
+      t=$(( $(left) - 10 )); [ "$t" -gt 75 ] && t=75
+      [ "$t" -gt 20 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- \
+        python3 tools/diag/attn_fwd_table.py --reps 20 --rounds 3 --long --key-tiles $tiles --label ${side}_$run \
+        --out "$W/kt" 2>&1 | grep -E "geometric|full|B8 S2048|Error" | cut -c1-220
+      tar czf "$OUT/kt.tgz" -C "$W" kt
+    done
   done
 elif [ "$part" = mfc ]; then
   # 2026-12-07 19:20, issue 26, any card: tools/diag/moe_fusion_ceiling.py (not run yet) at worlds 2, 1 and 4: the
