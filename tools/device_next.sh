@@ -451,6 +451,9 @@
 #      SOURCES 717ca4f at 2cbf51b), carry it.
 #      Its module serves every part below (GEMM, TP and MoE sources are main's), so one carry does the session:
 #        H200: g23, then kt, then dx;  H100: kt, then dx, then tpr2.
+#      Then part rif on branch rs-inflight (tools/pending/rs-inflight.diff, SOURCES 49a56ad; its own module, with
+#      main's as .carry/before): the GEMM+RS reduction role with 64 bytes in flight instead of 128 (no spills of
+#      the loaded vectors), its tests and bench tp before/after; merge if the tests pass and RS/AR are not slower.
 #      kt = the attention tests (both tiles forced, worlds 1-3) + attn_fwd_table.py with tiles 128 and 176 as
 #      interleaved columns, main's kernel before each (.carry/before: main's python/ + module, packed:
 #        rm -rf .carry/before && mkdir -p .carry/before && git archive main python | tar -x -C .carry/before &&
@@ -1337,6 +1340,29 @@ elif [ "$part" = kt ]; then
         python3 tools/diag/attn_fwd_table.py --reps 20 --rounds 3 --long --key-tiles $tiles --label ${side}_$run \
         --out "$W/kt" 2>&1 | grep -E "geometric|full|B8 S2048|Error" | cut -c1-220
       tar czf "$OUT/kt.tgz" -C "$W" kt
+    done
+  done
+elif [ "$part" = rif ]; then
+  # 2026-12-07 22:10, branch rs-inflight (issue 21; not run): the reduction role streams 64 bytes a thread in
+  # flight, not 128 -- at 128 the GEMM+RS kernel spilled the loaded vectors and source pointers to local memory
+  # (SASS: 545-578 local loads in the widest variants, 296-301 with 64). Its GEMM+RS / AR tests, then bench tp at
+  # worlds 4 and 2 on two shapes (fused, unfused, pipelined columns: all use the role), main's module before
+  # (.carry/before) and the branch after, alternating, twice.
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/rif; rm -rf "$W"; mkdir -p "$W/rif" "$OUT"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-360} )) bash tools/device_suite.sh tests/gpu/test_tp.py \
+    -k "match_torch or fixed_order" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+  for run in 1 2; do
+    for side in before after; do
+      [ $side = before ] && [ ! -d .carry/before/python ] && continue
+      for w in 4 2; do
+        if [ $side = before ]; then
+          tp_bench "" $w 16384x8192x4096,8192x28672x8192 ${side}_$run 80 PYTHONPATH=$PWD/.carry/before/python \
+            TANDEM_COMMIT=$(cat .carry/before/COMMIT)
+        else
+          tp_bench "" $w 16384x8192x4096,8192x28672x8192 ${side}_$run 80
+        fi
+      done
     done
   done
 elif [ "$part" = mfc ]; then
