@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -83,17 +82,12 @@ def main(argv=None) -> int:
                 ctx = sdpa_kernel(SDPBackend.CUDNN_ATTENTION) if name == "sdpa_cudnn" else torch.enable_grad()
                 with ctx:
                     o = fwd()
-                    ks = kernels_of(lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                     call = lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+                    ks = kernels_of(call)
                     single = statistics.median(common.launch_samples(call, warmup=3, reps=20)) * 1e6
                     b2b = statistics.median(common.launch_samples(call, warmup=1, reps=5, inner=10)) * 1e6
-                    host = []
-                    for _ in range(20):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        call()
-                        host.append((time.perf_counter() - t0) * 1e6)
-                    torch.cuda.synchronize()
+                    # one call at a time from an idle device (host_launch_us syncs before and after)
+                    host = [common.host_launch_us(call, 1) for _ in range(20)]
             finally:
                 for n, val in saved.items():
                     os.environ.pop(n, None)
