@@ -447,8 +447,8 @@
 # index at d 128 -- the d 128 / 128 kernel has no local memory left (main: 47 local loads, 29 stores, 120 B spills).
 # Next session, in this order (the order above stands for g23, dx, tpr4/tpr2):
 #   0. Restore the branch if gone (git checkout -b attn-key-tile main && git apply tools/pending/attn-key-tile.diff;
-#      the diff is against main 25df5b4), build its module (tools/prebuild_device_module.sh in a worktree of it:
-#      SOURCES 717ca4f at 2cbf51b), carry it.
+#      the diff applies to main c331a14), build its module (tools/prebuild_device_module.sh in a worktree of it:
+#      SOURCES 6d4b8c4 at b7f1bd1), carry it.
 #      Its module serves every part below (GEMM, TP and MoE sources are main's), so one carry does the session:
 #        H200: g23, then kt, then dx;  H100: kt, then dx, then tpr2.
 #      Then part rif on branch rs-inflight (tools/pending/rs-inflight.diff, SOURCES 49a56ad; its own module, with
