@@ -151,11 +151,18 @@ def _leftovers(tmp) -> list:
     return sorted(n for n in os.listdir(tmp) if n.startswith(("tandem-mps-", "tandem-boot-")))
 
 
+def _write_pid_file(piddir) -> str:
+    """Python statements for a rank: its pid into piddir/<RANK>, the file appearing whole (written beside the
+    directory, then renamed into it). The tests count the files and then read them; a file opened but not yet
+    written read as '' (CI, 2026-12-07)."""
+    return (f"import os, signal, time; d = {str(piddir)!r}; t = d + '.' + os.environ['RANK']; "
+            f"open(t, 'w').write(str(os.getpid())); os.replace(t, os.path.join(d, os.environ['RANK']))")
+
+
 def _start_launcher(fake_gpu, tmp_path, rank_code: str, nprocs=2, extra=()):
     piddir = tmp_path / "pids"
     piddir.mkdir(exist_ok=True)
-    code = (f"import os, signal, time; open(os.path.join({str(piddir)!r}, os.environ['RANK']), 'w')"
-            f".write(str(os.getpid())); {rank_code}; time.sleep(600)")
+    code = f"{_write_pid_file(piddir)}; {rank_code}; time.sleep(600)"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tandem.launch", "-n", str(nprocs), *extra, "--", sys.executable, "-c", code],
         env=fake_gpu["env"], start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -293,8 +300,7 @@ def test_library_launch_stops_its_ranks_then_redelivers_the_signal(fake_gpu, tmp
     for signum in (signal.SIGINT, signal.SIGTERM):
         piddir = tmp_path / f"pids{int(signum)}"
         piddir.mkdir()
-        code = (f"import os, time; open(os.path.join({str(piddir)!r}, os.environ['RANK']), 'w')"
-                ".write(str(os.getpid())); time.sleep(600)")
+        code = f"{_write_pid_file(piddir)}; time.sleep(600)"
 
         def fire():
             deadline = time.monotonic() + 60
