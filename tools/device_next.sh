@@ -1404,6 +1404,22 @@ elif [ "$part" = g23 ]; then
       --out "$W/g23/op_${dt%%,*}" 2>&1 | grep -E "geometric|Error"
     rm -f "$W/g23"/*/*.png; tar czf "$OUT/g23.tgz" -C "$W" g23
   done
+elif [ "$part" = abh ]; then
+  # 2026-12-07 23:50, issue 25, any card: where the world-1 backward's host time goes (part dx measured 750-870 us
+  # to enqueue one tandem backward against SDPA cuDNN's 380-500, with the same cuDNN kernels): the top 30
+  # functions by cumulative host time, per call, for SDPA and tandem at two shapes (JSON lines in abh.tgz).
+  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  W=/tmp/abh; rm -rf "$W"; mkdir -p "$W/abh" "$OUT"
+  t=$(( $(left) - 10 )); [ "$t" -gt 150 ] && t=150
+  timeout -s INT -k 10 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
+    --shapes 1/16/16/128/8192/1,8/32/8/128/2048/1 --host-profile 30 --out "$W/abh/attn_bwd_host.jsonl" 2>&1 | \
+    python3 -c "
+import json, sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line.rstrip()[:200]); continue
+    print(r['shape'], r['path'], 'host', r['host_us'], '|', '; '.join(f\"{p['fn'][:60]} {p['cumtime_us']}/{p['tottime_us']}\" for p in r.get('host_profile', [])[:18])[:1400])"
+  tar czf "$OUT/abh.tgz" -C "$W" abh
 elif [ "$part" = dx ]; then
   # 2026-12-07 19:10, any card, one call: part mfc (issue 26: the MoE layer against its GEMMs alone, worlds 2 and
   # 1; world 4 if time is left) and part abk (issue 25: the world-1 backward's kernels beside cuDNN's).

@@ -15,7 +15,12 @@ hidden behind the device's queue when the device is the slower), and the host's 
 says the difference is the host path (autograd's Python backward, the op's checks), not cuDNN.
 
     python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py [--shapes B/Hq/Hkv/d/S/causal,...]
-        [--out FILE]
+        [--out FILE] [--host-profile N]
+
+--host-profile N adds `host_profile` to each row: the N functions with the most cumulative host time over 20 calls
+of the backward (cProfile, the device synchronized before each call, so the device's queue never blocks the host):
+where the host path's time goes (2026-12-07: tandem's world-1 backward spent 750-870 us enqueueing one call against
+SDPA cuDNN's 380-500, with the same cuDNN kernels).
 """
 
 from __future__ import annotations
@@ -39,6 +44,31 @@ def parse(spec: str):
     return b, hq, hkv, d, s, bool(causal)
 
 
+def host_profile(call, top: int, calls: int = 20) -> list:
+    """[{fn, ncalls, tottime_us, cumtime_us}] per call of `call`, the `top` functions by cumulative time (cProfile
+    around `calls` calls, each after a device synchronize, which is outside the profile)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    pr = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        pr.enable()
+        call()
+        pr.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(pr)
+    rows = []
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in st.stats.items():
+        where = f"{os.path.basename(file)}:{line}({fn})" if file != "~" else fn
+        rows.append(dict(fn=where[:120], ncalls=nc / calls, tottime_us=round(tt / calls * 1e6, 1),
+                         cumtime_us=round(ct / calls * 1e6, 1)))
+    rows.sort(key=lambda r: -r["cumtime_us"])
+    return rows[:top]
+
+
 def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
@@ -52,6 +82,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N")
     a = ap.parse_args(argv)
     comm = Communicator(heap_bytes=1 << 30, timeout_s=60)
     if comm.world_size != 1:
@@ -88,6 +119,7 @@ def main(argv=None) -> int:
                     b2b = statistics.median(common.launch_samples(call, warmup=1, reps=5, inner=10)) * 1e6
                     # one call at a time from an idle device (host_launch_us syncs before and after)
                     host = [common.host_launch_us(call, 1) for _ in range(20)]
+                    prof = host_profile(call, a.host_profile) if a.host_profile else None
             finally:
                 for n, val in saved.items():
                     os.environ.pop(n, None)
@@ -97,6 +129,8 @@ def main(argv=None) -> int:
                        single_call_us=round(single, 1), back_to_back_us=round(b2b, 1),
                        host_us=round(statistics.median(host), 1),
                        kernels=[dict(name=n[:160], us=t) for n, t in ks])
+            if prof is not None:
+                row["host_profile"] = prof
             lines.append(row)
             print(json.dumps(row), flush=True)
     if a.out:
