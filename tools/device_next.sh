@@ -1330,7 +1330,7 @@ elif [ "$part" = kt ]; then
     tests/cpu/test_ring_layouts.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for run in 1 2; do
     for side in before after; do
-      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}; tiles=128,176
+      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}; tiles=0,128,176  # 0: key_tile_of's choice
       if [ $side = before ]; then
         [ -d .carry/before/python ] || continue
         pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); tiles=128
