@@ -74,7 +74,7 @@ __device__ __forceinline__ bool partial_sources(const tandem::DeviceComm& comm, 
 // complete (arrive[q] >= e: the unfused path, whose GEMMs ran before this kernel, and the fused one-pass knob).
 // One code path for all of them: a second copy of the unrolled reduction spills more of the fused kernel's
 // registers.
-template <class Element, bool kPieceFlags, class P>
+template <class Element, bool kPieceFlags, int kInFlightBytes, class P>
 __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows, char* out, char* out2, uint64_t e) {
   using namespace tandem::device;
   using T = typename CudaType<Element>::type;
@@ -105,7 +105,7 @@ __device__ bool reduce_pieces(const P& p, int rb, int pieces, int64_t piece_rows
     if (2 + 2 * j < kSlotGatherStart) p.timeline.stamp(1 + 2 * j);
     const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row;
     const int64_t lo = v0 + nv * rb / p.reduce_blocks, hi = v0 + nv * (rb + 1) / p.reduce_blocks;
-    const bool ok = roles::reduce_vectors_n<T, kRsStreamLoads>(world, src, lo, hi, reinterpret_cast<uint4*>(out),
+    const bool ok = roles::reduce_vectors_n<T, kRsStreamLoads, kInFlightBytes>(world, src, lo, hi, reinterpret_cast<uint4*>(out),
                                                                reinterpret_cast<uint4*>(out2));
     __syncthreads();
     if (!ok) return false;  // more sources than the one-pass reduction takes (refused by its callers)
@@ -177,7 +177,8 @@ __device__ void run_joined(const P& p, uint64_t e, bool reduce_block, int rb, vo
     const int64_t r0 = (item / p.join_items) * static_cast<int64_t>(p.piece_rows), r1 = piece_end(item);
     const int64_t v0 = r0 * vec_per_row, nv = (r1 - r0) * vec_per_row, part = item % p.join_items;
     const int64_t lo = v0 + nv * part / p.join_items, hi = v0 + nv * (part + 1) / p.join_items;
-    (void)roles::reduce_vectors_n<T, kRsStreamLoads>(world, src, lo, hi, reinterpret_cast<uint4*>(p.out),
+    (void)roles::reduce_vectors_n<T, kRsStreamLoads, roles::kReduceInFlightBytesBesideGemm>(world, src, lo, hi,
+                                                                                    reinterpret_cast<uint4*>(p.out),
                                                      reinterpret_cast<uint4*>(own_out));
     __syncthreads();
     ++done;
@@ -252,13 +253,15 @@ __device__ void rs_reduce_role(const P& p, int rb, uint64_t e) {
   //    every partial is complete) or after every partial (the fused one-pass knob); else step by step as the
   //    partials land: the other nodes' partials (n-1, n-2, ...), then this node's (l-1, l-2, ..., l).
   if constexpr (kPieces) {
-    if (reduce_pieces<Element, true>(p, rb, p.pieces, p.piece_rows, p.out, own_out, e))
+    if (reduce_pieces<Element, true, roles::kReduceInFlightBytesBesideGemm>(p, rb, p.pieces, p.piece_rows, p.out,
+                                                                           own_out, e))
       gather_reduced<Element>(p, t, rb, lo, hi, e);
     return;
   }
   // (one pass holds a source pointer per rank in registers: at most kMaxFusedRsWorld ranks; more go step by step)
   const bool one_pass = t.N == 1 && world <= kMaxFusedRsWorld && (p.mode == RsMode::kReduceOnly || p.fused_one_pass);
-  const bool ok = one_pass ? reduce_pieces<Element, false>(p, rb, 1, p.chunk_rows, p.out, own_out, e) :
+  const bool ok = one_pass ? reduce_pieces<Element, false, roles::kReduceInFlightBytes>(p, rb, 1, p.chunk_rows, p.out,
+                                                                                       own_out, e) :
                   reduce_stream<Element>(t.N - 1 + t.L, lo, hi, p.acc, p.out, own_out, p.timeline,
                                          [&](int s) -> const uint4* {
     if (s < t.N - 1) {
@@ -339,7 +342,7 @@ __device__ void gather_reduced(const P& p, const Topology& t, int rb, int64_t lo
 
 // AR one-shot: wait for every rank's whole partial, then reduce every row in registers, in the order its owner c
 // uses (acc = p[c-1]; acc += p[c-2]; ...; out = acc + p[c]): the same bits as the two-shot path, on every rank.
-template <class Element, class P>
+template <class Element, int kInFlightBytes, class P>
 __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   using namespace tandem::device;
   using T = typename CudaType<Element>::type;
@@ -357,7 +360,8 @@ __device__ void ar_one_shot_role(const P& p, int rb, uint64_t e) {
   for (int c = 0; c < world; ++c) {
     const uint4* src[kMaxFusedRsWorld];
     if (!partial_sources(comm, p.partial + c * chunk_bytes, c, src)) return;  // refused on the host (load/store only)
-    roles::reduce_vectors_n<T>(world, src, lo, hi, reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes), nullptr);
+    roles::reduce_vectors_n<T, false, kInFlightBytes>(world, src, lo, hi,
+                                                      reinterpret_cast<uint4*>(p.gather_out + c * chunk_bytes), nullptr);
   }
 }
 

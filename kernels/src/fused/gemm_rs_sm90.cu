@@ -468,7 +468,9 @@ __global__ void __launch_bounds__(GemmKernel::MaxThreadsPerBlock, 1)
     }
   } else {
     const int rb = runtime::grid_block_index();
-    if (p.one_shot) ar_one_shot_role<Element>(p, rb, e);
+    // (the kernels in pieces keep their loads in flight to what fits beside their GEMM role: stream.cuh)
+    if (p.one_shot)
+      ar_one_shot_role<Element, kPieces ? roles::kReduceInFlightBytesBesideGemm : roles::kReduceInFlightBytes>(p, rb, e);
     else if constexpr (kPieces && kClaims) {
       // (a single call site after both roles spilled 2.6-3.4 KB against 1.4 KB for these two: ptxas, nvcc 13.0)
       if (p.join) run_joined<Element>(p, e, /*reduce_block=*/true, rb, reinterpret_cast<volatile int64_t*>(smem));

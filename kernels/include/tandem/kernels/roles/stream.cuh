@@ -86,11 +86,20 @@ __device__ __forceinline__ uint4 load16(const uint4* p) {
   }
 }
 
-// Vectors in flight per thread and source: about 128 bytes a thread whatever the number of sources (more spills
-// registers in the GEMM+RS kernel, whose GEMM role sets the register budget).
-template <int kSources>
+// Bytes of loads in flight per thread in reduce_vectors, whatever the number of sources: the caller's choice,
+// because the best value depends on the kernel around the loop. A reduction alone (the unfused mode's collective)
+// is bound by how many loads are outstanding: 128 bytes a thread; 64 made it 7-37 % slower (H100, worlds 2 and 4,
+// docs/results.md "rs_inflight"). Beside a GEMM role, which sets the kernel's register budget, 128 bytes spilled
+// the loaded vectors and source pointers to local memory (the fused GEMM+RS in pieces: 545-578 local loads in its
+// SASS, 177-202 in these loops; 296-301 and 32 at 64 bytes), and 64 ran 2-10 % faster at world 2, the same at 4.
+constexpr int kReduceInFlightBytes = 128;        // the reduction alone
+constexpr int kReduceInFlightBytesBesideGemm = 64;  // the fused kernels in pieces
+
+// Vectors in flight per thread and source for kBytes a thread: 16-byte vectors, at least one per source.
+template <int kSources, int kBytes>
 constexpr int in_flight() {
-  return kSources >= 8 ? 1 : 8 / kSources;
+  static_assert(kBytes % 16 == 0 && kBytes >= 16, "whole 16-byte vectors");
+  return kSources >= kBytes / 16 ? 1 : (kBytes / 16) / kSources;
 }
 
 // Block-wide copy of vectors [lo, hi): kUnroll 16-byte loads per thread issued before their stores.
@@ -111,10 +120,10 @@ __device__ __forceinline__ void copy_vectors(uint4* __restrict__ dst, const uint
 
 // out[v] = round(src[0][v] + src[1][v] + ... + src[kSources-1][v]) for v in [lo, hi), fp32 adds in that order;
 // also written to out2 when it is not null. All kSources x kInFlight loads of an iteration are issued first.
-template <class T, int kSources, bool kStreaming = false>
+template <class T, int kSources, bool kStreaming = false, int kInFlightBytes = kReduceInFlightBytes>
 __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t lo, int64_t hi, uint4* __restrict__ out,
                                                uint4* __restrict__ out2) {
-  constexpr int U = in_flight<kSources>();
+  constexpr int U = in_flight<kSources, kInFlightBytes>();
   const int64_t stride = blockDim.x;
   const uint4* s[kSources];
 #pragma unroll
@@ -149,18 +158,18 @@ __device__ __forceinline__ void reduce_vectors(const uint4* const* src, int64_t 
 }
 
 // reduce_vectors for a run-time number of sources (1 to 8).
-template <class T, bool kStreaming = false>
+template <class T, bool kStreaming = false, int kInFlightBytes = kReduceInFlightBytes>
 __device__ __forceinline__ bool reduce_vectors_n(int nsrc, const uint4* const* src, int64_t lo, int64_t hi, uint4* out,
                                                  uint4* out2) {
   switch (nsrc) {
-    case 1: reduce_vectors<T, 1, kStreaming>(src, lo, hi, out, out2); return true;
-    case 2: reduce_vectors<T, 2, kStreaming>(src, lo, hi, out, out2); return true;
-    case 3: reduce_vectors<T, 3, kStreaming>(src, lo, hi, out, out2); return true;
-    case 4: reduce_vectors<T, 4, kStreaming>(src, lo, hi, out, out2); return true;
-    case 5: reduce_vectors<T, 5, kStreaming>(src, lo, hi, out, out2); return true;
-    case 6: reduce_vectors<T, 6, kStreaming>(src, lo, hi, out, out2); return true;
-    case 7: reduce_vectors<T, 7, kStreaming>(src, lo, hi, out, out2); return true;
-    case 8: reduce_vectors<T, 8, kStreaming>(src, lo, hi, out, out2); return true;
+    case 1: reduce_vectors<T, 1, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 2: reduce_vectors<T, 2, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 3: reduce_vectors<T, 3, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 4: reduce_vectors<T, 4, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 5: reduce_vectors<T, 5, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 6: reduce_vectors<T, 6, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 7: reduce_vectors<T, 7, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
+    case 8: reduce_vectors<T, 8, kStreaming, kInFlightBytes>(src, lo, hi, out, out2); return true;
     default: return false;
   }
 }
