@@ -1404,6 +1404,30 @@ elif [ "$part" = g23 ]; then
       --out "$W/g23/op_${dt%%,*}" 2>&1 | grep -E "geometric|Error"
     rm -f "$W/g23"/*/*.png; tar czf "$OUT/g23.tgz" -C "$W" g23
   done
+elif [ "$part" = msc ]; then
+  # 2026-12-08 00:00, branch moe-stage-combine (issue 26; not run): the MoE stage copy with 8 loads in flight a
+  # thread on 4 blocks a planned SM (was 32 blocks, one load-then-store: ~2 of dispatch_rows' 2.8 ms at 4096
+  # DeepSeek tokens), and the combine's weighted sum loading 8 slots' ids, weights and rows before adding (was 2 x
+  # topk dependent round trips a vector; the same fp32 sums in the same order). test_moe whole, then
+  # moe_fusion_ceiling.py (dispatch, combine, layer columns) at worlds 1 and 2, main's module (.carry/before) and
+  # the branch's alternating.
+  W=/tmp/msc; rm -rf "$W"; mkdir -p "$W/msc" "$OUT"
+  timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_moe.py \
+    2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+  for w in 1 2; do
+    for side in before after; do
+      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}
+      if [ $side = before ]; then
+        [ -d .carry/before/python ] || continue
+        pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT)
+      fi
+      t=$(( $(left) - 10 )); [ "$t" -gt 70 ] && t=70
+      [ "$t" -gt 25 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- \
+        python3 tools/diag/moe_fusion_ceiling.py --tokens 4096,16384 --reps 8 --out "$W/msc/${side}_w$w" 2>&1 | \
+        grep -E "tokens w|Error|error" | sed "s/^/$side: /" | cut -c1-300
+      tar czf "$OUT/msc.tgz" -C "$W" msc
+    done
+  done
 elif [ "$part" = abh ]; then
   # 2026-12-07 23:50, issue 25, any card: where the world-1 backward's host time goes (part dx measured 750-870 us
   # to enqueue one tandem backward against SDPA cuDNN's 380-500, with the same cuDNN kernels): the top 30
