@@ -1432,8 +1432,10 @@ elif [ "$part" = abh ]; then
   # 2026-12-07 23:50, issue 25, any card: where the world-1 backward's host time goes (part dx measured 750-870 us
   # to enqueue one tandem backward against SDPA cuDNN's 380-500, with the same cuDNN kernels): the top 30
   # functions by cumulative host time, per call, for SDPA and tandem at two shapes (JSON lines in abh.tgz).
-  bash tools/device_suite.sh tests/cpu/test_launch_and_bootstrap.py::test_plan_mps_shares > /dev/null 2>&1  # module
+  # On branch attn-bwd-host (its world-1 path without slices and no-op casts): its gradient tests first.
   W=/tmp/abh; rm -rf "$W"; mkdir -p "$W/abh" "$OUT"
+  timeout -s INT -k 10 120 bash tools/device_suite.sh tests/gpu/test_ring_attention.py -k gradients 2>&1 | \
+    grep -E "passed|failed|FAILED|Error" | tail -4
   t=$(( $(left) - 10 )); [ "$t" -gt 150 ] && t=150
   timeout -s INT -k 10 $t python3 -m tandem.launch -n 1 -- python3 tools/diag/attn_bwd_kernels.py \
     --shapes 1/16/16/128/8192/1,8/32/8/128/2048/1 --host-profile 30 --out "$W/abh/attn_bwd_host.jsonl" 2>&1 | \
