@@ -461,6 +461,24 @@
 #        tar czf .carry/before.tgz -C .carry before     # carry [".whl", ".carry/prebuilt", ".carry/before.tgz"]).
 #      Merge if the tests pass and the branch is not slower at tile 128 (first_masked_tile: the causal rows); make 176
 #      the default only where it wins (non-causal d128), else set key_tile_of's heuristic to 128.
+# 2026-12-08 00:00 (twenty-seventh session, 22:36-): one H100 from 23:03 after four refused or cooled-down starts;
+# parts kt, dx, rif ran (docs/results.md, section of 23:03-23:20). rs-inflight2 merged (a2be1de: SASS of every
+# kernel identical to one of the two measured builds). Branches for the next session, each with its module in
+# .carry (SOURCES in brackets; a fresh checkout: restore from tools/pending/<branch>.diff, rebuild with
+# tools/prebuild_device_module.sh in a worktree) and .carry/before.tgz = main's python/ + module (main 480ce49):
+#   attn-key-tile (8624e1b, [51a9c87] .carry/prebuilt-kt): the compile-time K/V stage reverted (it ran the d128/128
+#     kernel 25-35 % slower), key tile 176 by default at d128 where an item sees >= 2048 keys. Part kt; merge if the
+#     tests pass and the default column (tile 0) is not slower than main at any row beyond the runs' spread.
+#   moe-stage-combine (95cc188, [159b284] .carry/prebuilt-msc): the MoE stage copy and the combine's sums with 8 loads
+#     in flight. Part msc; merge if test_moe passes and dispatch / combine are faster.
+#   attn-bwd-host (ad59f95, Python only: main's module [3375e19] .carry/prebuilt-main): the world-1 backward's host
+#     path trimmed. Part abh (its gradient tests, then the host profile: where SDPA's 380-500 us and tandem's 750-870
+#     us go); merge if the tests pass.
+# Call form (the working tree must be the branch; .carry/prebuilt its module):
+#   git checkout <branch> && rm -rf .carry/prebuilt && cp -r .carry/prebuilt-<x> .carry/prebuilt
+#   run(command="export OUT; TANDEM_COMMIT=<hash> CALL_S=570 timeout 580 bash tools/device_next.sh <part>",
+#       carry=[".whl", ".carry/prebuilt", ".carry/before.tgz"])
+# Order: on an H200, g23 first (main), then kt, msc, abh, tpr4 / tpr2 (main); on an H100: kt, msc, abh, tpr2.
 # (Earlier parts are in git history: git log -p tools/device_next.sh. Parts ac1-ac3 (branch rs-accumulate) and gx
 # (branch gemm-c2x2) were removed 2026-12-07 19:10: their branches are not on main and are kept only as
 # tools/pending/*.diff records, which carry ac1 and gx; ac2 and ac3 are in git history.)
