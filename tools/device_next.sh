@@ -1465,6 +1465,14 @@ for line in sys.stdin:
     except ValueError: print(line.rstrip()[:200]); continue
     print(r['shape'], r['path'], 'host', r['host_us'], '|', '; '.join(f\"{p['fn'][:60]} {p['cumtime_us']}/{p['tottime_us']}\" for p in r.get('host_profile', [])[:18])[:1400])"
   tar czf "$OUT/abh.tgz" -C "$W" abh
+  # the branch's bench attention (back-to-back columns) at two shapes, the rest of the call
+  for args in "--seqs 8192 --causal yes" "--batch 8 --heads 32 --heads-kv 8 --seqs 2048 --causal yes"; do
+    t=$(( $(left) - 10 )); [ "$t" -gt 120 ] && t=120
+    [ "$t" -gt 30 ] && timeout -s INT -k 10 $t python3 -m tandem bench attention -n 1 $args --out "$W/abh/bench" \
+      2>&1 | grep -E "^\| |Error" | cut -c1-220
+    rm -f "$W/abh/bench"/*.png; mkdir -p "$W/abh/b_${args// /_}"; mv "$W/abh/bench"/* "$W/abh/b_${args// /_}/" 2>/dev/null
+    tar czf "$OUT/abh.tgz" -C "$W" abh
+  done
 elif [ "$part" = dx ]; then
   # 2026-12-07 19:10, any card, one call: part mfc (issue 26: the MoE layer against its GEMMs alone, worlds 2 and
   # 1; world 4 if time is left) and part abk (issue 25: the world-1 backward's kernels beside cuDNN's).
