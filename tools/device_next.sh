@@ -1430,9 +1430,8 @@ elif [ "$part" = msc ]; then
   # moe_fusion_ceiling.py (dispatch, combine, layer columns) at worlds 1 and 2, main's module (.carry/before) and
   # the branch's alternating.
   W=/tmp/msc; rm -rf "$W"; mkdir -p "$W/msc" "$OUT"
-  # (and the transport's put tests: the branch's copy_vec16_strided change is in every put)
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-300} )) bash tools/device_suite.sh tests/gpu/test_moe.py \
-    tests/gpu/test_transport.py -k "not transport or put" 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+    2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for w in 1 2; do
     for side in before after; do
       pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}
