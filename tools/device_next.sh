@@ -1344,8 +1344,9 @@ elif [ "$part" = kt ]; then
   # main (the spills and the mask test), tile 176 vs 128 at the non-causal d 128 rows (make it the default there
   # if it wins: key_tile_of in ring_attention_sm90.cu).
   W=/tmp/kt; rm -rf "$W"; mkdir -p "$W/kt" "$OUT"
+  # (tests/cpu/test_ring_layouts.py is left to the CPU machines: on 2026-12-07 it was cut by this call's limit)
   timeout -s INT -k 20 $(( $(left) - ${BENCH_S:-260} )) bash tools/device_suite.sh tests/gpu/test_ring_attention.py \
-    tests/cpu/test_ring_layouts.py 2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
+    2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for run in 1 2; do
     for side in before after; do
       pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}; tiles=0,128,176  # 0: key_tile_of's choice
