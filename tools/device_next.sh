@@ -576,6 +576,18 @@ tp_trace_rs() {
     --out "$W/$part/trace_w$1" 2>&1 | tail -$4 | cut -c1-250
   tar czf "$OUT/$part.tgz" -C "$W" "$part"
 }
+# The tree of one side of a before/after comparison: sets pp (its python/ for PYTHONPATH) and c (its commit) for
+# SIDE before (${BEFORE_DIR:-.carry/before}: python/ and module, COMMIT inside) or after (this tree); returns 1
+# when the before side was not carried.
+#   side_tree before|after || continue
+side_tree() {
+  local bd=${BEFORE_DIR:-.carry/before}
+  pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}
+  if [ "$1" = before ]; then
+    [ -d "$bd/python" ] || return 1
+    pp=$PWD/$bd/python; c=$(cat "$bd/COMMIT")
+  fi
+}
 # One side of issue 22's before/after comparison: `tandem bench ARGS` with the side's tree and commit (before:
 # af75616's python/ and module in .carry/before; after: this tree), output in DIR/SIDE, at most CAP s and the
 # call's time left less 20 (skipped under 30); its plots dropped (at most 8 files come back).
@@ -1350,11 +1362,9 @@ elif [ "$part" = kt ]; then
     2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for run in 1 2; do
     for side in before after; do
-      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}; tiles=0,128,176  # 0: key_tile_of's choice
-      if [ $side = before ]; then
-        [ -d .carry/before/python ] || continue
-        pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT); tiles=128
-      fi
+      side_tree $side || continue
+      tiles=0,128,176  # 0: key_tile_of's choice
+      [ $side = before ] && tiles=128
       t=$(( $(left) - 10 )); [ "$t" -gt 75 ] && t=75
       [ "$t" -gt 20 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 5 $t python3 -m tandem.launch -n 1 -- \
         python3 tools/diag/attn_fwd_table.py --reps 20 --rounds 3 --long --key-tiles $tiles --label ${side}_$run \
@@ -1436,11 +1446,7 @@ elif [ "$part" = msc ]; then
     2>&1 | grep -E "passed|failed|FAILED|Error" | tail -8
   for w in 1 2; do
     for side in before after; do
-      pp=$PWD/python; c=${TANDEM_COMMIT:-unknown}
-      if [ $side = before ]; then
-        [ -d .carry/before/python ] || continue
-        pp=$PWD/.carry/before/python; c=$(cat .carry/before/COMMIT)
-      fi
+      side_tree $side || continue
       t=$(( $(left) - 10 )); [ "$t" -gt 70 ] && t=70
       [ "$t" -gt 25 ] && PYTHONPATH=$pp TANDEM_COMMIT=$c timeout -s INT -k 5 $t python3 -m tandem.launch -n $w -- \
         python3 tools/diag/moe_fusion_ceiling.py --tokens 4096,16384 --reps 8 --out "$W/msc/${side}_w$w" 2>&1 | \
