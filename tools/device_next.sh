@@ -466,13 +466,13 @@
 # kernel identical to one of the two measured builds). Branches for the next session, each with its module in
 # .carry (SOURCES in brackets; a fresh checkout: restore from tools/pending/<branch>.diff, rebuild with
 # tools/prebuild_device_module.sh in a worktree) and .carry/before.tgz = main's python/ + module (main 480ce49):
-#   attn-key-tile (6db1600, [a6d7fb4] .carry/prebuilt-kt): the 128-row kernels back to run-time K/V stage indices (the
+#   attn-key-tile (42761f8, [a6d7fb4] .carry/prebuilt-kt): the 128-row kernels back to run-time K/V stage indices (the
 #     compile-time ones ran the d128/128 kernel 25-35 % slower), the 176-row kernel as measured (SASS identical),
 #     key tile 176 by default at d128 where an item sees >= 2048 keys. Part kt; merge if the tests pass and the
 #     default column (tile 0) is not slower than main at any row beyond the runs' spread.
-#   moe-stage-combine (7f8bb3f, [2f72dec] .carry/prebuilt-msc): the MoE stage copy and the combine's sums with 8
+#   moe-stage-combine (aba966f, [2f72dec] .carry/prebuilt-msc): the MoE stage copy and the combine's sums with 8
 #     loads in flight. Part msc; merge if test_moe passes and dispatch / combine are faster.
-#   attn-bwd-host (ca7d36c, Python only: main's module [3375e19] .carry/prebuilt-main): the world-1 backward's host path
+#   attn-bwd-host (b27c01f, Python only: main's module [3375e19] .carry/prebuilt-main): the world-1 backward's host path
 #     trimmed, bench attention's back-to-back columns. Part abh (its gradient tests, then the host profile: where SDPA's 380-500 us and tandem's 750-870
 #     us go); merge if the tests pass.
 # Call form (the working tree must be the branch; .carry/prebuilt its module):
